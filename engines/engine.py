@@ -1,0 +1,194 @@
+"""TTSEngine: a loaded checkpoint that turns SynthesisRequests into audio (the eager reference path)."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .api import SamplingParams, SynthesisRequest, SynthesisResult
+from .model.checkpoint import load_weights, resolve_dtype, weights_hash
+from .model.config import CodecConfig, GenerationDefaults
+from .model.errors import BadInput, LanguageNotSupported, UnsupportedMode, VoiceNotFound
+from .model.generate import RowSettings, generate
+from .model.prompt import PromptBuilder, PromptSpec
+from .model.text_tokenizer import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+VOICE_SUFFIX = ".voice"
+
+
+class TTSEngine:
+    """A Qwen3-TTS checkpoint on one device.
+
+    Attributes: `sample_rate`, `model_type` (base / custom_voice / voice_design), `voices`,
+    `languages`, `model_id` (folder name + weights hash: what cached audio is keyed by).
+    """
+
+    def __init__(self, root: Path, device: str, dtype: torch.dtype, voices_dir: Optional[Path] = None):
+        from .model.codec_decoder import load_codec_decoder
+
+        self.root, self.device, self.dtype = root, torch.device(device), dtype
+        self.cfg, self.weights = load_weights(root, self.device, dtype)
+        self.talker = self.weights.talker
+        self.tokenizer = TextTokenizer.from_dir(root)
+        self.defaults = GenerationDefaults.from_dir(root)
+        self.codec_cfg = CodecConfig.from_dir(root / "speech_tokenizer")
+        self.decoder = load_codec_decoder(root / "speech_tokenizer", self.device, dtype)
+        self._encoder = None
+        self.prompts = PromptBuilder(self.cfg, self.tokenizer, self.talker)
+        self.voices_dir = voices_dir
+        self.model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dtype).split('.')[-1]}"
+
+    @classmethod
+    def load(cls, model_path, device: str = "cpu", dtype="float32", voices_dir=None) -> "TTSEngine":
+        return cls(Path(model_path), device, resolve_dtype(dtype), Path(voices_dir) if voices_dir else None)
+
+    # ----- what this checkpoint offers -------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        return self.codec_cfg.output_sample_rate
+
+    @property
+    def model_type(self) -> str:
+        return self.cfg.tts_model_type
+
+    @property
+    def supports_instruct(self) -> bool:
+        """VoiceDesign always; CustomVoice only on the larger (1.7B) checkpoints, as the official package."""
+        size = self.cfg.tts_model_size
+        return self.model_type == "voice_design" or (self.model_type == "custom_voice" and size not in "0b6")
+
+    @property
+    def languages(self) -> list[str]:
+        return self.cfg.talker.languages
+
+    @property
+    def voices(self) -> list[str]:
+        """CustomVoice speakers, or the saved cloned voices of a Base checkpoint."""
+        if self.model_type == "custom_voice":
+            return sorted(self.cfg.talker.spk_id)
+        if self.model_type == "base" and self.voices_dir and self.voices_dir.is_dir():
+            return sorted(p.name[: -len(VOICE_SUFFIX)] for p in self.voices_dir.glob(f"*{VOICE_SUFFIX}"))
+        return []
+
+    # ----- voice cloning ---------------------------------------------------------------------
+    def _codec_encoder(self):
+        if self._encoder is None:
+            from .model.codec_encoder import load_codec_encoder
+
+            self._encoder = load_codec_encoder(self.root / "speech_tokenizer", self.device, torch.float32)
+        return self._encoder
+
+    def make_voice(self, ref_audio, ref_text: Optional[str] = None, x_vector_only: bool = False):
+        """Clone a voice from reference audio (Base checkpoints). Returns a ClonedVoice (save() it to reuse)."""
+        from .model.voice import make_cloned_voice
+
+        if self.model_type != "base":
+            raise UnsupportedMode(f"reference audio needs a Base checkpoint; this one is {self.model_type}")
+        if not x_vector_only and not (ref_text and ref_text.strip()):
+            x_vector_only = True  # no transcript: clone from the speaker embedding alone
+        return make_cloned_voice(self.weights.speaker_encoder, self._codec_encoder(), ref_audio,
+                                 ref_text=ref_text, x_vector_only=x_vector_only, model_cfg=self.cfg)
+
+    def _load_voice(self, name: str):
+        from .model.voice import ClonedVoice
+
+        path = Path(name)
+        if not path.is_file() and self.voices_dir:
+            path = self.voices_dir / f"{name}{VOICE_SUFFIX}"
+        if not path.is_file():
+            raise VoiceNotFound(name, self.voices)
+        voice = ClonedVoice.load(path)
+        voice.check_compatible(self.cfg)
+        return voice
+
+    # ----- request resolution ----------------------------------------------------------------
+    def _language_id(self, language: Optional[str]) -> Optional[int]:
+        lang = (language or "auto").strip().lower()
+        if lang not in self.languages:
+            raise LanguageNotSupported(language, self.languages)
+        return None if lang == "auto" else self.cfg.talker.codec_language_id[lang]
+
+    def resolve(self, req: SynthesisRequest) -> tuple[PromptSpec, Optional[torch.Tensor]]:
+        """Validate a request against this checkpoint -> (prompt spec, reference codes to prepend or None)."""
+        if not req.text or not req.text.strip():
+            raise BadInput("text is empty: give some text to speak")
+        lang_id, tc, mt = self._language_id(req.language), self.cfg.talker, self.model_type
+        if req.instruct and not self.supports_instruct:
+            raise UnsupportedMode(f"this {self.cfg.tts_model_size or ''} {mt} checkpoint does not take "
+                                  "instructions; use a 1.7B CustomVoice or a VoiceDesign checkpoint")
+        if req.ref_audio and mt != "base":
+            raise UnsupportedMode(f"reference audio needs a Base checkpoint; this one is {mt}")
+        spec = PromptSpec(text=req.text, language_id=lang_id, instruct=req.instruct or None,
+                          non_streaming=req.non_streaming_text if req.non_streaming_text is not None
+                          else mt != "base")
+        if mt == "custom_voice":
+            if not req.voice:
+                raise VoiceNotFound("(none given)", self.voices)
+            name = req.voice.strip().lower()
+            if name not in tc.spk_id:
+                raise VoiceNotFound(req.voice, self.voices)
+            spec.speaker_id = tc.spk_id[name]
+            dialect = tc.spk_is_dialect.get(name, False)
+            if dialect and (req.language or "auto").lower() in ("chinese", "auto"):
+                spec.language_id = tc.codec_language_id[dialect]
+        elif mt == "voice_design":
+            if req.voice:
+                raise UnsupportedMode("VoiceDesign checkpoints have no named voices: describe the voice "
+                                      "with an instruction instead")
+            if not req.instruct:
+                raise BadInput("VoiceDesign needs an instruction describing the voice (--instruct)")
+        else:
+            if req.ref_audio:
+                voice = self.make_voice(req.ref_audio, req.ref_text)
+            elif req.voice:
+                voice = self._load_voice(req.voice)
+            else:
+                raise BadInput("a Base checkpoint clones a voice: give reference audio (--ref-audio, with "
+                               "--ref-text for best results) or a saved voice")
+            spec.speaker_embedding = voice.speaker_embedding
+            if not voice.x_vector_only:
+                spec.ref_text, spec.ref_codes = voice.ref_text, voice.ref_codes
+        return spec, spec.ref_codes
+
+    def row_settings(self, sp: SamplingParams) -> RowSettings:
+        d = self.defaults
+        seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
+        return RowSettings(seed=seed, max_new_tokens=sp.max_new_tokens or d.max_new_tokens,
+                           min_new_tokens=sp.min_new_tokens, do_sample=sp.do_sample, temperature=sp.temperature,
+                           top_k=sp.top_k, top_p=sp.top_p, repetition_penalty=sp.repetition_penalty,
+                           sub_do_sample=sp.subtalker_dosample, sub_temperature=sp.subtalker_temperature,
+                           sub_top_k=sp.subtalker_top_k, sub_top_p=sp.subtalker_top_p)
+
+    # ----- synthesis ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_codes(self, requests: list[SynthesisRequest]):
+        """Codes only: list of (Generated, reference codes or None)."""
+        resolved = [self.resolve(r) for r in requests]
+        prompts = [self.prompts.build(spec) for spec, _ in resolved]
+        outs = generate(self.talker, prompts, [self.row_settings(r.sampling) for r in requests])
+        return [(o, ref) for o, (_, ref) in zip(outs, resolved)]
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, ref_codes: Optional[torch.Tensor] = None) -> np.ndarray:
+        """Frames `[F, 16]` -> float32 audio; reference codes are prepended for context, then cut off."""
+        full = codes if ref_codes is None else torch.cat([ref_codes.cpu(), codes], dim=0)
+        if full.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        wav = self.decoder(full.T[None].to(self.device))[0, 0].float().cpu().numpy()
+        if ref_codes is not None:
+            wav = wav[int(ref_codes.shape[0] / max(full.shape[0], 1) * wav.shape[0]):]
+        return wav.astype(np.float32)
+
+    def synthesize(self, requests: list[SynthesisRequest]) -> list[SynthesisResult]:
+        """Text -> audio for a batch of requests (sampling settings and seeds per request)."""
+        results = []
+        for gen, ref in self.generate_codes(requests):
+            results.append(SynthesisResult(audio=self.decode(gen.codes, ref), sample_rate=self.sample_rate,
+                                           codes=gen.codes.numpy(), finished_by_eos=gen.finished_by_eos))
+        return results

@@ -1,0 +1,150 @@
+"""Qwen3-style decoder building blocks shared by the talker and the code predictor.
+
+The attention layers work against a static KV cache `[B, kv_heads, S, D]` with per-row write
+positions, so the same code serves the eager reference path and the batched runtime. RMSNorm and
+RoPE run in fp32 whatever the weight dtype (as the reference does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecoderStackConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables for integer positions `[B, T]` -> two `[B, T, D]` tensors (computed in fp32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / head_dim))  # [D/2]
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[B, H, T, D]`, cos/sin `[B, T, D]`."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+@dataclass
+class KVCache:
+    """Static per-layer key/value buffers: k, v `[L][B, kv_heads, S, D]`."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @staticmethod
+    def allocate(cfg: DecoderStackConfig, batch: int, max_len: int, device, dtype) -> "KVCache":
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        n = cfg.num_hidden_layers
+        return KVCache([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)],
+                       [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)])
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderStackConfig):
+        super().__init__()
+        d, h, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.n_heads, self.n_kv = d, h, kv
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
+        """x `[B, T, H]`; write_pos `[B, T]` cache slots for the new keys; mask `[B, 1, T, S]` bool."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, kv, T, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rows = torch.arange(b, device=x.device)[:, None].expand(b, t)  # [B, T]
+        k_cache[rows, :, write_pos] = k.transpose(1, 2)  # cache[b, :, pos] <- [B, T, kv, D]
+        v_cache[rows, :, write_pos] = v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                             enable_gqa=self.n_heads != self.n_kv)  # [B, h, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderStackConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(positions: torch.Tensor, valid_len: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Mask `[B, 1, T, S]`: query at position p sees cache slots 0..p that hold valid entries.
+
+    positions `[B, T]` absolute positions of the queries (= their cache slots);
+    valid_len `[B]` number of valid slots after this step's writes.
+    """
+    slots = torch.arange(max_len, device=positions.device)  # [S]
+    m = (slots[None, None, :] <= positions[:, :, None]) & (slots[None, None, :] < valid_len[:, None, None])
+    return m[:, None]
+
+
+class DecoderStack(nn.Module):
+    """Layers + final norm. Weight names follow the official `*.model.layers.N.*` / `*.model.norm`."""
+
+    def __init__(self, cfg: DecoderStackConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x `[B, T, H]` at absolute `positions` `[B, T]` (also their cache slots) -> normed `[B, T, H]`."""
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        if mask is None:
+            mask = causal_mask(positions, positions[:, -1] + 1, cache.max_len)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+        return self.norm(x)

@@ -1,0 +1,79 @@
+"""Batched sampling with every per-request setting held as a tensor.
+
+Matches the official (Hugging Face generate) processing order: repetition penalty, suppressed ids,
+minimum length (EOS masked), then temperature, top-k, top-p and a draw; greedy rows take the argmax.
+
+Random draws come from a counter-based hash of (seed, frame, codebook, vocabulary index): no
+generator state, so the same seed gives the same codes whatever the batch size or the order in
+which requests join, on any device, and the whole thing can be captured in a device graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix on int64 tensors holding values in [0, 2^32)."""
+    x = x & _MASK32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x6A09E667) & _MASK32
+    x = ((x ^ (x >> 16)) * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 15)
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1): seed, counter `[B]` int64 -> `[B, n]` float32."""
+    key = _mix32(_mix32(seed) ^ _mix32(counter + 0x5BD1E995))  # [B]
+    idx = torch.arange(n, device=seed.device, dtype=torch.int64)
+    bits = _mix32(key[:, None] * 0x9E37 + idx[None, :] * 0x3C6EF372 + 0x1B873593)  # [B, n]
+    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling settings `[B]` for one of the two samplers (talker or sub-talker)."""
+
+    do_sample: torch.Tensor  # bool
+    temperature: torch.Tensor  # float
+    top_k: torch.Tensor  # int64, 0 = off
+    top_p: torch.Tensor  # float, 1.0 = off
+
+    @staticmethod
+    def build(rows, device) -> "SamplingTensors":
+        """rows: iterable of (do_sample, temperature, top_k, top_p)."""
+        ds, t, k, p = zip(*rows)
+        return SamplingTensors(torch.tensor(ds, dtype=torch.bool, device=device),
+                               torch.tensor([max(x, 1e-5) for x in t], dtype=torch.float32, device=device),
+                               torch.tensor(k, dtype=torch.int64, device=device),
+                               torch.tensor(p, dtype=torch.float32, device=device))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """seen `[B, V]` bool marks ids generated so far; penalty `[B]` (1.0 = off)."""
+    pen = penalty[:, None].to(logits.dtype)
+    penalised = torch.where(logits < 0, logits * pen, logits / pen)
+    return torch.where(seen, penalised, logits)
+
+
+def draw(logits: torch.Tensor, st: SamplingTensors, seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """Pick one id per row from processed logits `[B, V]` (float32) -> `[B]` int64."""
+    logits = logits.float()
+    greedy = logits.argmax(-1)
+    v = logits.shape[-1]
+    scores = logits / st.temperature[:, None]
+    sorted_scores, order = scores.sort(dim=-1, descending=True)  # [B, V]
+    k = torch.where(st.top_k > 0, st.top_k.clamp(max=v), torch.full_like(st.top_k, v))
+    kth = sorted_scores.gather(1, (k - 1)[:, None])  # [B, 1]
+    keep_sorted = sorted_scores >= kth  # top-k (ties kept, as the reference does)
+    probs = torch.softmax(sorted_scores.masked_fill(~keep_sorted, float("-inf")), dim=-1)
+    cum_before = probs.cumsum(-1) - probs
+    keep_sorted &= (cum_before < st.top_p[:, None]) | (torch.arange(v, device=logits.device) == 0)
+    probs = torch.softmax(sorted_scores.masked_fill(~keep_sorted, float("-inf")), dim=-1)
+    probs = torch.zeros_like(probs).scatter(1, order, probs)  # back to vocabulary order
+    # exponential race == multinomial draw: argmax p_i / E_i with E_i ~ Exp(1)
+    sampled = (probs / -torch.log(uniform(seed, counter, v))).argmax(-1)
+    return torch.where(st.do_sample, sampled, greedy)

@@ -1,0 +1,126 @@
+"""Streaming codec decoding: feed code frames as they are generated, get the matching PCM at once.
+
+The codec decoder is causal end to end with no look-ahead, so it streams exactly by carrying
+state: every causal conv keeps its last (kernel-1)*dilation input frames, every upsampling
+transposed conv its last ceil(k/s)-1 input frames (the overlap), and every transformer layer the
+RoPE'd keys/values of its last `sliding_window - 1` positions, plus a per-row frame counter for the
+rotary positions. Each pushed frame yields exactly `samples_per_frame` (1920) samples; nothing is
+held back, so concatenating all pushes equals `CodecDecoder.forward` on the whole sequence (up to
+float reduction order; bitwise on CPU fp32 in our tests) and `flush()` has nothing left to emit.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engines.model.codec_decoder import CodecDecoder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamState:
+    """Left-context buffers of every stateful layer, one row per stream (batch row).
+
+    `bufs` maps a module's qualified name to its buffer (or `name.k` / `name.v` for attention);
+    `pos` [B] counts frames already decoded per row. `n_valid` [B] (optional, set per step) says how
+    many of the step's frames are real for each row; `rate` is the running upsampling factor
+    (samples per code frame at the current layer) and is managed by the decoder.
+    """
+
+    bufs: dict
+    pos: Tensor
+    n_valid: Tensor | None = None
+    rate: int = 1
+
+    def roll(self, key: str, x: Tensor, dim: int = -1) -> Tensor:
+        """Return cat(saved, x) along `dim`; save its last P valid entries back in place."""
+        buf = self.bufs[key]
+        xc = torch.cat([buf, x], dim)
+        p = buf.shape[dim]
+        if self.n_valid is None:
+            tail = xc.narrow(dim, xc.shape[dim] - p, p)
+        else:  # per-row end: n_valid * rate frames of x are real
+            xm = xc.movedim(dim, -1)
+            idx = (self.n_valid * self.rate)[:, None] + torch.arange(p, device=xc.device)  # [B, P]
+            idx = idx.view(idx.shape[0], *([1] * (xm.dim() - 2)), p).expand(*xm.shape[:-1], p)
+            tail = xm.gather(-1, idx).movedim(-1, dim)
+        buf.copy_(tail)
+        return xc
+
+    def reset(self, rows: Tensor | None = None) -> None:
+        """Zero the state of all rows, or of the rows where bool mask `rows` [B] is True."""
+        if rows is None:
+            for b in self.bufs.values():
+                b.zero_()
+            self.pos.zero_()
+            return
+        for b in self.bufs.values():
+            b.masked_fill_(rows.view(-1, *([1] * (b.dim() - 1))), 0)
+        self.pos.masked_fill_(rows, 0)
+
+
+
+class StreamingCodecDecoder:
+    """Batched streaming front end of a CodecDecoder: one independent stream per batch row.
+
+    `push(codes [B, K, n])` returns wav [B, 1, n * samples_per_frame]; `n` may change between calls.
+    With `n_valid` [B] (int64, on the decoder's device) row b consumes only its first n_valid[b]
+    frames this call (0 = idle row); its valid output is the first n_valid[b] * samples_per_frame
+    samples, the rest is padding to drop. `reset(rows)` / `flush(rows)` start new streams in rows.
+
+    CUDA graphs: one graph per (batch, n) bucket would capture `decoder(codes_in, state)` followed
+    by `state.pos += n_valid_in`, where `codes_in` [B, K, n] and `n_valid_in` [B] are static input
+    tensors and the state buffers (allocated once here, updated only in place by `copy_`) are the
+    graph's static memory. Everything inside is shape-static for the bucket and sync-free: masks,
+    rotary angles and the per-row gather of the state tails are computed on device from `pos` and
+    `n_valid`; `state.rate` is a Python int fixed by the layer order. Always pass `n_valid` when
+    capturing so the same graph serves full and partial steps; `reset(rows)` stays outside the graph
+    (masked in-place fills, also sync-free).
+    """
+
+    def __init__(self, decoder: CodecDecoder, batch_size: int = 1):
+        self.decoder = decoder
+        p = next(decoder.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.samples_per_frame = decoder.samples_per_frame
+        bufs = {k: torch.zeros(s, device=self.device, dtype=self.dtype)
+                for k, s in decoder.stream_state_shapes(batch_size).items()}
+        self.state = StreamState(bufs, torch.zeros(batch_size, dtype=torch.long, device=self.device))
+        self.batch_size = batch_size
+
+    @property
+    def frames_decoded(self) -> Tensor:
+        """[B] frames consumed so far by each row's current stream."""
+        return self.state.pos
+
+    @torch.inference_mode()
+    def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
+        """Decode the next frames of every stream: codes [B, K, n] -> wav [B, 1, n * samples_per_frame]."""
+        if codes.shape[0] != self.batch_size:
+            raise ValueError(f"expected a batch of {self.batch_size} streams, got {codes.shape[0]}")
+        if codes.shape[-1] == 0:
+            return torch.zeros(self.batch_size, 1, 0, device=self.device, dtype=self.dtype)
+        self.state.n_valid = n_valid
+        try:
+            wav = self.decoder(codes.to(self.device), self.state)
+        finally:
+            self.state.n_valid = None
+        self.state.pos += codes.shape[-1] if n_valid is None else n_valid
+        return wav
+
+    def flush(self, rows: Tensor | None = None) -> Tensor:
+        """End the streams in `rows` (all when None) and return their pending audio.
+
+        The decoder has no look-ahead, so every pushed frame was already returned in full: the
+        result is always empty ([B, 1, 0]); the rows are then reset for a new stream.
+        """
+        self.reset(rows)
+        return torch.zeros(self.batch_size, 1, 0, device=self.device, dtype=self.dtype)
+
+    def reset(self, rows: Tensor | None = None) -> None:
+        """Forget the history of all rows, or of the rows where bool mask `rows` [B] is True."""
+        self.state.reset(None if rows is None else rows.to(self.device))

@@ -1,0 +1,136 @@
+"""Plain text and Markdown -> blocks, with chapter-heading detection."""
+from __future__ import annotations
+
+import re
+
+from jobs.ingest.blocks import PATTERN_LEVEL, Block
+
+_NUMWORD = (
+    r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|"
+    r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|last|final|"
+    r"eins|zwei|drei|vier|fünf|sechs|sieben|acht|neun|zehn|elf|zwölf)"
+)
+_NUMBER = rf"(?:\d{{1,4}}|[ivxlcdm]{{1,8}}|{_NUMWORD}(?:[- ]{_NUMWORD})*)"
+CHAPTER_RE = re.compile(
+    rf"^(?:chapter|chap\.|part|book|volume|vol\.|section|kapitel|teil|buch|chapitre|capítulo|capitolo)\s+{_NUMBER}"
+    rf"(?P<rest>\s*(?:[.:\-—–]\s*.*|\s+.*)?)$",
+    re.I,
+)
+ORDINAL_CHAPTER_RE = re.compile(rf"^(?:{_NUMWORD}|\d{{1,3}}\.)\s+(?:chapter|part|kapitel|teil|buch)\s*[.:]?$", re.I)
+KEYWORD_RE = re.compile(
+    r"^(?:prologue|epilogue|preface|foreword|introduction|afterword|interlude|conclusion|acknowledge?ments|"
+    r"appendix(?:\s+\w{1,4})?|contents|table of contents|dedication|copyright|prolog|epilog|vorwort|nachwort|"
+    r"einleitung|inhalt|inhaltsverzeichnis|widmung|the end)\s*(?:[.:\-—–]\s*.{0,60})?$",
+    re.I,
+)
+SCENE_BREAK_RE = re.compile(r"^\s*(?:[*#~•·=_-]\s*){3,}$|^\s*[*#~•]\s*$")
+MD_HEADING_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+SETEXT_RE = re.compile(r"^\s*(=+|-+)\s*$")
+
+
+def chapter_heading(line: str) -> bool:
+    """True if ``line`` (stripped) looks like a chapter heading: "Chapter 12", "CHAPTER IV", "Prologue"..."""
+    line = line.strip()
+    if not line or len(line) > 90:
+        return False
+    m = CHAPTER_RE.match(line)
+    if m:
+        rest = m.group("rest").strip()
+        if not rest or rest[0] in ".:-—–":
+            return not rest.endswith(",")
+        first = rest.split()[0]
+        return first[:1].isupper() or first[:1].isdigit() or first[:1] in "\"'“‘«"
+    return bool(ORDINAL_CHAPTER_RE.match(line) or KEYWORD_RE.match(line))
+
+
+def _blocks_of_lines(text: str) -> list[list[str]]:
+    """Split text into groups of lines separated by blank lines; very long lines are own groups."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    nonblank = [ln for ln in lines if ln.strip()]
+    blank = len(lines) - len(nonblank)
+    line_mode = bool(nonblank) and blank < 0.1 * len(nonblank) and (
+        sum(len(ln) for ln in nonblank) / len(nonblank) > 100
+    )
+    groups: list[list[str]] = []
+    cur: list[str] = []
+    for ln in lines:
+        if not ln.strip():
+            if cur:
+                groups.append(cur)
+                cur = []
+            continue
+        if line_mode:
+            groups.append([ln])
+        else:
+            cur.append(ln)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _subtitle(line: str) -> bool:
+    s = line.strip()
+    return 0 < len(s) <= 60 and s[-1] not in ".,;!?" and not chapter_heading(s)
+
+
+def parse_plain_text(text: str, markdown: bool = False) -> list[Block]:
+    """Turn plain text (or Markdown, after :func:`markdown_to_text_lines`) into blocks."""
+    groups = _blocks_of_lines(text)
+    blocks: list[Block] = []
+    for gi, group in enumerate(groups):
+        lines = [ln.rstrip() for ln in group]
+        i = 0
+        para: list[str] = []
+
+        def flush() -> None:
+            if para:
+                blocks.append(Block("para", " ".join(x.strip() for x in para), lines=[x.strip() for x in para]))
+                para.clear()
+
+        while i < len(lines):
+            ln = lines[i]
+            s = ln.strip()
+            m = MD_HEADING_RE.match(s) if markdown else None
+            if m:
+                flush()
+                blocks.append(Block("heading", m.group(2).strip(), level=len(m.group(1))))
+            elif i + 1 < len(lines) and SETEXT_RE.match(lines[i + 1]) and not para and len(s) <= 90 and (
+                markdown or lines[i + 1].strip()[0] == "="
+            ):
+                level = 1 if lines[i + 1].strip()[0] == "=" else 2
+                blocks.append(Block("heading", s, level=level if markdown else PATTERN_LEVEL))
+                i += 1
+            elif SCENE_BREAK_RE.match(s):
+                flush()
+            elif not para and chapter_heading(s):
+                title = s
+                nxt = lines[i + 1] if i + 1 < len(lines) else None
+                rest_empty = not CHAPTER_RE.match(s) or not CHAPTER_RE.match(s).group("rest").strip()
+                if nxt is not None and len(lines) == 2 and rest_empty and _subtitle(nxt):
+                    title = _join(s, nxt.strip())
+                    i += 1
+                elif nxt is None and rest_empty and _following_subtitle(groups, gi):
+                    title = _join(s, groups[gi + 1][0].strip())
+                    groups[gi + 1] = []
+                blocks.append(Block("heading", title, level=PATTERN_LEVEL))
+            else:
+                para.append(ln)
+            i += 1
+        flush()
+    return blocks
+
+
+def _following_subtitle(groups: list[list[str]], gi: int) -> bool:
+    """Gutenberg style: "CHAPTER I." then a blank line, a one-line title, a blank line, the text."""
+    return (
+        gi + 2 < len(groups)
+        and len(groups[gi + 1]) == 1
+        and _subtitle(groups[gi + 1][0])
+        and (len(groups[gi + 2]) > 1 or len(groups[gi + 2][0]) > 60)
+    )
+
+
+def _join(a: str, b: str) -> str:
+    a = a.rstrip()
+    return f"{a} {b}" if a[-1:] in ".:" else f"{a}: {b}"

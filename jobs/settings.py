@@ -1,0 +1,157 @@
+"""Job settings, spool folder layout and the content key of a segment.
+
+The spool folder ("home") holds everything the batch side keeps on disk:
+
+    queue.db      SQLite queue (jobs, chapters, segments, audio cache, events)
+    audio/        content-addressed segment audio (audio/ab/abcdef....wav)
+    output/       finished books, one folder per job (chapter files, book file, manifest.json)
+    inbox/        watched folder; processing/, done/, failed/ next to it
+
+It is chosen by `--home`, else the `TTS_APPLIANCE_HOME` environment variable, else
+`~/.local/share/tts-appliance`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+HOME_ENV = "TTS_APPLIANCE_HOME"
+MODEL_ENV = "TTS_APPLIANCE_MODEL"
+DEFAULT_HOME = Path("~/.local/share/tts-appliance")
+FORMATS = ("wav", "flac", "ogg", "mp3", "m4b")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Locations inside one spool folder."""
+
+    home: Path
+
+    @property
+    def db(self) -> Path:
+        return self.home / "queue.db"
+
+    @property
+    def audio(self) -> Path:
+        return self.home / "audio"
+
+    @property
+    def output(self) -> Path:
+        return self.home / "output"
+
+    @property
+    def inbox(self) -> Path:
+        return self.home / "inbox"
+
+    @property
+    def processing(self) -> Path:
+        return self.home / "processing"
+
+    @property
+    def done(self) -> Path:
+        return self.home / "done"
+
+    @property
+    def failed(self) -> Path:
+        return self.home / "failed"
+
+    @property
+    def config(self) -> Path:
+        return self.home / "config.yaml"
+
+    def ensure(self) -> "Paths":
+        """Create the folders (idempotent) and return self."""
+        for p in (self.home, self.audio, self.output, self.inbox, self.processing, self.done, self.failed):
+            p.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def resolve_home(home: Optional[str | os.PathLike] = None) -> Paths:
+    """The spool folder: explicit `home`, else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance."""
+    raw = home or os.environ.get(HOME_ENV) or DEFAULT_HOME
+    return Paths(Path(raw).expanduser().resolve())
+
+
+def read_config(paths: Paths) -> dict:
+    """The optional `config.yaml` in the spool folder (e.g. `model: /models/Qwen3-TTS-...`)."""
+    if not paths.config.is_file():
+        return {}
+    data = yaml.safe_load(paths.config.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{paths.config} must be a YAML mapping (e.g. 'model: /path/to/checkpoint')")
+    return data
+
+
+def configured_model(paths: Paths, explicit: Optional[str] = None) -> Optional[str]:
+    """Model path: explicit, else $TTS_APPLIANCE_MODEL, else `model:` in config.yaml, else None."""
+    return explicit or os.environ.get(MODEL_ENV) or read_config(paths).get("model")
+
+
+@dataclass
+class JobSpec:
+    """What the user asked for; stored as JSON on the job row.
+
+    `sampling` holds `engines.api.SamplingParams` overrides other than the seed (e.g.
+    `{"max_new_tokens": 200}`); `seed` is the base seed of every segment (a redo may give one
+    segment its own seed).
+    """
+
+    voice: Optional[str] = None
+    language: str = "auto"
+    instruct: Optional[str] = None
+    ref_audio: Optional[str] = None
+    ref_text: Optional[str] = None
+    format: str = "flac"
+    title: Optional[str] = None
+    author: Optional[str] = None
+    priority: int = 0
+    model: Optional[str] = None
+    seed: int = 0
+    sampling: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.format = (self.format or "flac").lower()
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown format {self.format!r}: choose one of {', '.join(FORMATS)}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JobSpec":
+        """Build from a mapping (JSON row, sidecar YAML), ignoring unknown keys."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
+
+
+def _file_digest(path: Optional[str]) -> Optional[str]:
+    if not path or not Path(path).is_file():
+        return path
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def segment_key(text: str, spec: JobSpec, seed: int, model_id: str) -> str:
+    """Content key of one segment's audio: same inputs -> same key -> cached audio is reused.
+
+    Covers the normalized text, voice, language, instruction, reference audio (by content) and
+    text, all sampling settings including the seed, and the engine's model id.
+    """
+    payload = {
+        "text": text,
+        "voice": spec.voice,
+        "language": spec.language,
+        "instruct": spec.instruct,
+        "ref_audio": _file_digest(spec.ref_audio),
+        "ref_text": spec.ref_text,
+        "sampling": dict(sorted((spec.sampling or {}).items())),
+        "seed": int(seed),
+        "model": model_id,
+    }
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
