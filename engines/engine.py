@@ -92,8 +92,8 @@ class TTSEngine:
             raise UnsupportedMode(f"reference audio needs a Base checkpoint; this one is {self.model_type}")
         if not x_vector_only and not (ref_text and ref_text.strip()):
             x_vector_only = True  # no transcript: clone from the speaker embedding alone
-        return make_cloned_voice(self.weights.speaker_encoder, self._codec_encoder(), ref_audio,
-                                 ref_text=ref_text, x_vector_only=x_vector_only, model_cfg=self.cfg)
+        return make_cloned_voice(self.weights.speaker_encoder, None if x_vector_only else self._codec_encoder(),
+                                 ref_audio, ref_text=ref_text, x_vector_only=x_vector_only, model_config=self.cfg)
 
     def _load_voice(self, name: str):
         from .model.voice import ClonedVoice
@@ -104,7 +104,8 @@ class TTSEngine:
         if not path.is_file():
             raise VoiceNotFound(name, self.voices)
         voice = ClonedVoice.load(path)
-        voice.check_compatible(self.cfg)
+        voice.check_fits(self.cfg.talker.hidden_size, self.model_type, self.cfg.talker.num_code_groups,
+                         self.cfg.tts_model_size, name=str(name))
         return voice
 
     # ----- request resolution ----------------------------------------------------------------
@@ -142,7 +143,7 @@ class TTSEngine:
                 raise UnsupportedMode("VoiceDesign checkpoints have no named voices: describe the voice "
                                       "with an instruction instead")
             if not req.instruct:
-                raise BadInput("VoiceDesign needs an instruction describing the voice (--instruct)")
+                log.warning("VoiceDesign without an instruction: the model picks an arbitrary voice")
         else:
             if req.ref_audio:
                 voice = self.make_voice(req.ref_audio, req.ref_text)
@@ -151,7 +152,7 @@ class TTSEngine:
             else:
                 raise BadInput("a Base checkpoint clones a voice: give reference audio (--ref-audio, with "
                                "--ref-text for best results) or a saved voice")
-            spec.speaker_embedding = voice.speaker_embedding
+            spec.speaker_embedding = voice.spk_embedding
             if not voice.x_vector_only:
                 spec.ref_text, spec.ref_codes = voice.ref_text, voice.ref_codes
         return spec, spec.ref_codes

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
@@ -95,7 +95,7 @@ class Heartbeat(threading.Thread):
         self.db_path, self.worker_id, self.lease_s, self.interval_s = db_path, worker_id, lease_s, interval_s
         self._held: set[int] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def hold(self, ids) -> None:
         with self._lock:
@@ -106,12 +106,12 @@ class Heartbeat(threading.Thread):
             self._held.difference_update(ids)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         q = Queue(self.db_path)
         try:
-            while not self._stop.wait(self.interval_s):
+            while not self._halt.wait(self.interval_s):
                 with self._lock:
                     ids = sorted(self._held)
                 try:
@@ -138,7 +138,7 @@ class Runner:
         self.model = model
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.should_yield = should_yield
-        self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, heartbeat_s)
+        self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, min(heartbeat_s, lease_s / 3))
         self.heartbeat.start()
 
     def close(self) -> None:
@@ -288,3 +288,88 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
     queue.finish_job(job_id, state, str(out_dir), error)
     log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
+
+
+# -- submission ------------------------------------------------------------------------------------
+TEXT_SUFFIXES = {"", ".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".rst"}
+
+
+class SubmitError(Exception):
+    """A file cannot become a job (message says why and what to do)."""
+
+
+def precheck_file(path: Path) -> None:
+    """Reject what can never be a book before ingestion: missing, empty, binary-looking text files."""
+    if not path.is_file():
+        raise SubmitError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise SubmitError(f"{path.name}: the file is empty; nothing to read aloud")
+    if path.suffix.lower() in TEXT_SUFFIXES:
+        head = path.read_bytes()[:8192]
+        if b"\x00" in head and not head.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise SubmitError(f"{path.name}: this looks like a binary file, not text; "
+                              "save it as plain text (UTF-8), EPUB, HTML or another supported format")
+
+
+def check_voice(engine: Synthesizer, voice: Optional[str]) -> None:
+    """Raise the engine's VoiceNotFound when `voice` is neither a known voice nor a voice file."""
+    voices = list(getattr(engine, "voices", None) or [])
+    if voice and voices and voice not in voices and not Path(voice).is_file():
+        from engines.model.errors import VoiceNotFound
+
+        raise VoiceNotFound(voice, voices)
+
+
+def document_chapters(doc, spec: JobSpec) -> list[tuple[str, list]]:
+    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped)."""
+    from jobs.segment import SegmentOptions, segment_document
+
+    language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
+    per_chapter = segment_document(doc, language, SegmentOptions(), None)
+    return [(ch.title or f"Chapter {i + 1}", segs)
+            for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+
+
+def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Sequence[str] = (),
+                    chapters: Optional[list] = None) -> str:
+    """Queue a Document (already segmented `chapters` may be given). Returns the job id."""
+    import hashlib
+
+    spec = JobSpec.from_dict({**json.loads(spec.to_json()),
+                              "title": spec.title or doc.title or (Path(sources[0]).stem if sources else None),
+                              "author": spec.author or doc.author})
+    meta = {"source_format": doc.source_format, "language_hint": doc.language}
+    if doc.cover:
+        ext = ".png" if (doc.cover_mime or "").endswith("png") else ".jpg"
+        cover = paths.home / "covers" / (hashlib.sha256(doc.cover).hexdigest()[:16] + ext)
+        if not cover.exists():
+            from .assemble import write_bytes_atomic
+
+            write_bytes_atomic(cover, doc.cover)
+        meta.update(cover_path=str(cover), cover_mime=doc.cover_mime)
+    return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta)
+
+
+def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec) -> tuple[str, Optional[str]]:
+    """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
+
+    The user's file is only read, never moved or deleted.
+    """
+    from .errors import JobError
+    from .queue import QueueError
+
+    path = Path(path)
+    try:
+        precheck_file(path)
+        from jobs.ingest import IngestOptions, load_document
+
+        doc = load_document(path, IngestOptions())
+        return submit_document(queue, paths, doc, spec, [str(path.resolve())]), None
+    except (SubmitError, JobError, QueueError) as exc:
+        error = str(exc)
+    except (ImportError, ModuleNotFoundError) as exc:
+        raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")
+    except Exception as exc:  # unexpected reader failure: still a clear job error, other jobs carry on
+        log.exception("ingesting %s failed", path)
+        error = f"could not read {path.name}: {type(exc).__name__}: {exc}"
+    return queue.add_failed_job(spec, [str(path.resolve())], error), error

@@ -97,3 +97,13 @@ def load_audio(src: AudioSource, target_sr: int = 24000, min_seconds: float = MI
     if peak > 1.0:
         log.warning("reference audio %s exceeds [-1, 1] (peak %.3f); using it unchanged", name, peak)
     return resample(audio, sr, target_sr)
+
+
+def write_wav(path, audio: np.ndarray, sample_rate: int) -> None:
+    """Write mono float audio as 16-bit PCM WAV (written to a temp name, then renamed into place)."""
+    import soundfile as sf
+
+    path = str(path)
+    tmp = f"{path}.part"
+    sf.write(tmp, np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0), sample_rate, subtype="PCM_16", format="WAV")
+    os.replace(tmp, path)

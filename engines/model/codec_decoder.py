@@ -200,7 +200,8 @@ class TransformerLayer(nn.Module):
         self.self_attn, self.mlp = Attention(c), Mlp(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn_layer_scale, self.mlp_layer_scale = LayerScale(c.hidden_size), LayerScale(c.hidden_size)
+        self.self_attn_layer_scale = LayerScale(c.hidden_size)
+        self.mlp_layer_scale = LayerScale(c.hidden_size)
 
     def forward(self, x: Tensor, cos, sin, qpos, st) -> Tensor:  # [B, T, H]
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, qpos, st))
@@ -212,7 +213,8 @@ class PreTransformer(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(TransformerLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.input_proj, self.output_proj = nn.Linear(c.latent_dim, c.hidden_size), nn.Linear(c.hidden_size, c.latent_dim)
+        self.input_proj = nn.Linear(c.latent_dim, c.hidden_size)
+        self.output_proj = nn.Linear(c.hidden_size, c.latent_dim)
         self.head_dim, self.theta = c.head_dim, c.rope_theta
         self.register_buffer("inv_freq", self.rope_inv_freq(), persistent=False)
 
@@ -246,16 +248,12 @@ class Codebook(nn.Module):
         return F.embedding(codes, self.embedding_sum / self.cluster_usage.clamp(min=self.eps)[:, None])
 
 
-class _VQ(nn.Module):
-    def __init__(self, size: int, dim: int):
-        super().__init__()
-        self._codebook = Codebook(size, dim)
-
-
-class _VQList(nn.Module):
-    def __init__(self, n: int, size: int, dim: int):
-        super().__init__()
-        self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
+def _holder(**children: nn.Module) -> nn.Module:
+    """A bare module that only carries children (keeps the reference parameter names)."""
+    m = nn.Module()
+    for name, child in children.items():
+        m.add_module(name, child)
+    return m
 
 
 class ResidualVQ(nn.Module):
@@ -265,7 +263,7 @@ class ResidualVQ(nn.Module):
         super().__init__()
         self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
         self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
-        self.vq = _VQList(n, size, dim)
+        self.vq = _holder(layers=nn.ModuleList(_holder(_codebook=Codebook(size, dim)) for _ in range(n)))
 
     def forward(self, codes: Tensor) -> Tensor:  # [B, K, T] -> [B, io_dim, T]
         acc = self.vq.layers[0]._codebook(codes[:, 0])

@@ -24,6 +24,7 @@ from torch import nn
 
 from .config import CodecConfig
 from .errors import CheckpointError
+from .layers import apply_rope, rope_cos_sin
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +86,11 @@ class MimiEncoderConfig:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
-    def needs_downsample(self) -> bool:
-        conv_rate = math.ceil(self.sampling_rate / self.hop_length)
-        rate = self.frame_rate if self.frame_rate is not None else self.sampling_rate / (2 * self.hop_length)
-        return rate != conv_rate
-
-    @property
     def downsample_kernel(self) -> int:
+        """Kernel of the stride-2 conv from the conv rate (25 Hz) to the code rate (12.5 Hz); 0 = none."""
         conv_rate = math.ceil(self.sampling_rate / self.hop_length)
         rate = self.frame_rate if self.frame_rate is not None else self.sampling_rate / (2 * self.hop_length)
-        return 2 * int(conv_rate / rate)
+        return 0 if rate == conv_rate else 2 * int(conv_rate / rate)
 
 
 _ACTS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu,
@@ -127,7 +123,7 @@ class CausalConv1d(nn.Module):
 def _pad(x: torch.Tensor, left: int, right: int, mode: str) -> torch.Tensor:
     """F.pad, with reflect padding allowed on inputs shorter than the pad (zero-extended first)."""
     if mode != "reflect":
-        return F.pad(x, (left, right), mode=mode) if mode != "constant" else F.pad(x, (left, right))
+        return F.pad(x, (left, right), mode=mode)
     grow = max(0, max(left, right) - x.shape[-1] + 1)
     out = F.pad(F.pad(x, (0, grow)), (left, right), mode="reflect")
     return out[..., : out.shape[-1] - grow]
@@ -199,18 +195,12 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(bsz, t, self.heads, self.hd).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(bsz, t, self.kv_heads, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(bsz, t, self.kv_heads, self.hd).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)  # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(bsz, t, -1))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
 
 
 class TransformerLayer(nn.Module):
@@ -244,12 +234,8 @@ class Transformer(nn.Module):
         self.head_dim, self.theta = cfg.head_size, cfg.rope_theta
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H]
-        hd = self.head_dim  # rotary tables always in float32, cast to the activation dtype
-        inv = 1.0 / (self.theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.int64).float() / hd))
-        pos = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
-        freqs = torch.outer(pos, inv)  # [T, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # [T, hd]
+        pos = torch.arange(x.shape[1], device=x.device)[None]  # [1, T]
+        cos, sin = rope_cos_sin(pos, self.head_dim, self.theta, x.dtype)  # [1, T, hd], made in fp32
         for layer in self.layers:
             x = layer(x, cos, sin)
         return x
@@ -308,7 +294,7 @@ class CodecEncoder(nn.Module):
         self.encoder_transformer = Transformer(cfg)
         self.downsample = (CausalConv1d(cfg.hidden_size, cfg.hidden_size, cfg.downsample_kernel, stride=2, bias=False,
                                         causal=cfg.use_causal_conv, pad_mode="replicate")
-                           if cfg.needs_downsample else None)
+                           if cfg.downsample_kernel else None)
         self.quantizer = nn.Module()
         self.quantizer.semantic_residual_vector_quantizer = RVQ(cfg, cfg.num_semantic_quantizers)
         self.quantizer.acoustic_residual_vector_quantizer = RVQ(cfg, n_valid - cfg.num_semantic_quantizers)
@@ -339,10 +325,9 @@ class CodecEncoder(nn.Module):
             return codes[..., : -(-wav.shape[-1] // self.downsample_rate)]
         n = torch.as_tensor(lengths, device=codes.device)
         n = -(-n // self.downsample_rate)  # [B]
-        codes = codes[..., : int(n.max())].clone()
-        codes[torch.arange(codes.shape[-1], device=codes.device)[None, None, :] >= n[:, None, None]
-              .expand(-1, codes.shape[1], 1)] = -1
-        return codes
+        codes = codes[..., : int(n.max())]
+        past_end = torch.arange(codes.shape[-1], device=codes.device)[None, :] >= n[:, None]  # [B, F]
+        return codes.masked_fill(past_end[:, None, :], -1)
 
     def encode_one(self, wav: torch.Tensor) -> torch.Tensor:
         """Codes [frames, 16] of one 24 kHz clip [S] (the layout of the official `ref_code`)."""
@@ -357,7 +342,7 @@ _DROP = re.compile(r"^(quantizer\.\w+\.output_proj\.weight|"
 def load_codec_encoder(path: str | Path, device: str | torch.device = "cpu",
                        dtype: torch.dtype = torch.float32) -> CodecEncoder:
     """Build the encoder from a `speech_tokenizer/` folder (its config.json and model.safetensors)."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     path = Path(path)
     cc = CodecConfig.from_dir(path)
@@ -366,20 +351,20 @@ def load_codec_encoder(path: str | Path, device: str | torch.device = "cpu",
     wfile = path / "model.safetensors"
     if not wfile.is_file():
         raise CheckpointError(f"missing checkpoint file: {wfile}")
-    try:
-        raw = load_file(str(wfile), device="cpu")
-    except Exception as exc:  # safetensors raises several types for broken files
-        raise CheckpointError(f"corrupt checkpoint file {wfile}: {exc}") from exc
     n_acoustic = model.n_valid - cfg.num_semantic_quantizers
     state = {}
-    for key, val in raw.items():
-        if not key.startswith("encoder."):
-            continue
-        name = key[len("encoder."):]
-        m = _DROP.match(name)
-        if m and (m.group(2) is None or int(m.group(2)) >= n_acoustic):
-            continue  # decoder-side weights and codebooks past the valid ones are never used by encode
-        state[name] = val
+    try:  # read only the encoder tensors (the file also holds the much larger decoder)
+        with safe_open(str(wfile), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if not key.startswith("encoder."):
+                    continue
+                name = key[len("encoder."):]
+                m = _DROP.match(name)
+                if m and (m.group(2) is None or int(m.group(2)) >= n_acoustic):
+                    continue  # codebooks past the valid ones (and decode-only weights) never affect encode
+                state[name] = f.get_tensor(key)
+    except Exception as exc:  # safetensors raises several types for broken files
+        raise CheckpointError(f"corrupt checkpoint file {wfile}: {exc}") from exc
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

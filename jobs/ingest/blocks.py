@@ -72,9 +72,9 @@ def skip_toc(blocks: list[Block]) -> list[Block]:
             while i < len(blocks):
                 nb = blocks[i]
                 k = heading_keys[i]
-                if nb.kind == "heading" and k in seen:
+                if nb.kind == "heading" and (k in seen or _content_follows(blocks, i)):
                     break
-                if nb.kind == "para" and len(nb.lines or [nb.text]) == 1 and len(nb.text) > 120:
+                if nb.kind == "para" and len(nb.lines) <= 1 and len(nb.text) > 150:
                     break
                 if nb.kind == "para" and len(nb.lines) > 1:
                     seen.update(_toc_line_key(x) for x in nb.lines)
@@ -105,6 +105,17 @@ def skip_toc(blocks: list[Block]) -> list[Block]:
         out.append(b)
         i += 1
     return out
+
+
+def _content_follows(blocks: list[Block], i: int) -> bool:
+    """True if the heading at ``i`` is followed by real prose (not a listing of short lines)."""
+    nxt = blocks[i + 1 : i + 3]
+    if not nxt or nxt[0].kind != "para":
+        return False
+    first = nxt[0]
+    if len(first.lines) <= 1 and len(first.text) > 150:
+        return True
+    return len(nxt) == 2 and nxt[1].kind == "para" and len(first.text) + len(nxt[1].text) > 200
 
 
 def strip_footnote_markers(text: str) -> str:
@@ -142,6 +153,7 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
     if options.skip_toc:
         blocks = skip_toc(blocks)
     split, doc_title = _split_level(blocks, promote_title)
+    blocks = _flatten_heading_runs(blocks, split)
     chapters: list[Chapter] = []
     current: Optional[Chapter] = None
     for b in blocks:
@@ -151,8 +163,9 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
             continue
         starts = b.kind == "heading" and (b.level == PATTERN_LEVEL or (split is not None and b.level <= split))
         if starts:
-            if current is not None and not current.paragraphs and current.title and current.title.count(". ") < 2:
+            if current is not None and not current.paragraphs and current.title and not getattr(current, "_merged", False):
                 current.title = _join_titles(current.title, b.text)
+                current._merged = True  # type: ignore[attr-defined]
             else:
                 current = Chapter(title=b.text, paragraphs=[])
                 chapters.append(current)
@@ -160,8 +173,9 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
         if current is None:
             current = Chapter(title="", paragraphs=[])
             chapters.append(current)
-        if b.text.strip():
-            current.paragraphs.append(b.text.strip())
+        text = " ".join(b.text.split())
+        if text:
+            current.paragraphs.append(text)
     for ch in chapters:
         if options.skip_footnotes:
             ch.paragraphs = _drop_trailing_footnotes(ch.paragraphs)
@@ -171,6 +185,24 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
     if options.skip_front_matter:
         chapters = skip_front_matter(chapters)
     return doc_title, chapters
+
+
+def _flatten_heading_runs(blocks: list[Block], split: Optional[int]) -> list[Block]:
+    """In a run of 3+ chapter headings with no text between (a kept TOC), the middle ones become text."""
+    def is_chapter(b: Block) -> bool:
+        return b.kind == "heading" and (b.level == PATTERN_LEVEL or (split is not None and b.level <= split))
+
+    out = list(blocks)
+    i = 0
+    while i < len(out):
+        j = i
+        while j < len(out) and is_chapter(out[j]):
+            j += 1
+        if j - i >= 3:
+            for k in range(i + 1, j - 1):
+                out[k] = Block("para", out[k].text)
+        i = max(j, i + 1)
+    return out
 
 
 def _join_titles(a: str, b: str) -> str:

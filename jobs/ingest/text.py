@@ -106,7 +106,8 @@ def parse_plain_text(text: str, markdown: bool = False) -> list[Block]:
             elif not para and chapter_heading(s):
                 title = s
                 nxt = lines[i + 1] if i + 1 < len(lines) else None
-                rest_empty = not CHAPTER_RE.match(s) or not CHAPTER_RE.match(s).group("rest").strip()
+                cm = CHAPTER_RE.match(s)
+                rest_empty = not cm or not cm.group("rest").strip(" .:-—–")
                 if nxt is not None and len(lines) == 2 and rest_empty and _subtitle(nxt):
                     title = _join(s, nxt.strip())
                     i += 1

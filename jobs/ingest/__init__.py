@@ -1,0 +1,172 @@
+"""Reading user files into a :class:`jobs.document.Document` (chapters of paragraphs).
+
+Entry point: :func:`load_document`. Supported inputs: plain text (any common
+encoding), Markdown, HTML, EPUB, DOCX and PDF (text layer, via ``pypdf``).
+Anything else is sniffed: text is read as plain text, binaries are refused.
+The user's file is only ever opened for reading.
+
+Every problem with the input raises :class:`jobs.errors.IngestError` with a
+message that can be shown to the user as-is.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from jobs.document import Document
+from jobs.errors import IngestError
+from jobs.ingest.blocks import build_chapters
+from jobs.ingest.decode import decode_bytes, sniff_binary
+
+log = logging.getLogger(__name__)
+
+TEXT_EXT = {".txt", ".text", ".asc", ".rst", ".log", ""}
+MD_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
+HTML_EXT = {".html", ".htm", ".xhtml", ".xht"}
+FORMATS = ("txt", "md", "html", "epub", "docx", "pdf")
+
+
+@dataclass
+class IngestOptions:
+    """How to read a document.
+
+    max_bytes: refuse files larger than this (checked before reading).
+    skip_toc: drop a table of contents.  skip_front_matter: drop copyright page,
+    dedication etc. before the first chapter.  skip_footnotes: drop footnote
+    markers and footnote blocks.  allowed_roots: if set, the (symlink-resolved)
+    path must lie under one of these directories.  The zip limits guard EPUB/DOCX
+    against zip bombs.  format: force "txt", "md", "html", "epub", "docx" or
+    "pdf" instead of guessing.  encoding: force a text encoding.
+    """
+
+    max_bytes: int = 50 * 1024 * 1024
+    skip_toc: bool = True
+    skip_front_matter: bool = False
+    skip_footnotes: bool = True
+    allowed_roots: Optional[list[Path]] = None
+    max_uncompressed_bytes: int = 300 * 1024 * 1024
+    max_compression_ratio: float = 100.0
+    format: Optional[str] = None
+    encoding: Optional[str] = None
+
+
+def _check_path(path: Union[str, Path], options: IngestOptions) -> Path:
+    raw = Path(path).expanduser()
+    try:
+        resolved = raw.resolve(strict=True)
+    except FileNotFoundError:
+        raise IngestError(f"File not found: {raw}") from None
+    except (OSError, RuntimeError) as exc:
+        raise IngestError(f"Cannot access {raw}: {exc}") from None
+    if options.allowed_roots is not None:
+        roots = [Path(r).expanduser().resolve() for r in options.allowed_roots]
+        if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+            raise IngestError(f"{raw} is outside the allowed input folders; refusing to read it.")
+    if resolved.is_dir():
+        raise IngestError(f"{raw} is a folder, not a file.")
+    if not resolved.is_file():
+        raise IngestError(f"{raw} is not a regular file.")
+    return resolved
+
+
+def _read(path: Path, options: IngestOptions) -> bytes:
+    size = path.stat().st_size
+    if size > options.max_bytes:
+        raise IngestError(
+            f"The file is too large ({size / 1e6:.1f} MB); the limit is {options.max_bytes / 1e6:.1f} MB."
+        )
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(options.max_bytes + 1)
+    except PermissionError:
+        raise IngestError(f"Permission denied reading {path}.") from None
+    except OSError as exc:
+        raise IngestError(f"Cannot read {path}: {exc}") from None
+    if len(data) > options.max_bytes:  # grew while we looked
+        raise IngestError(f"The file is too large; the limit is {options.max_bytes / 1e6:.1f} MB.")
+    if not data:
+        raise IngestError("The file is empty.")
+    return data
+
+
+def _guess_format(path: Path, data: bytes) -> str:
+    ext = path.suffix.lower()
+    if ext == ".epub":
+        return "epub"
+    if ext == ".docx":
+        return "docx"
+    if ext == ".pdf":
+        return "pdf"
+    if ext in MD_EXT:
+        return "md"
+    if ext in HTML_EXT:
+        return "html"
+    if ext in (".doc", ".rtf", ".odt", ".mobi", ".azw", ".azw3", ".pages"):
+        raise IngestError(f"{ext} files are not supported; convert the document to EPUB, DOCX or plain text.")
+    if ext in TEXT_EXT:
+        return "txt"
+    # unknown extension: sniff the content
+    if data.startswith(b"PK\x03\x04"):
+        head = data[:200]
+        if b"mimetypeapplication/epub+zip" in head:
+            return "epub"
+        if b"word/" in data[-65536:] or b"[Content_Types].xml" in head:
+            return "docx"
+    if data.startswith(b"%PDF-"):
+        return "pdf"
+    what = sniff_binary(data)
+    if what:
+        raise IngestError(f"The file looks like a binary file ({what}), not a document this appliance can read.")
+    head = data[:2048].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith((b"<!doctype html", b"<html", b"<?xml")) and b"<html" in data[:4096].lower():
+        return "html"
+    return "txt"
+
+
+def load_document(path: Union[str, Path], options: Optional[IngestOptions] = None) -> Document:
+    """Read ``path`` into a Document; raises IngestError with a user-facing message on bad input."""
+    options = options or IngestOptions()
+    resolved = _check_path(path, options)
+    data = _read(resolved, options)
+    fmt = options.format or _guess_format(resolved, data)
+    if fmt not in FORMATS:
+        raise IngestError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
+    log.info("reading %s as %s (%d bytes)", resolved.name, fmt, len(data))
+    if fmt == "epub":
+        from jobs.ingest.epub import load_epub
+
+        doc = load_epub(data, options)
+    elif fmt == "docx":
+        from jobs.ingest.docx import load_docx
+
+        doc = load_docx(data, options)
+    elif fmt == "pdf":
+        from jobs.ingest.pdf import load_pdf
+
+        doc = load_pdf(data, options)
+    elif fmt == "html":
+        from jobs.ingest.html import load_html_bytes
+
+        blocks, meta = load_html_bytes(data, options)
+        title, chapters = build_chapters(blocks, options)
+        doc = Document(chapters, title=meta["title"] or title, author=meta["author"],
+                       language=meta["language"], source_format="html")
+    else:
+        from jobs.ingest.markdown import markdown_to_plain
+        from jobs.ingest.text import parse_plain_text
+
+        text = decode_bytes(data, options.encoding)
+        if fmt == "md":
+            text = markdown_to_plain(text, options.skip_footnotes)
+        title, chapters = build_chapters(parse_plain_text(text, markdown=fmt == "md"), options)
+        doc = Document(chapters, title=title, source_format=fmt)
+    if not doc.chapters or not any(c.paragraphs for c in doc.chapters):
+        raise IngestError("The document contains no readable text.")
+    if doc.title is None and fmt in ("txt", "md"):
+        doc.title = resolved.stem
+    return doc
+
+
+__all__ = ["IngestOptions", "load_document", "IngestError"]

@@ -1,0 +1,173 @@
+"""HTML/XHTML -> blocks with the stdlib parser; tolerant of broken markup."""
+from __future__ import annotations
+
+import logging
+import re
+from html.parser import HTMLParser
+from typing import Optional
+
+from jobs.errors import IngestError
+from jobs.ingest.blocks import Block
+from jobs.ingest.decode import decode_bytes
+
+log = logging.getLogger(__name__)
+
+SKIP_TAGS = {"script", "style", "head", "template", "svg", "math", "noscript", "iframe", "object", "select", "button"}
+VOID_TAGS = {"br", "hr", "img", "meta", "link", "input", "wbr", "col", "area", "base", "source", "embed", "param", "track"}
+HEADINGS = {f"h{i}": i for i in range(1, 7)}
+BLOCK_TAGS = {
+    "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "blockquote", "section", "article", "header", "footer",
+    "main", "figure", "figcaption", "table", "tr", "td", "th", "pre", "aside", "nav", "address", "body",
+    "html", "center", "caption", "hgroup", "details", "summary", "title",
+} | set(HEADINGS)
+NOTE_TYPES = {"footnote", "footnotes", "endnote", "endnotes", "rearnote", "rearnotes", "note", "doc-footnote",
+              "doc-endnote", "doc-endnotes", "doc-footnotes"}
+MARKER_RE = re.compile(r"^\s*(\[?\(?\d{1,3}\)?\]?|[*†‡§]+)\s*$")
+CHARSET_RE = re.compile(rb"""(?:<meta[^>]+charset\s*=\s*["']?|<\?xml[^>]+encoding\s*=\s*["'])([A-Za-z0-9_.:-]+)""", re.I)
+
+
+class _Parser(HTMLParser):
+    def __init__(self, skip_footnotes: bool):
+        super().__init__(convert_charrefs=True)
+        self.skip_footnotes = skip_footnotes
+        self.stack: list[tuple[str, set, int]] = []  # (tag, flags, buffer length at start)
+        self.buf: list[str] = []
+        self.blocks: list[Block] = []
+        self.title = ""
+        self.lang: Optional[str] = None
+        self.author: Optional[str] = None
+        self._in_title = False
+
+    # -- helpers --
+    def _flags(self) -> set:
+        out: set = set()
+        for _, f, _ in self.stack:
+            out |= f
+        return out
+
+    def _flush(self) -> None:
+        text = re.sub(r"\s+", " ", "".join(self.buf)).strip()
+        self.buf = []
+        for i, (tag, flags, _) in enumerate(self.stack):  # buffer positions are now stale
+            self.stack[i] = (tag, flags, 0)
+        if not text:
+            return
+        flags = self._flags()
+        if "skip" in flags:
+            return
+        if "note" in flags:
+            self.blocks.append(Block("footnote", text))
+        elif "toc" in flags:
+            self.blocks.append(Block("toc", text))
+        else:
+            level = min((HEADINGS[t] for t, _, _ in self.stack if t in HEADINGS), default=None)
+            if level is not None:
+                self.blocks.append(Block("heading", text, level=level))
+            else:
+                self.blocks.append(Block("para", text))
+
+    def _close_to(self, index: int) -> None:
+        """Pop stack entries down to ``index`` (inclusive), finishing each element."""
+        while len(self.stack) > index:
+            tag, flags, start = self.stack[-1]
+            if "ref" in flags and self.skip_footnotes:
+                if MARKER_RE.match("".join(self.buf[start:])):
+                    del self.buf[start:]
+            if tag in BLOCK_TAGS:
+                self._flush()
+            self.stack.pop()
+
+    # -- parser callbacks --
+    def handle_starttag(self, tag, attrs):
+        a = {k: (v or "") for k, v in attrs}
+        if tag == "html":
+            self.lang = a.get("lang") or a.get("xml:lang") or self.lang
+        if tag == "meta" and a.get("name", "").lower() in ("author", "dc.creator"):
+            self.author = a.get("content") or self.author
+        if tag in VOID_TAGS:
+            if tag == "br":
+                self.buf.append(" ")
+            elif tag == "hr":
+                self._flush()
+            return
+        if tag in BLOCK_TAGS:
+            for i, (t, _, _) in enumerate(self.stack):
+                if t in HEADINGS or (t == "p" and tag in ("p",) + tuple(HEADINGS)):
+                    self._close_to(i)
+                    break
+            self._flush()
+        types = set((a.get("epub:type", "") + " " + a.get("role", "")).lower().split())
+        classes = set(a.get("class", "").lower().split())
+        flags: set = set()
+        if tag in SKIP_TAGS:
+            flags.add("skip")
+        if tag == "title":
+            self._in_title = True
+        if types & NOTE_TYPES or (tag == "aside" and classes & {"footnote", "endnote", "note"}):
+            flags.add("note")
+        if tag == "nav" and types & {"toc", "doc-toc"}:
+            flags.add("toc")
+        if tag in ("a", "sup") and ("noteref" in types or "doc-noteref" in types or "#" in a.get("href", "")):
+            flags.add("ref")
+        self.stack.append((tag, flags, len(self.buf)))
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID_TAGS:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self._in_title = False
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                self._close_to(i)
+                return
+        if tag in BLOCK_TAGS:
+            self._flush()
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title += data
+            return
+        if "skip" not in self._flags():
+            self.buf.append(data)
+
+    def finish(self) -> None:
+        self.close()
+        self._close_to(0)
+        self._flush()
+
+
+def html_to_blocks(text: str, skip_footnotes: bool = True) -> tuple[list[Block], dict]:
+    """Parse HTML text into blocks; returns (blocks, metadata with title/lang/author)."""
+    p = _Parser(skip_footnotes)
+    try:
+        p.feed(text)
+        p.finish()
+    except Exception as exc:  # html.parser is lenient; keep whatever was parsed
+        log.warning("HTML parser stopped early: %s", exc)
+        p._flush()
+    meta = {"title": re.sub(r"\s+", " ", p.title).strip() or None, "language": p.lang, "author": p.author}
+    return p.blocks, meta
+
+
+def decode_html(data: bytes) -> str:
+    """Decode HTML bytes using the declared charset when it works, else detection."""
+    m = CHARSET_RE.search(data[:4096])
+    if m and not data.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        try:
+            text = data.decode(m.group(1).decode("ascii"))
+            if text.strip():
+                return text
+        except (LookupError, UnicodeDecodeError):
+            pass
+    return decode_bytes(data)
+
+
+def load_html_bytes(data: bytes, options) -> tuple[list[Block], dict]:
+    """Decode and parse a standalone HTML file."""
+    blocks, meta = html_to_blocks(decode_html(data), options.skip_footnotes)
+    if not blocks:
+        raise IngestError("The HTML file contains no readable text.")
+    return blocks, meta

@@ -1,0 +1,97 @@
+"""Splitting helpers for segmentation: sentences, clauses, words (Latin and CJK scripts)."""
+from __future__ import annotations
+
+import re
+
+NON_TERMINAL = {
+    # English titles and abbreviations that do not end a sentence
+    "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "mt", "capt", "gen", "col", "lt", "sgt", "rev", "gov",
+    "sen", "vs", "e.g", "i.e", "cf", "approx", "no", "nos", "fig", "vol", "p", "pp", "ch", "chap", "dept", "univ",
+    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "ave", "blvd", "ft",
+    # German
+    "z.b", "bzw", "d.h", "ca", "nr", "hr", "hrn", "fr", "str", "evtl", "ggf", "vgl", "inkl", "zzgl", "bspw", "sog",
+    "s", "abb", "bd", "kap", "tel", "u.u", "z.t", "i.d.r", "abs", "okt", "dez", "mär", "v", "n",
+}
+DE_ORDINAL_PREV = {"am", "vom", "zum", "bis", "ab", "seit", "dem", "den", "im", "beim", "zur", "des", "der", "die",
+                   "das"}
+DE_MONTHS = {"januar", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober",
+             "november", "dezember", "jahrhundert"}
+CLOSERS = "\"'”’»)]）」』】〉》›"
+CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_CAND_RE = re.compile(rf"(?P<p>[.!?…]+|[。！？]+)(?P<c>[{re.escape(CLOSERS)}]*)")
+_CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=[—–]\s)|(?<=\s[—–])\s+|(?<=[，、；：])")
+_ASCII_RUN_RE = re.compile(r"[A-Za-z0-9\u00c0-\u024f'’.-]+|\s+|.", re.S)
+
+
+def _is_boundary(text: str, m: re.Match, lang: str) -> bool:
+    punct, end = m.group("p"), m.end()
+    if punct[0] in "。！？":
+        return True
+    rest = text[end:]
+    if not rest.strip():
+        return True
+    if not rest[:1].isspace():
+        return False  # "3.14", "e.g.x", "word.)"
+    nxt = rest.lstrip()[:1]
+    if nxt.islower():
+        return False
+    if punct == "." and not m.group("c"):
+        token = re.search(r"(\S+)$", text[: m.start()])
+        word = token.group(1).lstrip("(\"'“‘«[").lower() if token else ""
+        if word in NON_TERMINAL or re.fullmatch(r"[^\W\d_]", word) or re.fullmatch(r"(?:[^\W\d_]\.)+[^\W\d_]", word):
+            return False
+        if lang == "de" and re.fullmatch(r"\d{1,2}", word):
+            prev = re.search(r"(\w+)\W*$", text[: m.start() - len(word)])
+            nxt_word = re.match(r"\s*(\w+)", rest)
+            if (prev and prev.group(1).lower() in DE_ORDINAL_PREV) or (
+                nxt_word and nxt_word.group(1).lower() in DE_MONTHS
+            ):
+                return False
+    return True
+
+
+def split_sentences(text: str, lang: str = "en") -> list[str]:
+    """Split a paragraph into sentences (abbreviations, decimals, quotes, ellipses, CJK punctuation)."""
+    out: list[str] = []
+    start = 0
+    for m in _CAND_RE.finditer(text):
+        if _is_boundary(text, m, lang):
+            piece = text[start : m.end()].strip()
+            if piece:
+                out.append(piece)
+            start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        out.append(tail)
+    return out
+
+
+def split_clauses(text: str) -> list[str]:
+    """Split at clause punctuation (, ; : — and CJK ，、；：), punctuation staying with the left part."""
+    return [p.strip() for p in _CLAUSE_RE.split(text) if p and p.strip()]
+
+
+def split_words(text: str) -> list[str]:
+    """Split into words; CJK characters are words of their own, Latin runs inside CJK stay whole."""
+    if not CJK_RE.search(text):
+        return text.split()
+    words: list[str] = []
+    for tok in _ASCII_RUN_RE.findall(text):
+        if tok.isspace():
+            if words:
+                words[-1] += " "
+            continue
+        words.append(tok)
+    return [w for w in (x.rstrip() if i == len(words) - 1 else x for i, x in enumerate(words)) if w.strip()]
+
+
+def hard_split(token: str, size: int) -> list[str]:
+    """Last resort for a single token longer than the budget: cut it into ``size``-character pieces."""
+    size = max(1, size)
+    return [token[i : i + size] for i in range(0, len(token), size)]
+
+
+def is_cjk_text(text: str) -> bool:
+    sample = text[:2000]
+    letters = [c for c in sample if c.isalpha()]
+    return bool(letters) and sum(1 for c in letters if CJK_RE.match(c)) > 0.3 * len(letters)

@@ -1,0 +1,231 @@
+"""Queue mechanics: claims, leases, heartbeat, attempts, priority, migrations, several processes.
+
+The runner tests at the end use a deterministic tone double (only for queue/lease/guard
+mechanics; the real engine is exercised in test_book_e2e.py).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+
+import numpy as np
+import pytest
+
+from jobs.document import SegmentText
+from jobs.queue import Queue, QueueError
+from jobs.runner import GuardSettings, Heartbeat, Runner, check_audio
+from jobs.settings import JobSpec, resolve_home
+
+
+def _chapters(n_chapters=2, per=3, prefix="Sentence"):
+    return [(f"Chapter {c + 1}", [SegmentText(f"{prefix} {c}-{i} is spoken here.", f"{prefix} {c}-{i}.", 200)
+                                  for i in range(per)]) for c in range(n_chapters)]
+
+
+@pytest.fixture
+def q(tmp_path):
+    queue = Queue(tmp_path / "queue.db", max_attempts=3)
+    yield queue
+    queue.close()
+
+
+def test_migrations_recorded_once(tmp_path):
+    q1 = Queue(tmp_path / "q.db")
+    ids = [m["id"] for m in q1.migrations()]
+    assert ids == [1, 2]
+    q1.close()
+    q2 = Queue(tmp_path / "q.db")
+    assert [m["id"] for m in q2.migrations()] == [1, 2]
+    assert q2.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    q2.close()
+
+
+def test_claims_are_exclusive_and_counted(q):
+    job = q.add_job(JobSpec(), _chapters(1, 5))
+    a = q.claim("w1", 3, lease_s=60)
+    b = q.claim("w2", 3, lease_s=60)
+    assert [r["idx"] for r in a] == [0, 1, 2] and [r["idx"] for r in b] == [3, 4]
+    assert q.claim("w3", 3, lease_s=60) == []
+    assert all(r["attempts"] == 1 and r["worker_id"] == "w1" and r["lease_expires"] > time.time() for r in a)
+    assert q.job(job)["state"] == "running"
+    assert q.counts(job)["leased"] == 5
+
+
+def test_expired_lease_returns_to_queue(q):
+    q.add_job(JobSpec(), _chapters(1, 2))
+    first = q.claim("dead", 2, lease_s=0.05)
+    time.sleep(0.15)
+    again = q.claim("alive", 2, lease_s=60)
+    assert {r["id"] for r in again} == {r["id"] for r in first}
+    assert all(r["attempts"] == 2 and r["worker_id"] == "alive" for r in again)
+    assert all("expired" in r["last_error"] for r in again)
+
+
+def test_heartbeat_keeps_lease_alive(q):
+    q.add_job(JobSpec(), _chapters(1, 2))
+    rows = q.claim("w1", 2, lease_s=0.4)
+    hb = Heartbeat(q.path, "w1", lease_s=0.4, interval_s=0.1)
+    hb.hold([r["id"] for r in rows])
+    hb.start()
+    time.sleep(1.0)
+    assert q.claim("w2", 2, lease_s=60) == []  # still held thanks to the heartbeat
+    hb.stop()
+    hb.join(2)
+    time.sleep(0.6)
+    assert len(q.claim("w2", 2, lease_s=60)) == 2
+
+
+def test_attempts_end_in_failed_and_job_reports(q):
+    job = q.add_job(JobSpec(), [("One", [SegmentText("a", "a"), SegmentText("b", "b")])])
+    for _ in range(3):
+        row = next(r for r in q.claim("w", 2, lease_s=60) if r["idx"] == 0)
+        other = [r for r in q.segments(job) if r["idx"] == 1 and r["state"] == "leased"]
+        for o in other:
+            q.complete(o["id"], "k-b", "/nonexistent.wav", 24000, 24000, 0)
+        state = q.fail(row["id"], "engine exploded")
+    assert state == "failed"
+    seg = q.segments(job)[0]
+    assert seg["state"] == "failed" and "gave up after 3 attempts" in seg["last_error"]
+    assert q.ready_jobs() == [job]
+    q.finish_job(job, "partial", error="1 of 2 segments failed")
+    assert q.job(job)["state"] == "partial"
+    assert q.retry(job) == 1 and q.job(job)["state"] == "queued"
+
+
+def test_lease_expiry_at_max_attempts_fails(tmp_path):
+    q = Queue(tmp_path / "q.db", max_attempts=1)
+    job = q.add_job(JobSpec(), [("One", [SegmentText("a", "a")])])
+    q.claim("dead", 1, lease_s=0.01)
+    time.sleep(0.05)
+    assert q.claim("w", 1, lease_s=60) == []
+    seg = q.segments(job)[0]
+    assert seg["state"] == "failed" and "expired" in seg["last_error"]
+    q.close()
+
+
+def test_priority_orders_claims_and_fills_batch(q):
+    low = q.add_job(JobSpec(priority=0), _chapters(1, 3, "low"))
+    high = q.add_job(JobSpec(priority=5), _chapters(1, 2, "high"))
+    rows = q.claim("w", 4, lease_s=60)
+    assert [r["job_id"] for r in rows] == [high, high, low, low]
+
+
+def test_model_filter(q):
+    q.add_job(JobSpec(model="/models/a"), _chapters(1, 1))
+    assert q.claim("w", 4, lease_s=60, model="/models/b") == []
+    assert len(q.claim("w", 4, lease_s=60, model="/models/a")) == 1
+
+
+def test_cancel_retry_redo(q):
+    job = q.add_job(JobSpec(), _chapters(1, 3))
+    q.cancel(job)
+    assert q.job(job)["state"] == "cancelled" and q.counts(job)["cancelled"] == 3
+    with pytest.raises(QueueError):
+        q.cancel(job)
+    assert q.retry(job) == 3
+    seed = q.redo(job, 1, seed=77)
+    assert seed == 77 and q.segments(job)[1]["seed"] == 77
+    with pytest.raises(QueueError, match="no segment 99"):
+        q.redo(job, 99)
+
+
+def _drain(db, worker, out, go):
+    q = Queue(db)
+    go.wait(30)
+    mine = []
+    while True:
+        rows = q.claim(worker, 3, lease_s=60)
+        if not rows:
+            break
+        for r in rows:
+            mine.append(r["id"])
+            time.sleep(0.002)  # "synthesis"
+            assert q.complete(r["id"], f"key-{r['id']}", f"/a/{r['id']}.wav", 24000, 100, 0)
+    q.close()
+    out.put((worker, mine))
+
+
+def test_two_processes_drain_one_queue_without_double_work(tmp_path):
+    db = tmp_path / "queue.db"
+    q = Queue(db)
+    for j in range(4):
+        q.add_job(JobSpec(priority=j % 2), _chapters(5, 10, f"job{j}"))
+    total = len(q.conn.execute("SELECT id FROM segments").fetchall())
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_drain, args=(str(db), f"w{i}", out, go)) for i in range(2)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # both open the database, then start together
+    go.set()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    a, b = results["w0"], results["w1"]
+    assert not set(a) & set(b), "a segment was claimed by both workers"
+    assert len(a) + len(b) == total and a and b
+    assert q.counts()["done"] == total
+    q.close()
+
+
+class ToneEngine:
+    """Deterministic tone double (queue/guard mechanics only): 1 s of tone per 15 characters."""
+
+    sample_rate = 24000
+    voices = ["tone"]
+    languages = ["auto"]
+    model_id = "tone-double"
+
+    def __init__(self):
+        self.calls = []
+
+    def synthesize(self, requests):
+        from engines.api import SynthesisResult
+
+        out = []
+        for r in requests:
+            self.calls.append((r.text, r.sampling.seed))
+            n = int(self.sample_rate * max(1.0, len(r.text) / 15))
+            amp = 0.0 if "SILENT" in r.text else 0.3
+            audio = (amp * np.sin(np.arange(n) * 2 * np.pi * 220 / self.sample_rate)).astype(np.float32)
+            out.append(SynthesisResult(audio, self.sample_rate, np.zeros((1, 16), np.int64), True))
+        return out
+
+
+def test_guard_rejects_silence_and_runaway():
+    g = GuardSettings()
+    sr = 24000
+    tone = (0.3 * np.sin(np.arange(sr * 2) * 0.05)).astype(np.float32)
+    assert check_audio(tone, sr, "x" * 30, "english", g) is None
+    assert "silent" in check_audio(np.zeros(sr * 2, np.float32), sr, "x" * 30, "english", g)
+    assert "runaway" in check_audio(np.tile(tone, 10), sr, "x" * 30, "english", g)
+
+
+def test_runner_guard_retries_other_seed_then_fails(tmp_path):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db, max_attempts=3)
+    job = q.add_job(JobSpec(seed=5, format="wav"), [("One", [SegmentText("Fine words to say here.", "o", 100),
+                                                             SegmentText("SILENT words here.", "s", 100)])])
+    eng = ToneEngine()
+    runner = Runner(q, eng, paths, batch_size=4, heartbeat_s=0.2)
+    while runner.run_once():
+        pass
+    runner.close()
+    seeds = [s for t, s in eng.calls if t.startswith("SILENT")]
+    assert len(seeds) == 3 and len(set(seeds)) == 3  # each retry used another seed
+    segs = q.segments(job)
+    assert segs[0]["state"] == "done" and segs[1]["state"] == "failed"
+    assert "silent" in segs[1]["last_error"]
+    assert q.job(job)["state"] == "partial"
+    manifest = json.loads((paths.output / job / "manifest.json").read_text())
+    assert manifest["failed_segments"][0]["index"] == 1
+    # a resubmission of the same text reuses the cached audio: no new synthesis
+    n = len(eng.calls)
+    job2 = q.add_job(JobSpec(seed=5, format="wav"), [("One", [SegmentText("Fine words to say here.", "o", 100)])])
+    runner = Runner(q, eng, paths, batch_size=4)
+    while runner.run_once():
+        pass
+    runner.close()
+    assert len(eng.calls) == n and q.job(job2)["state"] == "done"
+    q.close()

@@ -1,0 +1,139 @@
+"""Watched inbox: complete files only, temp names ignored, no double ingest, sidecars, failures."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from jobs.queue import Queue
+from jobs.settings import resolve_home
+from jobs.watch import InboxWatcher
+
+BOOK = "Chapter One\n\nThe first chapter has a sentence. And another one.\n\nChapter Two\n\nThe end is near.\n"
+
+
+@pytest.fixture
+def env(tmp_path):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    w = InboxWatcher(paths, quiet_s=0.6, closed_quiet_s=0.2, queue=q)
+    yield paths, q, w
+    q.close()
+
+
+def _ticks(w, seconds, step=0.1):
+    end = time.time() + seconds
+    while time.time() < end:
+        w.tick()
+        time.sleep(step)
+
+
+def test_slowly_written_file_taken_only_when_complete(env):
+    paths, q, w = env
+    target = paths.inbox / "slow.txt"
+    with open(target, "w") as f:
+        for i in range(8):  # keeps changing for ~1.6 s, longer than the quiet period
+            f.write(f"Paragraph {i} of a slow upload. " * 5 + "\n\n")
+            f.flush()
+            _ticks(w, 0.2)
+            assert target.exists() and q.jobs() == [], "taken while still being written"
+    _ticks(w, 1.0)
+    assert not target.exists() and (paths.processing / "slow.txt").exists()
+    [job] = q.jobs()
+    assert "Paragraph 7" in " ".join(s["original"] for s in q.segments(job["id"]))
+
+
+def test_events_let_a_closed_file_in_early(env):
+    paths, q, w = env
+    w.quiet_s = 30.0  # without the close event it would wait this long
+    stop = threading.Event()
+    t = threading.Thread(target=w.run, args=(stop, 0.1), daemon=True)
+    t.start()
+    try:
+        time.sleep(0.3)
+        (paths.inbox / "book.txt").write_text(BOOK)
+        deadline = time.time() + 5
+        while not q.jobs() and time.time() < deadline:
+            time.sleep(0.1)
+        assert len(q.jobs()) == 1
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_temp_names_ignored_until_renamed(env):
+    paths, q, w = env
+    for name in ("book.txt.part", ".hidden.txt", "x.tmp", "y.txt.crdownload", "notes.yaml"):
+        (paths.inbox / name).write_text(BOOK)
+    _ticks(w, 1.0)
+    assert q.jobs() == [] and len(list(paths.inbox.iterdir())) == 5
+    (paths.inbox / "book.txt.part").rename(paths.inbox / "book.txt")
+    _ticks(w, 1.0)
+    assert len(q.jobs()) == 1 and (paths.processing / "book.txt").exists()
+
+
+def test_same_content_not_taken_twice(env):
+    paths, q, w = env
+    (paths.inbox / "a.txt").write_text(BOOK)
+    _ticks(w, 1.0)
+    (paths.inbox / "b.txt").write_text(BOOK)
+    _ticks(w, 1.0)
+    assert len(q.jobs()) == 1
+    reason = (paths.failed / "b.txt.reason.txt").read_text()
+    assert "same content as a.txt" in reason and (paths.failed / "b.txt").read_text() == BOOK
+
+
+def test_sidecar_yaml_honoured(env):
+    paths, q, w = env
+    (paths.inbox / "novel.yaml").write_text("voice: vivian\nlanguage: english\nformat: ogg\ntitle: Side Car\n")
+    (paths.inbox / "novel.txt").write_text(BOOK)
+    _ticks(w, 1.0)
+    [job] = q.jobs()
+    spec = json.loads(job["spec"])
+    assert (spec["voice"], spec["language"], spec["format"], spec["title"]) == ("vivian", "english", "ogg", "Side Car")
+    assert job["title"] == "Side Car"
+    assert (paths.processing / "novel.yaml").exists() and not (paths.inbox / "novel.yaml").exists()
+
+
+def test_bad_files_go_to_failed_with_reason(env):
+    paths, q, w = env
+    (paths.inbox / "empty.txt").write_text("")
+    (paths.inbox / "blob.txt").write_bytes(bytes(range(256)) * 16)
+    (paths.inbox / "bad.txt").write_text(BOOK)
+    (paths.inbox / "bad.yaml").write_text("format: aiff\n")
+    (paths.inbox / "good.txt").write_text(BOOK + "More.\n")
+    _ticks(w, 1.0)
+    assert "empty" in (paths.failed / "empty.txt.reason.txt").read_text()
+    assert "binary" in (paths.failed / "blob.txt.reason.txt").read_text().lower()
+    assert "unknown format 'aiff'" in (paths.failed / "bad.txt.reason.txt").read_text()
+    assert (paths.failed / "empty.txt").exists() and (paths.failed / "blob.txt").exists()
+    assert (paths.failed / "bad.yaml").exists()
+    assert [j["state"] for j in q.jobs()].count("queued") == 1  # the good one carries on
+
+
+def test_finished_jobs_filed_and_sources_kept(env):
+    paths, q, w = env
+    (paths.inbox / "ok.txt").write_text(BOOK)
+    (paths.inbox / "ok.yaml").write_text("title: Fine\n")
+    (paths.inbox / "doomed.txt").write_text(BOOK + "Doomed.\n")
+    _ticks(w, 1.0)
+    jobs = {json.loads(j["sources"])[0].split("/")[-1]: j["id"] for j in q.jobs()}
+    out = paths.output / jobs["ok.txt"]
+    (out / "chapters").mkdir(parents=True)
+    (out / "Fine.flac").write_bytes(b"fLaC")
+    (out / "chapters" / "01 - One.flac").write_bytes(b"fLaC")
+    q.finish_job(jobs["ok.txt"], "done", str(out))
+    q.fail_job(jobs["doomed.txt"], "unknown voice 'nobody'; available: ryan")
+    _ticks(w, 0.3)
+    done = paths.done / jobs["ok.txt"]
+    assert (done / "ok.txt").read_text() == BOOK and (done / "ok.yaml").exists()
+    assert (done / "Fine.flac").exists() and (done / "chapters" / "01 - One.flac").exists()
+    assert "unknown voice 'nobody'" in (paths.failed / "doomed.txt.reason.txt").read_text()
+    assert (paths.failed / "doomed.txt").exists()
+    assert list(paths.processing.iterdir()) == []
+    # a failed book may be dropped again (e.g. with a fixed sidecar)
+    (paths.inbox / "again.txt").write_text(BOOK + "Doomed.\n")
+    _ticks(w, 1.0)
+    assert len(q.jobs()) == 3
