@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
 # Install tts-appliance into a virtual environment (idempotent: re-running updates it in place).
-#   ./install.sh            install the appliance (CPU torch, or a CUDA build when an NVIDIA GPU is present)
-#   ./install.sh --dev      also install the test tools
+#   ./install.sh              install the appliance (CPU torch, or a CUDA build when an NVIDIA GPU is present),
+#                             plus the systemd units, service user and spool folders (see systemd/)
+#   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given)
+#   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
+#                             huggingface_hub is installed and the network allows (else: a clear message);
+#                             without it the TINY TEST MODEL (random weights, noise) is set up
+#   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
+#                             /var/lib/tts-appliance; otherwise user units in ~/.config/systemd/user)
+#   --uninstall               remove the units and the venv; keeps user data (queue, outputs, voices, config)
 # Environment: TTS_APPLIANCE_VENV (default ./.venv), PYTHON (default python3),
-#              TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (extra pip index for torch wheels).
+#              TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (extra pip index for torch wheels),
+#              TTS_APPLIANCE_SYSROOT (install system files under this root instead of /, for packaging).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TTS_APPLIANCE_VENV:-.venv}
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-DEV=0
-for arg in "$@"; do
-  case "$arg" in
+DEV=0 SYSTEMD=auto MODEL="" UNINSTALL=0
+while [ $# -gt 0 ]; do
+  case "$1" in
     --dev) DEV=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    --systemd) SYSTEMD=1 ;;
+    --no-systemd) SYSTEMD=0 ;;
+    --model) [ $# -ge 2 ] || { echo "install.sh: --model needs an ID or a PATH" >&2; exit 2; }; MODEL=$2; shift ;;
+    --model=*) MODEL=${1#--model=} ;;
+    --uninstall) UNINSTALL=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+if [ "$SYSTEMD" = auto ]; then SYSTEMD=$([ "$DEV" = 1 ] && echo 0 || echo 1); fi
+if [ "$UNINSTALL" = 1 ]; then
+  exec "$(dirname "$0")/systemd/setup.sh" uninstall "$VENV"
+fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ACCEL=nvidia
@@ -44,5 +62,10 @@ if [ "$DEV" = 1 ]; then
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e ".[test]"
 else
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e .
+fi
+if [ -n "$MODEL" ]; then  # the model was asked for: failing to set it up is an error
+  SETUP_SYSTEMD=$SYSTEMD systemd/setup.sh install "$VENV" "$MODEL"
+elif [ "$SYSTEMD" = 1 ]; then  # the venv works without it: warn only
+  SETUP_SYSTEMD=1 systemd/setup.sh install "$VENV" || echo "install.sh: warning: systemd set-up failed (see above)" >&2
 fi
 echo "install.sh: done. Run: $VENV/bin/tts-appliance --help"

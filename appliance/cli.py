@@ -83,6 +83,8 @@ def say(text, model, voice, language, instruct, ref_audio, ref_text, save_voice,
 
 
 def _register_extras() -> None:
+    __import__("appliance.cli_daemon", fromlist=["register"]).register(cli)  # `daemon` command
+    __import__("appliance.cli_build", fromlist=["register"]).register(cli)  # `build-engines` command
     try:
         from appliance.cli_jobs import register
     except ImportError as exc:  # the jobs commands need their optional parts installed

@@ -2,7 +2,8 @@
 
 `register(cli_group)` adds them to the main `tts-appliance` group. The queue lives in the spool
 folder chosen by `--home` / $TTS_APPLIANCE_HOME (default ~/.local/share/tts-appliance). Until the
-daemon exists, `--wait` (and `work`) run the synthesis in this process.
+daemon exists, `--wait` (and `work`) run the synthesis in this process. When a daemon serves the
+spool folder, submit (without --wait/--model), status, list and cancel go through its API.
 """
 from __future__ import annotations
 
@@ -55,6 +56,22 @@ def _emit(as_json: bool, data, text: str) -> None:
 
 def _fail(msg: str):
     raise click.ClickException(msg)
+
+
+def _remote(home):
+    """The running daemon's API client when one serves this spool folder, else None (work in-process)."""
+    from .client import daemon_client
+
+    return daemon_client(home)
+
+
+def _via(remote, fn, *args):
+    from .client import DaemonError
+
+    try:
+        return fn(*args)
+    except DaemonError as exc:
+        _fail(str(exc))
 
 
 def load_engine(paths, opts: dict):
@@ -145,8 +162,9 @@ def register(cli_group: click.Group) -> None:
         """Queue FILES (one job per file) and print the job ids."""
         from jobs.runner import SubmitError, check_voice, submit_file
 
-        paths, queue = _open(home)
         engine, model = None, eng["model"]
+        remote = None if wait or model else _remote(home)  # a running daemon takes the files
+        paths, queue = _open(home)
         if wait:
             engine = load_engine(paths, eng)
             from engines.model.errors import VoiceNotFound
@@ -162,7 +180,8 @@ def register(cli_group: click.Group) -> None:
         results = []
         for f in files:
             try:
-                job_id, error = submit_file(queue, paths, f, spec)
+                job_id, error = _via(remote, remote.submit_file, f, spec) if remote else submit_file(
+                    queue, paths, f, spec)
             except SubmitError as exc:
                 _fail(str(exc))
             results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -191,10 +210,14 @@ def register(cli_group: click.Group) -> None:
     @_json_option
     def status(job_id, home, as_json):
         """Show one job: state, progress, error and output folder."""
-        _, queue = _open(home)
-        s = _job_summary(queue, _get(queue, job_id))
-        s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
-                                for g in queue.segments(job_id) if g["state"] == "failed"]
+        remote = _remote(home)
+        if remote:
+            s = _via(remote, remote.job, job_id)
+        else:
+            _, queue = _open(home)
+            s = _job_summary(queue, _get(queue, job_id))
+            s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
+                                    for g in queue.segments(job_id) if g["state"] == "failed"]
         text = _describe(s) + "".join(f"\n    segment {f['index']}: {f['error']}" for f in s["failed_segments"])
         _emit(as_json, s, text)
 
@@ -205,8 +228,12 @@ def register(cli_group: click.Group) -> None:
     @_json_option
     def list_jobs(states, home, as_json):
         """List jobs, oldest first."""
-        _, queue = _open(home)
-        rows = [_job_summary(queue, j) for j in queue.jobs(states or None)]
+        remote = _remote(home)
+        if remote:
+            rows = _via(remote, remote.jobs, states)
+        else:
+            _, queue = _open(home)
+            rows = [_job_summary(queue, j) for j in queue.jobs(states or None)]
         _emit(as_json, rows, "\n".join(_describe(s) for s in rows) or "no jobs")
 
     @cli_group.command()
@@ -215,8 +242,12 @@ def register(cli_group: click.Group) -> None:
     @_json_option
     def cancel(job_id, home, as_json):
         """Cancel a queued or running job (finished segment audio stays cached)."""
-        _, queue = _open(home)
-        _call(queue.cancel, job_id)
+        remote = _remote(home)
+        if remote:
+            _via(remote, remote.cancel, job_id)
+        else:
+            _, queue = _open(home)
+            _call(queue.cancel, job_id)
         _emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 
     @cli_group.command()

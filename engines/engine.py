@@ -29,24 +29,27 @@ class TTSEngine:
     `languages`, `model_id` (folder name + weights hash: what cached audio is keyed by).
     """
 
-    def __init__(self, root: Path, device: str, dtype: torch.dtype, voices_dir: Optional[Path] = None):
-        from .model.codec_decoder import load_codec_decoder
-
+    def __init__(self, root: Optional[Path], cfg, weights, tokenizer, codec_cfg, decoder, defaults,
+                 device, dtype: torch.dtype, voices_dir: Optional[Path] = None, model_id: str = ""):
         self.root, self.device, self.dtype = root, torch.device(device), dtype
-        self.cfg, self.weights = load_weights(root, self.device, dtype)
-        self.talker = self.weights.talker
-        self.tokenizer = TextTokenizer.from_dir(root)
-        self.defaults = GenerationDefaults.from_dir(root)
-        self.codec_cfg = CodecConfig.from_dir(root / "speech_tokenizer")
-        self.decoder = load_codec_decoder(root / "speech_tokenizer", self.device, dtype)
+        self.cfg, self.weights, self.talker = cfg, weights, weights.talker
+        self.tokenizer, self.codec_cfg, self.decoder, self.defaults = tokenizer, codec_cfg, decoder, defaults
         self._encoder = None
         self.prompts = PromptBuilder(self.cfg, self.tokenizer, self.talker)
         self.voices_dir = voices_dir
-        self.model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dtype).split('.')[-1]}"
+        self.model_id = model_id
 
     @classmethod
     def load(cls, model_path, device: str = "cpu", dtype="float32", voices_dir=None) -> "TTSEngine":
-        return cls(Path(model_path), device, resolve_dtype(dtype), Path(voices_dir) if voices_dir else None)
+        """Load a checkpoint folder in the official layout onto `device` in `dtype`."""
+        from .model.codec_decoder import load_codec_decoder
+
+        root, dt, dev = Path(model_path), resolve_dtype(dtype), torch.device(device)
+        cfg, weights = load_weights(root, dev, dt)
+        model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dt).split('.')[-1]}"
+        return cls(root, cfg, weights, TextTokenizer.from_dir(root), CodecConfig.from_dir(root / "speech_tokenizer"),
+                   load_codec_decoder(root / "speech_tokenizer", dev, dt), GenerationDefaults.from_dir(root),
+                   dev, dt, Path(voices_dir) if voices_dir else None, model_id)
 
     # ----- what this checkpoint offers -------------------------------------------------------
     @property

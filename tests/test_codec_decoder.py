@@ -99,7 +99,9 @@ def test_padded_batch_decode_matches_official_wrapper(model, golden):
 def _codes_batch(golden, extra_rows: int = 1, seed: int = 0) -> torch.Tensor:
     """Golden T=130 codes plus random rows: [1 + extra_rows, 16, 130]."""
     g = torch.Generator().manual_seed(seed)
-    rnd = torch.randint(0, 2048, (extra_rows, 16, 130), generator=g)
+    meta = json.loads((TINY / "golden" / "codec.json").read_text())
+    size = json.loads((TINY / meta["codec_dir"] / "config.json").read_text())["decoder_config"]["codebook_size"]
+    rnd = torch.randint(0, size, (extra_rows, 16, 130), generator=g)
     return torch.cat([_codes(golden, 130), rnd])
 
 

@@ -15,6 +15,45 @@ from .errors import CheckpointError
 
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# The official package loads its processor with `fix_mistral_regex=True`; transformers 4.57.x then swaps
+# the split pattern for this one on large vocabularies (> 100k) whose config.json was saved by a
+# transformers version above 4.57.2 and below 5.0, or names none. We reproduce that rule so real
+# checkpoints tokenize exactly as the official package tokenizes them.
+PATCHED_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _version(v: str) -> tuple:
+    parts = []
+    for p in str(v).split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def official_uses_patched_split(folder: Path, vocab_size: int) -> bool:
+    """Whether the official processor would replace the split pattern for this checkpoint."""
+    if vocab_size <= 100_000:
+        return False
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    ver, model_type = cfg.get("transformers_version"), cfg.get("model_type")
+    if ver and _version(ver) <= (4, 57, 2) and model_type not in (None, "mistral", "mistral3", "voxtral",
+                                                                   "ministral", "pixtral"):
+        return False
+    return not (ver and _version(ver) >= (5, 0, 0))
+
+
+def _use_patched_split(tok: Tokenizer) -> None:
+    pre = tok.pre_tokenizer
+    split = pre_tokenizers.Split(Regex(PATCHED_SPLIT), behavior="isolated", invert=False)
+    if isinstance(pre, pre_tokenizers.Sequence):
+        pre[0] = split
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre])
 
 
 def _build_from_vocab(folder: Path) -> Tokenizer:
@@ -64,10 +103,14 @@ class TextTokenizer:
         tj = folder / "tokenizer.json"
         if tj.is_file():
             try:
-                return TextTokenizer(Tokenizer.from_file(str(tj)))
+                tok = Tokenizer.from_file(str(tj))
             except Exception as exc:
                 raise CheckpointError(f"corrupt checkpoint file {tj}: {exc}") from exc
-        return TextTokenizer(_build_from_vocab(folder))
+        else:
+            tok = _build_from_vocab(folder)
+        if official_uses_patched_split(folder, tok.get_vocab_size(with_added_tokens=False)):
+            _use_patched_split(tok)
+        return TextTokenizer(tok)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

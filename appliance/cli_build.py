@@ -1,0 +1,73 @@
+"""`tts-appliance build-engines`: install-time codec engine builds (see engines.build).
+
+`register(cli_group)` adds the command to the main `tts-appliance` group.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import click
+
+log = logging.getLogger(__name__)
+
+
+def _ints(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted({int(v) for v in value.split(",") if v.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated frame counts like 1,2,4,8, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("chunk sizes must be positive frame counts")
+    return out
+
+
+@click.command("build-engines")
+@click.option("--model", "model", default=lambda: os.environ.get("TTS_APPLIANCE_MODEL"),
+              show_default="$TTS_APPLIANCE_MODEL", help="Folder of a Qwen3-TTS checkpoint (official layout).")
+@click.option("--cache", "cache", type=click.Path(file_okay=False),
+              help="Engine cache folder (default $TTS_APPLIANCE_ENGINE_CACHE or ~/.cache/tts-appliance/engines/MODEL).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda[:N] or npu[:N].")
+@click.option("--max-batch", default=8, show_default=True, help="Most concurrent streams (TensorRT profiles).")
+@click.option("--chunk-frames", default="1,2,4,8", show_default=True, callback=_ints,
+              help="Frame counts per streaming push (one TensorRT profile each).")
+@click.option("--precision", default="auto", show_default=True, type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
+              help="TensorRT precision (auto = fp16); CPU engines are always fp32.")
+@click.option("--backends", default="onnxruntime,tensorrt", show_default=True,
+              help="Which engines to try building (comma list of onnxruntime, tensorrt).")
+@click.option("--benchmark/--no-benchmark", default=True, show_default=True,
+              help="On CPU, time torch vs ONNX Runtime and rank the faster first.")
+@click.option("--force", is_flag=True, help="Rebuild even when the manifest matches this machine and model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, backends, benchmark, force, as_json):
+    """Build the codec engines this machine can run (ONNX Runtime on CPU, TensorRT on NVIDIA)."""
+    from engines.build import build_engines, default_cache_dir
+
+    if not model:
+        raise click.UsageError("no model: pass --model PATH or set $TTS_APPLIANCE_MODEL")
+    wanted = tuple(b.strip() for b in backends.split(",") if b.strip())
+    bad = set(wanted) - {"onnxruntime", "tensorrt"}
+    if bad:
+        raise click.BadParameter(f"unknown backends {sorted(bad)}; use onnxruntime and/or tensorrt",
+                                 param_hint="--backends")
+    cache = cache or str(default_cache_dir(model))
+    manifest = build_engines(model, cache, device=device, max_batch=max_batch, chunk_frames=chunk_frames,
+                             precision=precision, backends=wanted, benchmark=benchmark, force=force)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    plat = manifest["platform"]
+    click.echo(f"engines in {cache} for {plat['device']} ({plat['device_name']}):")
+    for e in manifest["engines"]:
+        extra = [f"{k}={e[k]}" for k in ("file", "precision", "parity_max_abs") if k in e]
+        if "cpu_speed" in e:
+            extra.append(f"{e['cpu_speed']['audio_s_per_s']} audio-s/s")
+        click.echo(f"  {e['backend']:<12} {' '.join(extra)}")
+    for name, why in manifest.get("skipped", {}).items():
+        click.echo(f"  {name:<12} skipped: {why}")
+    click.echo(f"order of use: {' > '.join(manifest['ranking'])}")
+
+
+def register(cli_group: click.Group) -> None:
+    cli_group.add_command(build_engines_cmd)

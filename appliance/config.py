@@ -1,0 +1,264 @@
+"""Daemon configuration: YAML files + environment overrides, validated into dataclasses.
+
+Sources, later ones win (section by section, key by key):
+
+1. the dataclass defaults below (the shipped `configs/default.yaml` repeats them with comments)
+2. `/etc/tts-appliance/config.yaml` (or the file given by `--config PATH`)
+3. every `config.d/*.yaml` next to that file, in name order (drop-ins)
+4. environment variables `TTS_APPLIANCE_<SECTION>__<KEY>=value` (value parsed as YAML, so
+   `TTS_APPLIANCE_HTTP__TCP=true` is a bool), plus the older `TTS_APPLIANCE_MODEL` and
+   `TTS_APPLIANCE_HOME` as fallbacks for `model.path` and `jobs.home`.
+
+Unknown sections or keys and wrongly typed values raise `ConfigError` naming the file, the key
+and the valid choices.
+"""
+from __future__ import annotations
+
+import os
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+ENV_PREFIX = "TTS_APPLIANCE_"
+SYSTEM_CONFIG = Path("/etc/tts-appliance/config.yaml")
+SHIPPED_DEFAULTS = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration file or variable is wrong; the message says where and what is allowed."""
+
+
+@dataclass
+class ModelSection:
+    """The checkpoint and how to run it."""
+
+    path: Optional[str] = None        # checkpoint folder (else $TTS_APPLIANCE_MODEL)
+    device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N
+    dtype: str = "float32"            # float32, bfloat16, float16
+    voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
+    threads: Optional[int] = None     # torch CPU threads (None: torch's choice)
+    warmup: bool = True               # synthesize one short sentence before READY=1
+    max_frames: Optional[int] = None  # cap on frames per streaming request (None: the model's)
+
+
+@dataclass
+class RuntimeSection:
+    """The engine runner (continuous batching)."""
+
+    max_slots: int = 4                # requests decoded together
+    max_queue: int = 16               # admission queue; beyond it requests get "busy" (HTTP 503)
+    retry_after_s: int = 2            # Retry-After sent with 503
+
+
+@dataclass
+class JobsSection:
+    """Batch (audiobook) jobs and the watched folder."""
+
+    home: Optional[str] = None        # spool folder (else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance)
+    enabled: bool = True              # run a queue worker inside the daemon
+    batch_size: int = 4               # segments handed to the engine at once
+    lease_s: float = 120.0
+    guard: bool = True                # runaway/silence guard
+    watch: bool = True                # watch HOME/inbox
+    watch_quiet_s: float = 5.0
+    watch_poll: bool = False          # poll instead of inotify (network mounts)
+    allowed_dirs: list = field(default_factory=list)  # server-side paths the API may submit from
+
+
+@dataclass
+class HttpSection:
+    """Local HTTP API."""
+
+    socket: Optional[str] = None      # Unix socket (default RUNTIME_DIR/api.sock); "" disables it
+    group: Optional[str] = None       # group owning the sockets (mode below)
+    mode: str = "0660"
+    tcp: bool = False                 # also listen on TCP (loopback only unless tcp_host says otherwise)
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 8732
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_text_chars: int = 20000       # longest `input` for /v1/audio/speech
+    read_timeout_s: float = 30.0      # a client must send its request within this
+    write_timeout_s: float = 60.0     # a stream whose client stops reading this long is dropped
+
+
+@dataclass
+class WyomingSection:
+    """Wyoming protocol server (Home Assistant)."""
+
+    enabled: bool = True
+    socket: Optional[str] = None      # default RUNTIME_DIR/wyoming.sock; "" disables it
+    tcp_port: Optional[int] = None    # e.g. 10200 on 127.0.0.1 (None: off)
+    tcp_host: str = "127.0.0.1"
+    default_voice: Optional[str] = None
+    default_language: str = "auto"
+
+
+@dataclass
+class ServiceSection:
+    """Process behaviour under systemd or by hand."""
+
+    log_level: str = "info"
+    status_interval_s: float = 5.0    # STATUS= updates
+    stop_timeout_s: float = 60.0      # finish in-flight segments within this on SIGTERM
+    runtime_dir: Optional[str] = None  # sockets (default $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/tts-appliance, HOME/run)
+
+
+@dataclass
+class Config:
+    model: ModelSection = field(default_factory=ModelSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    jobs: JobsSection = field(default_factory=JobsSection)
+    http: HttpSection = field(default_factory=HttpSection)
+    wyoming: WyomingSection = field(default_factory=WyomingSection)
+    service: ServiceSection = field(default_factory=ServiceSection)
+    sources: list = field(default_factory=list)  # files that were read (for logs)
+
+    # -- derived paths -----------------------------------------------------------------------
+    def home(self):
+        from jobs.settings import resolve_home
+
+        return resolve_home(self.jobs.home)
+
+    def runtime_dir(self) -> Path:
+        raw = (self.service.runtime_dir or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+               or (os.environ.get("XDG_RUNTIME_DIR") and os.path.join(os.environ["XDG_RUNTIME_DIR"], "tts-appliance")))
+        return Path(raw).expanduser() if raw else self.home().home / "run"
+
+    def http_socket(self) -> Optional[Path]:
+        s = self.http.socket
+        return None if s == "" else Path(s).expanduser() if s else self.runtime_dir() / "api.sock"
+
+    def wyoming_socket(self) -> Optional[Path]:
+        s = self.wyoming.socket
+        if not self.wyoming.enabled or s == "":
+            return None
+        return Path(s).expanduser() if s else self.runtime_dir() / "wyoming.sock"
+
+
+SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "sources"}
+CHOICES = {("model", "dtype"): ("float32", "bfloat16", "float16"),
+           ("service", "log_level"): ("debug", "info", "warning", "error")}
+
+
+def _section_cls(name: str):
+    return {"model": ModelSection, "runtime": RuntimeSection, "jobs": JobsSection, "http": HttpSection,
+            "wyoming": WyomingSection, "service": ServiceSection}[name]
+
+
+def _coerce(value, typ, where: str):
+    """Check/convert one value against a field type (Optional[int], float, bool, str, list)."""
+    args = typing.get_args(typ)
+    if args and type(None) in args:
+        if value is None:
+            return None
+        typ = next(a for a in args if a is not type(None))
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool),
+          list: lambda v: isinstance(v, list)}
+    base = typ if typ in ok else str
+    if not ok[base](value):
+        raise ConfigError(f"{where}: expected {base.__name__}, got {value!r}")
+    return float(value) if base is float else str(value) if base is str else value
+
+
+def merge(cfg: Config, data, origin: str) -> Config:
+    """Apply one mapping `{section: {key: value}}` onto `cfg` (validated)."""
+    if data is None:
+        return cfg
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: must be a YAML mapping of sections ({', '.join(SECTIONS)})")
+    for sec, values in data.items():
+        if sec not in SECTIONS:
+            raise ConfigError(f"{origin}: unknown section {sec!r}; valid sections: {', '.join(SECTIONS)}")
+        if values is None:
+            continue
+        cls = _section_cls(sec)
+        valid = {f.name: f for f in fields(cls)}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: section {sec!r} must be a mapping of keys ({', '.join(valid)})")
+        updates = {}
+        for key, value in values.items():
+            if key not in valid:
+                raise ConfigError(f"{origin}: unknown key {sec}.{key}; valid keys in {sec}: {', '.join(valid)}")
+            hints = typing.get_type_hints(cls)
+            if (sec, key) == ("http", "mode") and isinstance(value, int) and not isinstance(value, bool):
+                value = format(value, "04o")  # YAML 1.1 reads 0660 as the octal number 432
+            updates[key] = _coerce(value, hints[key], f"{origin}: {sec}.{key}")
+            choices = CHOICES.get((sec, key))
+            if choices and updates[key] not in choices:
+                raise ConfigError(f"{origin}: {sec}.{key} = {value!r}; choose one of {', '.join(choices)}")
+        setattr(cfg, sec, replace(getattr(cfg, sec), **updates))
+    return check(cfg, origin)
+
+
+def _read_yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def env_overrides(environ) -> dict:
+    """`TTS_APPLIANCE_<SECTION>__<KEY>` variables as a nested mapping (values parsed as YAML)."""
+    out: dict = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        sec, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.setdefault(sec, {})[key] = value
+    return out
+
+
+def check(cfg: Config, origin: str = "config") -> Config:
+    """Value checks beyond types (after each source, so errors name the file that caused them)."""
+    for sec, key in (("runtime", "max_slots"), ("runtime", "max_queue"), ("jobs", "batch_size"),
+                     ("http", "max_body_bytes"), ("http", "max_text_chars")):
+        if getattr(getattr(cfg, sec), key) < 1:
+            raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
+    for sec, key in (("http", "tcp_port"), ("wyoming", "tcp_port")):
+        port = getattr(getattr(cfg, sec), key)
+        if port is not None and not 0 <= port <= 65535:
+            raise ConfigError(f"{origin}: {sec}.{key} = {port}: a TCP port is 0..65535")
+    try:
+        mode = int(cfg.http.mode, 8)
+    except ValueError:
+        raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: give an octal file mode such as 0660") from None
+    if mode & ~0o777:
+        raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: only permission bits (e.g. 0660)")
+    return cfg
+
+
+def load_config(path: Optional[str | os.PathLike] = None, environ=None) -> Config:
+    """Read and validate the configuration (see the module docstring for the order)."""
+    environ = os.environ if environ is None else environ
+    cfg = Config()
+    if SHIPPED_DEFAULTS.is_file():
+        merge(cfg, _read_yaml(SHIPPED_DEFAULTS), str(SHIPPED_DEFAULTS))
+    main = Path(path).expanduser() if path else SYSTEM_CONFIG
+    if path and not main.is_file():
+        raise ConfigError(f"{main}: no such config file")
+    files = ([main] if main.is_file() else []) + sorted((main.parent / "config.d").glob("*.yaml"))
+    for f in files:
+        merge(cfg, _read_yaml(f), str(f))
+        cfg.sources.append(str(f))
+    if not cfg.model.path and environ.get(ENV_PREFIX + "MODEL"):
+        cfg.model.path = environ[ENV_PREFIX + "MODEL"]
+    if not cfg.jobs.home and environ.get(ENV_PREFIX + "HOME"):
+        cfg.jobs.home = environ[ENV_PREFIX + "HOME"]
+    return merge(cfg, env_overrides(environ), "environment")
+
+
+def as_dict(cfg: Config) -> dict:
+    """The effective configuration as plain data (for `daemon --print-config`)."""
+    return {name: {f.name: getattr(getattr(cfg, name), f.name) for f in fields(getattr(cfg, name))}
+            for name in SECTIONS if is_dataclass(getattr(cfg, name))}

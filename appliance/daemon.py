@@ -1,0 +1,237 @@
+"""`tts-appliance daemon`: one engine serving streams (HTTP, Wyoming), the job queue and the inbox.
+
+Start-up: read the config, load the engine on its accelerator, warm it up, start the queue worker
+(a thread that yields to streams) and the inbox watcher, bind the sockets (or take the ones systemd
+passed), write HOME/daemon.json (how the CLI finds us), then READY=1.
+SIGTERM/SIGINT: STOPPING=1, stop taking work, cancel streams, let in-flight segments finish within
+`service.stop_timeout_s` (else give their leases back to the queue), exit 0. SIGHUP: reload the config
+(settings that need a restart are reported and kept).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Optional
+
+from .config import Config, ConfigError, load_config
+from .engine_host import BatchSynthesizer, EngineHost
+from .metrics import Metrics
+from .sdnotify import Notifier
+
+log = logging.getLogger("tts_appliance.daemon")
+RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
+                "http.mode", "wyoming", "jobs.home", "jobs.enabled", "service.runtime_dir"}
+
+
+def setup_logging(level: str) -> None:
+    """Log to stdout; under journald with `<N>` priority prefixes instead of timestamps."""
+    journald = bool(os.environ.get("JOURNAL_STREAM"))
+
+    class Prefix(logging.Formatter):
+        def format(self, record):
+            pri = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}.get(record.levelno, 2)
+            return f"<{pri}>" + super().format(record) if journald else super().format(record)
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(Prefix("%(name)s: %(message)s" if journald
+                                else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("watchdog").setLevel(max(root.level, logging.INFO))  # inotify chatter
+
+
+class Daemon:
+    def __init__(self, cfg: Config, config_path: Optional[str] = None, instance: Optional[str] = None):
+        self.cfg, self.config_path, self.instance = cfg, config_path, instance
+        self.paths = cfg.home().ensure()
+        self.pid = os.getpid()
+        self.state = "starting"
+        self.accepting = False
+        self.active_handles: set = set()
+        self.metrics = Metrics()
+        self.host = EngineHost(cfg, self.metrics)
+        self.notifier = Notifier()
+        self.stop_jobs = threading.Event()
+        self.worker = None
+        self.threads: list[threading.Thread] = []
+        self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
+
+    # -- queue side ------------------------------------------------------------------------------
+    def queue_counts(self) -> tuple[dict, dict]:
+        from jobs.queue import Queue
+
+        q = Queue(self.paths.db)
+        try:
+            jobs = dict(q.conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+            return q.counts(), jobs
+        finally:
+            q.close()
+
+    def _start_workers(self) -> None:
+        from jobs.queue import Queue
+        from jobs.runner import GuardSettings, Runner
+
+        j = self.cfg.jobs
+        if j.enabled:
+            model = str(Path(self.cfg.model.path).resolve())
+            self.worker = Runner(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
+                                 batch_size=j.batch_size, lease_s=j.lease_s, guard=GuardSettings(enabled=j.guard),
+                                 model=model, should_yield=self.host.streams_waiting)
+            t = threading.Thread(target=self.worker.run_forever, args=(self.stop_jobs, 0.5), name="jobs", daemon=True)
+            t.start()
+            self.threads.append(t)
+        if j.watch:
+            from jobs.watch import InboxWatcher
+
+            watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll)
+            t = threading.Thread(target=watcher.run, args=(self.stop_jobs,), name="inbox", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def status_line(self) -> str:
+        s = self.host.stats()
+        counts, jobs = self.queue_counts()
+        total = sum(counts.values())
+        return (f"{self.state}; streams {s.get('streams', 0)}, slots {s.get('active_slots', 0)}/"
+                f"{self.cfg.runtime.max_slots}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
+                f"queued {jobs.get('queued', 0)}; segments {counts['done']}/{total} done, {counts['leased']} in work")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.notifier.status("loading model")
+        self.host.load()
+        if self.cfg.model.warmup:
+            self.notifier.status("warming up")
+            self.host.warm_up()
+        self._start_workers()
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self.announce.unlink(missing_ok=True)
+            self.notifier.close()
+        return 0
+
+    async def _serve(self) -> None:
+        from .servers import Servers
+
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+        servers = Servers(self)
+        await servers.start()
+        self.announce.write_text(json.dumps({"pid": self.pid, "socket": servers.http_path, "tcp": servers.tcp_url,
+                                             "wyoming": servers.wyoming_path}), encoding="utf-8")
+        self.state, self.accepting = "ok", True
+        self.notifier.ready(self.status_line())
+        log.info("ready: %s", ", ".join(servers.describe()))
+        ticker = loop.create_task(self._tick())
+        await stop.wait()
+        ticker.cancel()
+        await self.shutdown(servers)
+
+    async def _tick(self) -> None:
+        """STATUS= every status_interval_s; WATCHDOG=1 while idle or while the engine makes progress."""
+        wd = self.notifier.watchdog_s
+        period = min(self.cfg.service.status_interval_s, wd / 3 if wd else 1e9)
+        last_progress, last_change = None, time.monotonic()
+        loop = asyncio.get_running_loop()
+        while True:
+            s = self.host.stats()
+            mark = (self.host.progress, s.get("frames"), s.get("steps"))
+            now = time.monotonic()
+            if mark != last_progress:
+                last_progress, last_change = mark, now
+            busy = s.get("active_slots") or s.get("queued")
+            alive = s.get("alive", True)
+            if alive and (not busy or now - last_change < (wd or 60) * 0.8):
+                self.notifier.watchdog()
+            elif wd:
+                log.warning("engine made no progress for %.0f s: withholding the watchdog ping", now - last_change)
+            try:
+                self.notifier.status(await loop.run_in_executor(None, self.status_line))
+            except Exception as exc:  # a locked database must not stop the pings
+                log.debug("status: %s", exc)
+            await asyncio.sleep(period)
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config; apply what can change live, report what needs a restart."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload: config invalid, keeping the old one: %s", exc)
+            self.notifier.ready(self.status_line())
+            return
+        held = []
+        for sec in ("model", "runtime", "jobs", "http", "wyoming", "service"):
+            old_s, new_s = getattr(self.cfg, sec), getattr(new, sec)
+            for f in fields(old_s):
+                a, b = getattr(old_s, f.name), getattr(new_s, f.name)
+                if a != b and (sec in RESTART_ONLY or f"{sec}.{f.name}" in RESTART_ONLY):
+                    held.append(f"{sec}.{f.name}")
+                    setattr(new_s, f.name, a)
+        new.model.device = self.cfg.model.device
+        self.cfg = new
+        self.host.cfg = new
+        setup_logging(new.service.log_level)
+        log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(held)}" if held else "")
+        self.notifier.ready(self.status_line())
+
+    async def shutdown(self, servers) -> None:
+        deadline = time.monotonic() + max(self.cfg.service.stop_timeout_s - 5.0, 1.0)
+        log.info("stopping: no new work; in-flight segments get %.0f s", deadline - time.monotonic())
+        self.state, self.accepting = "stopping", False
+        self.notifier.stopping()
+        self.stop_jobs.set()
+        for h in list(self.active_handles):
+            h.cancel()
+        await servers.stop()
+        loop = asyncio.get_running_loop()
+        for t in self.threads:
+            await loop.run_in_executor(None, t.join, max(deadline - time.monotonic(), 0.1))
+        if self.worker is not None and any(t.is_alive() for t in self.threads):
+            held = sorted(self.worker.heartbeat._held)
+            log.warning("stop timeout: returning %d in-flight segments to the queue", len(held))
+            self.worker.queue.release(self.worker.worker_id, held)
+        self.host.stop()
+        log.info("stopped")
+
+
+def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
+    """Entry point used by `tts-appliance daemon`."""
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 78  # EX_CONFIG: systemd shows it as a configuration problem
+    setup_logging(cfg.service.log_level)
+    if instance:
+        cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
+        from .engine_host import pick_device
+
+        dev = pick_device(cfg.model.device)
+        cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"
+    if check_only:
+        print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
+        return 0
+    log.info("config: %s", ", ".join(cfg.sources) or "built-in defaults")
+    try:
+        return Daemon(cfg, config_path, instance).run()
+    except Exception as exc:
+        from engines.model.errors import TTSError
+
+        if isinstance(exc, (TTSError, RuntimeError, OSError)):
+            log.error("cannot start: %s", exc)
+            return 1
+        raise

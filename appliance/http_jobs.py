@@ -1,0 +1,207 @@
+"""Batch job routes of the local HTTP API.
+
+    POST   /v1/jobs                 submit: multipart/form-data with a `file` part (plus the fields
+                                    below as form fields), or JSON {"path": "<server-side file inside
+                                    jobs.allowed_dirs>", ...}. Fields: voice, language, format, title,
+                                    author, priority, instruct, seed, max_new_tokens. -> 201 job summary
+    GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
+    GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
+    DELETE /v1/jobs/{id}            cancel
+    POST   /v1/jobs/{id}/retry      requeue failed/cancelled segments
+    GET    /v1/jobs/{id}/events     progress as Server-Sent Events: `event: progress` with the job
+                                    summary whenever it changes, `event: log` per log line, and a final
+                                    `event: end` when the job is finished
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+from jobs.queue import TERMINAL, Queue, QueueError
+from jobs.settings import JobSpec
+
+from .http_api import CTX, ApiError, read_json
+
+SPEC_FIELDS = {"voice": str, "language": str, "format": str, "title": str, "author": str, "priority": int,
+               "instruct": str, "seed": int, "max_new_tokens": int}
+
+
+async def _q(ctx, fn, *args):
+    """Run `fn(queue, *args)` on a fresh queue connection in a worker thread."""
+
+    def call():
+        q = Queue(ctx.paths.db)
+        try:
+            return fn(q, *args)
+        finally:
+            q.close()
+
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+    except QueueError as exc:
+        status = 404 if "no job" in str(exc) else 409
+        raise ApiError(status, str(exc), "not_found" if status == 404 else "conflict") from None
+
+
+def summary(q: Queue, job_id: str) -> dict:
+    from .cli_jobs import _job_summary
+
+    s = _job_summary(q, q.job(job_id))
+    s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
+                            for g in q.segments(job_id) if g["state"] == "failed"]
+    return s
+
+
+def _spec(fields: dict) -> JobSpec:
+    data = {}
+    for key, typ in SPEC_FIELDS.items():
+        v = fields.get(key)
+        if v is None or v == "":
+            continue
+        if typ is int:
+            try:
+                v = int(v)
+            except (TypeError, ValueError):
+                raise ApiError(400, f"'{key}' must be an integer") from None
+        elif not isinstance(v, str):
+            raise ApiError(400, f"'{key}' must be a string")
+        data[key] = v
+    unknown = sorted(set(fields) - set(SPEC_FIELDS) - {"path", "file"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; valid: path, file, {', '.join(SPEC_FIELDS)}")
+    mnt = data.pop("max_new_tokens", None)
+    try:
+        return JobSpec(**data, sampling={"max_new_tokens": mnt} if mnt else {})
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _allowed(ctx, raw: str) -> Path:
+    path = Path(raw).expanduser().resolve()
+    roots = [Path(d).expanduser().resolve() for d in ctx.cfg.jobs.allowed_dirs]
+    if not any(path == r or r in path.parents for r in roots):
+        where = ", ".join(map(str, roots)) or "(none configured: set jobs.allowed_dirs, or upload the file)"
+        raise ApiError(403, f"{raw}: not inside an allowed folder; allowed: {where}", "forbidden")
+    if not path.is_file():
+        raise ApiError(400, f"{raw}: no such file")
+    return path
+
+
+async def _upload(ctx, request) -> tuple[Path, dict]:
+    reader = await request.multipart()
+    fields, path = {}, None
+    timeout = ctx.cfg.http.read_timeout_s
+    while True:
+        part = await asyncio.wait_for(reader.next(), timeout)
+        if part is None:
+            break
+        if part.name == "file" and part.filename:
+            name = re.sub(r"[^A-Za-z0-9._ -]", "_", Path(part.filename).name).strip(" .") or "upload.txt"
+            folder = ctx.paths.home / "uploads" / uuid.uuid4().hex[:12]
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            with open(path, "wb") as f:
+                while chunk := await asyncio.wait_for(part.read_chunk(1 << 16), timeout):
+                    f.write(chunk)
+        else:
+            fields[part.name] = (await asyncio.wait_for(part.text(), timeout)).strip()
+    if path is None:
+        raise ApiError(400, "multipart submit needs a 'file' part with a filename")
+    return path, fields
+
+
+async def submit(request):
+    """POST /v1/jobs"""
+    ctx = request.app[CTX]
+    if request.content_type.startswith("multipart/"):
+        path, fields = await _upload(ctx, request)
+    else:
+        fields = await read_json(request)
+        raw = fields.get("path")
+        if not isinstance(raw, str) or not raw:
+            raise ApiError(400, "give 'path' (a server-side file) in JSON, or upload a 'file' as multipart/form-data")
+        path = _allowed(ctx, raw)
+    spec = _spec(fields)
+
+    def do(q):
+        from jobs.runner import SubmitError, submit_file
+
+        try:
+            job_id, error = submit_file(q, ctx.paths, path, spec)
+        except SubmitError as exc:
+            raise ApiError(400, str(exc)) from None
+        return {**summary(q, job_id), "submit_error": error}
+
+    s = await _q(ctx, do)
+    return web.json_response(s, status=422 if s["submit_error"] else 201)
+
+
+async def list_jobs(request):
+    """GET /v1/jobs"""
+    from .cli_jobs import _job_summary
+
+    states = request.query.getall("state", []) or None
+    rows = await _q(request.app[CTX], lambda q: [_job_summary(q, j) for j in q.jobs(states)])
+    return web.json_response(rows)
+
+
+async def get_job(request):
+    """GET /v1/jobs/{id}"""
+    return web.json_response(await _q(request.app[CTX], summary, request.match_info["id"]))
+
+
+async def cancel_job(request):
+    """DELETE /v1/jobs/{id}"""
+    ctx, job_id = request.app[CTX], request.match_info["id"]
+    await _q(ctx, lambda q: q.cancel(job_id))
+    return web.json_response({"id": job_id, "state": "cancelled"})
+
+
+async def retry_job(request):
+    """POST /v1/jobs/{id}/retry"""
+    ctx, job_id = request.app[CTX], request.match_info["id"]
+    n = await _q(ctx, lambda q: q.retry(job_id))
+    return web.json_response({**await _q(ctx, summary, job_id), "requeued": n})
+
+
+async def job_events(request):
+    """GET /v1/jobs/{id}/events (text/event-stream)."""
+    ctx, job_id = request.app[CTX], request.match_info["id"]
+    await _q(ctx, lambda q: q.job(job_id))
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    last, seen = None, 0
+
+    def poll(q):
+        return summary(q, job_id), q.events(job_id)
+
+    while True:
+        s, events = await _q(ctx, poll)
+        for e in events[seen:]:
+            await resp.write(f"event: log\ndata: {json.dumps(e)}\n\n".encode())
+        seen = len(events)
+        if s != last:
+            await resp.write(f"event: progress\ndata: {json.dumps(s, default=str)}\n\n".encode())
+            last = s
+        if s["state"] in TERMINAL:
+            await resp.write(f"event: end\ndata: {json.dumps({'state': s['state']})}\n\n".encode())
+            break
+        if not ctx.accepting:
+            break
+        await asyncio.sleep(0.5)
+    await resp.write_eof()
+    return resp
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/jobs", submit)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_delete("/v1/jobs/{id}", cancel_job)
+    app.router.add_post("/v1/jobs/{id}/retry", retry_job)
+    app.router.add_get("/v1/jobs/{id}/events", job_events)

@@ -1,0 +1,165 @@
+"""Wyoming protocol server (what Home Assistant speaks), on its own Unix socket or loopback port.
+
+Events handled (JSON header line + optional payload, see the `wyoming` package):
+    describe                 -> info (one TtsProgram "tts-appliance", a TtsVoice per voice, with the
+                                checkpoint's languages; supports_synthesize_streaming=true)
+    synthesize {text, voice} -> audio-start, audio-chunk... (16-bit mono PCM as made), audio-stop
+    synthesize-start {voice} -> begins a text stream; then
+    synthesize-chunk {text}  -> text is buffered; each complete sentence is spoken at once
+                                (audio-start before the first audio, audio-chunk per chunk)
+    synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
+Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
+while a text stream is open. Failures are answered with an `error` event (text, code).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Optional
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+from engines.model.errors import TTSError
+
+from .audio_out import pcm16
+from .engine_host import EngineBusy
+
+log = logging.getLogger(__name__)
+SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"')\]]*\s+")
+OK, FAILED, DROP = "ok", "failed", "drop"
+ATTRIBUTION = Attribution(name="Qwen", url="https://github.com/QwenLM/Qwen3-TTS")
+
+
+def split_sentences(buffer: str) -> tuple[list[str], str]:
+    """Complete sentences in `buffer` (those followed by whitespace) and the unfinished rest."""
+    out, start = [], 0
+    for m in SENTENCE_END.finditer(buffer):
+        sent = buffer[start:m.end()].strip()
+        if sent:
+            out.append(sent)
+        start = m.end()
+    return out, buffer[start:]
+
+
+class TtsHandler(AsyncEventHandler):
+    """One Wyoming client connection."""
+
+    def __init__(self, daemon, reader, writer):
+        super().__init__(reader, writer)
+        self.d = daemon
+        self.stream_voice: Optional[str] = None
+        self.stream_text: Optional[str] = None  # None: no text stream open
+        self.audio_started = False
+
+    def info(self) -> Info:
+        e = self.d.host.engine
+        langs = [lang for lang in e.languages if lang != "auto"]
+        names = e.voices or ["default"]
+        voices = [TtsVoice(name=v, description=f"{e.model_type} voice {v}", attribution=ATTRIBUTION, installed=True,
+                           version=None, languages=langs) for v in names]
+        return Info(tts=[TtsProgram(name="tts-appliance", description="Qwen3-TTS on-prem appliance",
+                                    attribution=ATTRIBUTION, installed=True, version="0.1.0", voices=voices,
+                                    supports_synthesize_streaming=True)])
+
+    async def handle_event(self, event: Event) -> bool:
+        if Describe.is_type(event.type):
+            await self.write_event(self.info().event())
+        elif SynthesizeStart.is_type(event.type):
+            start = SynthesizeStart.from_event(event)
+            self.stream_voice = start.voice.name if start.voice else None
+            self.stream_text, self.audio_started = "", False
+        elif SynthesizeChunk.is_type(event.type):
+            if self.stream_text is None:
+                await self.write_event(Error("synthesize-chunk without synthesize-start", "protocol").event())
+                return True
+            sentences, self.stream_text = split_sentences(self.stream_text + SynthesizeChunk.from_event(event).text)
+            for s in sentences:
+                if await self.speak(s, self.stream_voice) == DROP:
+                    return False
+        elif SynthesizeStop.is_type(event.type):
+            rest, self.stream_text = (self.stream_text or "").strip(), None
+            result = await self.speak(rest, self.stream_voice) if rest else OK
+            if result == DROP:
+                return False
+            await self.end_audio()
+            await self.write_event(SynthesizeStopped().event())
+        elif Synthesize.is_type(event.type):
+            if self.stream_text is not None:
+                return True  # the non-streaming copy of an open text stream
+            syn = Synthesize.from_event(event)
+            self.audio_started = False
+            result = await self.speak(syn.text, syn.voice.name if syn.voice else None)
+            if result == DROP:
+                return False
+            if result == OK:
+                await self.end_audio()
+        else:
+            log.debug("wyoming: ignoring %s", event.type)
+        return True
+
+    async def end_audio(self) -> None:
+        e = self.d.host.engine
+        if not self.audio_started:
+            await self.write_event(AudioStart(rate=e.sample_rate, width=2, channels=1).event())
+        await self.write_event(AudioStop().event())
+        self.audio_started = False
+
+    async def speak(self, text: str, voice: Optional[str]) -> str:
+        """Stream one piece of text as audio chunks -> OK, FAILED (an error event was sent) or DROP
+        (the client is gone or the daemon stops)."""
+        d = self.d
+        voice = voice or d.cfg.wyoming.default_voice or d.host.default_voice()
+        if voice == "default" and not d.host.engine.voices:
+            voice = None
+        req = d.host.request(text, voice=voice, language=d.cfg.wyoming.default_language)
+        if req is None:
+            await self.write_event(Error("no voice: this Base checkpoint needs a saved voice", "no_voice").event())
+            return FAILED
+        if not d.accepting:
+            await self.write_event(Error("the daemon is shutting down", "busy").event())
+            return DROP
+        try:
+            handle = d.host.submit_stream(req)
+        except EngineBusy as exc:
+            d.metrics.request("wyoming", "busy")
+            await self.write_event(Error(str(exc), "busy").event())
+            return FAILED
+        started, outcome = time.monotonic(), "cancelled"
+        d.active_handles.add(handle)
+        try:
+            async for chunk in d.host.aiter_chunks(handle):
+                if not self.audio_started:
+                    await self.write_event(AudioStart(rate=handle.sample_rate, width=2, channels=1).event())
+                    self.audio_started = True
+                await self.write_event(AudioChunk(rate=handle.sample_rate, width=2, channels=1,
+                                                  audio=pcm16(chunk)).event())
+            outcome = "ok"
+            return OK
+        except TTSError as exc:
+            outcome = "bad_request"
+            await self.write_event(Error(str(exc), type(exc).__name__).event())
+            return FAILED
+        except (ConnectionError, BrokenPipeError):
+            log.info("wyoming client went away mid-stream; request cancelled")
+            return DROP
+        finally:
+            handle.cancel()
+            d.active_handles.discard(handle)
+            d.metrics.request("wyoming", outcome)
+            d.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
+
+
+async def client_connected(daemon, reader, writer) -> None:
+    """asyncio server callback: serve one connection until it closes."""
+    try:
+        await TtsHandler(daemon, reader, writer).run()
+    except (ConnectionError, BrokenPipeError):
+        pass
+    except Exception:
+        log.exception("wyoming connection failed")

@@ -1,0 +1,100 @@
+"""What this machine offers for the codec engines: accelerator, driver and library versions.
+
+`detect_platform(device)` returns a flat JSON-able dict that the build manifest records and that
+`engines.build` compares against at load time. Every probe is guarded: a missing or broken library
+shows up as None, never as an exception.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import shutil
+import subprocess
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str | None = "auto") -> str:
+    """'auto' -> 'cuda' if a CUDA GPU is visible, else 'npu' if torch_npu sees one, else 'cpu'."""
+    if device and device != "auto":
+        return str(device)
+    if torch.cuda.is_available():
+        return "cuda"
+    from .npu import npu_available
+
+    return "npu" if npu_available() else "cpu"
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = __import__(module)
+    except Exception as exc:  # ImportError, or a shared-library load error
+        log.debug("%s not importable: %s", module, exc)
+        return None
+    return str(getattr(mod, "__version__", "?"))
+
+
+def ort_providers() -> list[str]:
+    try:
+        import onnxruntime
+    except Exception:
+        return []
+    return list(onnxruntime.get_available_providers())
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver release (e.g. '550.54.15') from nvidia-smi, else the CUDA driver API version."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0].strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.debug("nvidia-smi failed: %s", exc)
+    try:
+        lib, v = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            return f"cuda-api-{v.value // 1000}.{v.value % 1000 // 10}"
+    except OSError:
+        pass
+    return None
+
+
+def detect_platform(device: str = "auto") -> dict:
+    """Accelerator and library facts for `device` ('auto', 'cpu', 'cuda[:N]', 'npu[:N]')."""
+    dev = resolve_device(device)
+    info = {"device": dev.split(":")[0], "device_name": None, "capability": None, "driver": None,
+            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "onnx": _version("onnx"), "onnxruntime": _version("onnxruntime"), "ort_providers": ort_providers(),
+            "tensorrt": _version("tensorrt"), "torch_npu": None}
+    if info["device"] == "cuda":
+        idx = torch.device(dev).index or 0
+        info["device_name"] = torch.cuda.get_device_name(idx)
+        info["capability"] = "%d.%d" % torch.cuda.get_device_capability(idx)
+        info["driver"] = nvidia_driver()
+    elif info["device"] == "npu":
+        from .npu import npu_info
+
+        npu = npu_info()
+        info["device_name"], info["torch_npu"] = npu.get("device_name"), npu.get("torch_npu")
+    else:
+        info["device_name"] = info["cpu"]
+    return info

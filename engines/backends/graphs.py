@@ -1,0 +1,147 @@
+"""One small graph-capture interface for every device: eager on CPU, CUDA graphs, Ascend NPU graphs.
+
+    g = make_graph(device)
+    out = g.capture(fn, *static_inputs)   # out: fn's tensor(s), static: the same objects every replay
+    static_inputs[0].copy_(new_values)     # refresh inputs IN PLACE (never rebind them)
+    g.replay()                             # reruns fn's work; `out` now holds the new results
+
+Rules (the CUDA-graph rules, kept on every device so code written against CPU behaves the same
+on an accelerator):
+- `fn` takes tensors and returns a tensor, or a tuple / list / dict of tensors.
+- `capture` runs `fn` eagerly `warmup` times (at least once on CPU) before recording it: any state
+  `fn` mutates (caches, counters) has advanced after capture; reset it if that matters.
+- Shapes are fixed at capture: one graph per shape bucket. Work must be sync-free (no `.item()`,
+  no host branching on tensor values) for the accelerator graphs.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    """The tensors of fn's output, in a fixed order (tensor, tuple/list, or dict)."""
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _tensors(out[k])]
+    raise TypeError(f"graph functions must return tensors (or tuples/lists/dicts of them), got {type(out)}")
+
+
+class DeviceGraph:
+    """Base class: `capture(fn, *static_inputs)` -> static outputs; `replay()` refreshes them."""
+
+    kind = "base"
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.outputs: Any = None
+        self._fn: Callable | None = None
+        self._inputs: tuple = ()
+
+    @property
+    def captured(self) -> bool:
+        return self._fn is not None
+
+    def capture(self, fn: Callable, *static_inputs: Tensor, warmup: int = 1) -> Any:
+        raise NotImplementedError
+
+    def replay(self) -> Any:
+        raise NotImplementedError
+
+    def _need_capture(self) -> None:
+        if not self.captured:
+            raise RuntimeError(f"{type(self).__name__}.replay() before capture(): call capture(fn, *inputs) first")
+
+
+class EagerGraph(DeviceGraph):
+    """CPU (and any device without graphs): replay calls `fn` again and copies into the static outputs."""
+
+    kind = "eager"
+
+    def capture(self, fn: Callable, *static_inputs: Tensor, warmup: int = 1) -> Any:
+        self._fn, self._inputs = fn, static_inputs
+        for _ in range(max(warmup - 1, 0)):
+            fn(*static_inputs)
+        self.outputs = fn(*static_inputs)
+        self._static = _tensors(self.outputs)
+        return self.outputs
+
+    def replay(self) -> Any:
+        self._need_capture()
+        fresh = _tensors(self._fn(*self._inputs))
+        if len(fresh) != len(self._static):
+            raise RuntimeError(f"fn returned {len(fresh)} tensors on replay, {len(self._static)} at capture")
+        for static, new in zip(self._static, fresh):
+            if static.shape != new.shape:
+                raise RuntimeError(f"fn output shape changed from {tuple(static.shape)} to {tuple(new.shape)}: "
+                                   "graphs are per shape; capture one graph per shape bucket")
+            if static.data_ptr() != new.data_ptr():
+                with torch.inference_mode(static.is_inference()):  # outputs made under inference_mode
+                    static.copy_(new)
+        return self.outputs
+
+
+class StreamGraph(DeviceGraph):
+    """Capture on a side stream with a device namespace `ns` shaped like `torch.cuda`.
+
+    `ns` must offer Stream, current_stream, stream (context), and `graph(g, pool=, stream=)`;
+    `graph_cls` is the native graph class (torch.cuda.CUDAGraph, torch_npu.npu.NPUGraph). `pool`
+    (a graph_pool_handle()) lets many bucket graphs share one memory pool.
+    """
+
+    kind = "stream"
+
+    def __init__(self, device, ns, graph_cls, pool=None):
+        super().__init__(device)
+        self.ns, self.graph_cls, self.pool = ns, graph_cls, pool
+        self.graph = None
+
+    def capture(self, fn: Callable, *static_inputs: Tensor, warmup: int = 1) -> Any:
+        ns = self.ns
+        side = ns.Stream(self.device)
+        side.wait_stream(ns.current_stream(self.device))
+        with ns.stream(side):  # warm-up off the capture: lazy inits, allocator, autotuning
+            for _ in range(warmup):
+                fn(*static_inputs)
+        ns.current_stream(self.device).wait_stream(side)
+        self.graph = self.graph_cls()
+        with ns.graph(self.graph, pool=self.pool, stream=side):
+            self.outputs = fn(*static_inputs)
+        _tensors(self.outputs)  # type check
+        self._fn, self._inputs = fn, static_inputs
+        log.debug("captured %s graph on %s", self.kind, self.device)
+        return self.outputs
+
+    def replay(self) -> Any:
+        self._need_capture()
+        self.graph.replay()
+        return self.outputs
+
+
+class CudaGraph(StreamGraph):
+    """torch.cuda.CUDAGraph behind the DeviceGraph interface."""
+
+    kind = "cuda"
+
+    def __init__(self, device="cuda", pool=None):
+        super().__init__(device, torch.cuda, torch.cuda.CUDAGraph, pool)
+
+
+def make_graph(device: str | torch.device, pool=None) -> DeviceGraph:
+    """CudaGraph on CUDA, NPUGraph on Ascend (needs torch_npu), EagerGraph elsewhere."""
+    if str(device).startswith("npu"):  # checked first: "npu" is only a torch device once torch_npu is loaded
+        from .npu import NPUGraph
+
+        return NPUGraph(device, pool)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return CudaGraph(dev, pool)
+    return EagerGraph(dev)

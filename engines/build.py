@@ -1,0 +1,264 @@
+"""Install-time codec engine builds with a manifest, and the loader that picks a built engine.
+
+    build_engines(model_dir, cache_dir, device="auto", ...) -> manifest dict
+    load_built_codec(engine_or_model_dir, cache_dir, device, batch_size=1) -> codec backend
+
+The cache folder holds the exported ONNX step graph (`codec_step.onnx`), a TensorRT plan on NVIDIA
+machines with TensorRT, and `manifest.json`: model identity (codec weights hash), device name and
+capability, driver and library versions, precision, profile shapes, parity errors, CPU speed and
+the backend ranking. The loader rebuilds when the manifest no longer matches (new model, different
+GPU, new driver or TensorRT) and falls back, with a log line saying why, to the next engine and
+finally to the torch codec. Backends: engines.backends.codec_{torch,onnx,trt}.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .backends.detect import detect_platform, resolve_device
+from .backends.parity import speed, stream_parity
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+STEP_ONNX = "codec_step.onnx"
+CACHE_ENV = "TTS_APPLIANCE_ENGINE_CACHE"
+PARITY_TOL = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}  # max abs vs the torch codec, waveform in [-1, 1]
+
+
+def codec_dir(path: str | Path) -> Path:
+    """The speech_tokenizer folder of a checkpoint folder (or the folder itself if it is one)."""
+    path = Path(path)
+    return path / "speech_tokenizer" if (path / "speech_tokenizer").is_dir() else path
+
+
+def default_cache_dir(model_dir: str | Path) -> Path:
+    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+        / "tts-appliance" / "engines"
+    return Path(root) / Path(model_dir).resolve().name
+
+
+def model_identity(model_dir: str | Path) -> dict:
+    from .model.checkpoint import weights_hash
+
+    tok = codec_dir(model_dir)
+    cfg = hashlib.sha256((tok / "config.json").read_bytes()).hexdigest()[:16]
+    return {"codec_weights": weights_hash(tok / "model.safetensors"), "codec_config": cfg}
+
+
+def read_manifest(cache_dir: str | Path) -> dict | None:
+    path = Path(cache_dir) / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def stale_reasons(manifest: dict | None, plat: dict, ident: dict) -> list[str]:
+    """Why the built engines no longer fit this model and machine (empty list: they fit)."""
+    if manifest is None:
+        return ["no engines built yet"]
+    if manifest.get("format") != FORMAT:
+        return [f"manifest format {manifest.get('format')} (this code writes {FORMAT})"]
+    old, why = manifest.get("platform", {}), []
+    if manifest.get("model") != ident:
+        why.append(f"new model (codec weights {manifest.get('model', {}).get('codec_weights')} -> "
+                   f"{ident['codec_weights']})")
+    if old.get("device") != plat["device"]:
+        why.append(f"different device ({old.get('device')} -> {plat['device']})")
+    elif (old.get("device_name"), old.get("capability")) != (plat["device_name"], plat["capability"]):
+        what = "GPU" if plat["device"] == "cuda" else plat["device"].upper()
+        why.append(f"different {what} ({old.get('device_name')} -> {plat['device_name']})")
+    if plat["device"] == "cuda" and old.get("driver") != plat["driver"]:
+        why.append(f"new driver ({old.get('driver')} -> {plat['driver']})")
+    if any(e["backend"] == "tensorrt" for e in manifest.get("engines", [])) and plat["tensorrt"] \
+            and old.get("tensorrt") != plat["tensorrt"]:
+        why.append(f"new TensorRT ({old.get('tensorrt')} -> {plat['tensorrt']})")
+    return why
+
+
+def unusable_reason(entry: dict, plat: dict, cache_dir: Path) -> str | None:
+    """Why a built engine cannot run here now (missing library or file), else None."""
+    b = entry["backend"]
+    if b == "onnxruntime" and not plat["onnxruntime"]:
+        return "missing library: onnxruntime is not installed (pip install 'tts-appliance[onnx]')"
+    if b == "tensorrt" and not plat["tensorrt"]:
+        return "missing library: tensorrt is not installed"
+    if entry.get("file") and not (cache_dir / entry["file"]).is_file():
+        return f"missing file {cache_dir / entry['file']}"
+    if entry.get("parity_ok") is False:
+        return f"failed the parity check at build time (max abs {entry.get('parity_max_abs')})"
+    return None
+
+
+def _make(entry: dict, cache_dir: Path, decoder, batch_size: int, device: str, threads: int = 0):
+    spf = decoder.samples_per_frame
+    if entry["backend"] == "onnxruntime":
+        from .backends.codec_onnx import OnnxCodec
+
+        return OnnxCodec(cache_dir / entry["file"], batch_size, spf, threads=threads)
+    if entry["backend"] == "tensorrt":
+        from .backends.codec_trt import TrtCodec
+
+        return TrtCodec(cache_dir / entry["file"], batch_size, spf, device)
+    from .backends.codec_torch import TorchCodec
+
+    return TorchCodec(decoder, batch_size)
+
+
+def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, device: str = "auto",
+                  max_batch: int = 8, chunk_frames=(1, 2, 4, 8), precision: str = "auto",
+                  backends=None, benchmark: bool = True, force: bool = False) -> dict:
+    """Build the codec engines this machine can run into `cache_dir`; returns the manifest.
+
+    `backends`: subset of ("onnxruntime", "tensorrt") to try (None = all that apply). Up-to-date
+    builds are kept unless `force`. `precision` 'auto' = fp16 for TensorRT, fp32 elsewhere.
+    """
+    from .model.codec_decoder import load_codec_decoder
+
+    t0 = time.time()
+    cache = Path(cache_dir) if cache_dir else default_cache_dir(model_dir)
+    dev, plat, ident = resolve_device(device), detect_platform(device), model_identity(model_dir)
+    old = read_manifest(cache)
+    if not force and not stale_reasons(old, plat, ident) and old.get("options", {}).get("max_batch") == max_batch:
+        log.info("codec engines in %s are up to date", cache)
+        return old
+    cache.mkdir(parents=True, exist_ok=True)
+    want = set(("onnxruntime", "tensorrt") if backends is None else backends)
+    ref = load_codec_decoder(codec_dir(model_dir), "cpu", torch.float32)
+    engines, skipped = [{"backend": "torch", "precision": "fp32" if dev == "cpu" else "model dtype"}], {}
+    use_ort = "onnxruntime" in want and dev == "cpu"
+    use_trt = "tensorrt" in want and dev.startswith("cuda")
+    onnx_ok = bool(plat["onnx"]) and ((use_ort and plat["onnxruntime"]) or (use_trt and plat["tensorrt"]))
+    if onnx_ok:
+        from .backends.codec_export import export_step, step_input_names, step_output_names
+
+        export_step(ref, cache / STEP_ONNX)
+        io = {"inputs": step_input_names(ref), "outputs": step_output_names(ref)}
+    elif not plat["onnx"] and (use_ort or use_trt):
+        skipped["onnx"] = "missing library: onnx is not installed (pip install 'tts-appliance[onnx]')"
+    if use_ort:
+        if plat["onnxruntime"] and onnx_ok:
+            engines.append({"backend": "onnxruntime", "file": STEP_ONNX, "precision": "fp32",
+                            "providers": ["CPUExecutionProvider"], "axes": {"batch": "dynamic", "frames": "dynamic"},
+                            "n_inputs": len(io["inputs"]), "n_outputs": len(io["outputs"])})
+        elif not plat["onnxruntime"]:
+            skipped["onnxruntime"] = "missing library: onnxruntime is not installed"
+    if use_trt:
+        if not plat["tensorrt"]:
+            skipped["tensorrt"] = "missing library: tensorrt is not installed"
+        elif onnx_ok:
+            from .backends.codec_trt import build_plan
+
+            prec = "fp16" if precision == "auto" else precision
+            plan = f"codec_step.{prec}.plan"
+            try:
+                info = build_plan(cache / STEP_ONNX, cache / plan, ref.config, max_batch, chunk_frames, prec)
+                engines.append({"backend": "tensorrt", "file": plan, **info})
+            except Exception as exc:  # a failed TensorRT build must not stop the install
+                log.warning("TensorRT build failed, the torch codec will be used on this GPU: %s", exc)
+                skipped["tensorrt"] = f"build failed: {exc}"
+    if dev.startswith("npu"):
+        skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.backends.npu)"
+    for e in engines:  # parity of every engine against the fp32 torch codec, and CPU speed
+        if e["backend"] == "torch":
+            continue
+        run_dev = dev if e["backend"] == "tensorrt" else "cpu"
+        mk = lambda b, e=e: _make(e, cache, ref, b, run_dev, threads=torch.get_num_threads())  # noqa: E731
+        e["parity_max_abs"] = stream_parity(mk, ref)
+        e["parity_ok"] = e["parity_max_abs"] <= PARITY_TOL.get(e.get("precision", "fp32"), 1e-3)
+        if not e["parity_ok"]:
+            log.warning("%s codec differs from torch by %.3g (max abs): it will not be used",
+                        e["backend"], e["parity_max_abs"])
+    if benchmark and dev == "cpu":
+        for e in engines:
+            if e.get("parity_ok", True):
+                e["cpu_speed"] = speed(lambda b, e=e: _make(e, cache, ref, b, "cpu",
+                                                            threads=torch.get_num_threads()), ref)
+    ranking = _rank(engines, dev)
+    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "build_seconds": round(time.time() - t0, 1), "model": ident, "model_dir": str(model_dir),
+                "platform": plat, "options": {"device": dev, "max_batch": max_batch,
+                                              "chunk_frames": sorted(set(chunk_frames)), "precision": precision,
+                                              "backends": sorted(want)},
+                "engines": engines, "ranking": ranking, "skipped": skipped}
+    tmp = cache / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    tmp.replace(cache / MANIFEST)
+    log.info("codec engines for %s built in %s (%.0f s): use %s%s", Path(model_dir).name, cache,
+             manifest["build_seconds"], " > ".join(ranking),
+             "".join(f"; {k} skipped: {v}" for k, v in skipped.items()))
+    return manifest
+
+
+def _rank(engines: list[dict], dev: str) -> list[str]:
+    """Backends in the order the loader tries them: TensorRT first on CUDA, the fastest on CPU."""
+    ok = [e for e in engines if e.get("parity_ok", True)]
+    if dev == "cpu":
+        ok.sort(key=lambda e: -e.get("cpu_speed", {}).get("audio_s_per_s", 0.0))
+    else:
+        ok.sort(key=lambda e: e["backend"] != "tensorrt")
+    return [e["backend"] for e in ok]
+
+
+def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, device: str = "auto",
+                     batch_size: int = 1, rebuild: bool = True, threads: int | None = None):
+    """The best codec backend built for this model and machine, rebuilding or falling back as needed.
+
+    `engine_or_model_dir`: a TTSEngine (its `.root` and `.decoder` are used) or a checkpoint folder.
+    Falls back to the torch codec (logged with the reason) when nothing else can run.
+    """
+    from .backends.codec_torch import TorchCodec
+
+    engine = None if isinstance(engine_or_model_dir, (str, Path)) else engine_or_model_dir
+    model_dir = Path(engine.root if engine is not None else engine_or_model_dir)
+    dev = resolve_device(device if engine is None or device != "auto" else str(engine.device))
+    cache = Path(cache_dir) if cache_dir else default_cache_dir(model_dir)
+    if engine is not None:
+        decoder = engine.decoder
+    else:
+        from .model.codec_decoder import load_codec_decoder
+
+        decoder = load_codec_decoder(codec_dir(model_dir), dev, torch.float32)
+    plat, ident = detect_platform(dev), model_identity(model_dir)
+    manifest = read_manifest(cache)
+    why = stale_reasons(manifest, plat, ident)
+    if why and rebuild:
+        log.warning("codec engines in %s must be rebuilt: %s", cache, "; ".join(why))
+        try:
+            opts = (manifest or {}).get("options", {})
+            manifest = build_engines(model_dir, cache, dev, max_batch=max(batch_size, opts.get("max_batch", 8)),
+                                     chunk_frames=opts.get("chunk_frames", (1, 2, 4, 8)),
+                                     precision=opts.get("precision", "auto"), backends=opts.get("backends"),
+                                     force=True)
+        except Exception as exc:
+            log.warning("rebuilding the codec engines failed (%s): using the torch codec", exc)
+            return TorchCodec(decoder, batch_size)
+    elif why:
+        log.warning("codec engines in %s do not fit (%s): using the torch codec", cache, "; ".join(why))
+        return TorchCodec(decoder, batch_size)
+    by_name = {e["backend"]: e for e in manifest["engines"]}
+    for name in manifest["ranking"]:
+        entry = by_name[name]
+        if name == "torch":
+            break
+        reason = unusable_reason(entry, plat, cache)
+        if reason is None:
+            try:
+                codec = _make(entry, cache, decoder, batch_size, dev,
+                              threads=torch.get_num_threads() if threads is None else threads)
+                log.info("codec backend: %s (%s)", name, cache / entry["file"])
+                return codec
+            except Exception as exc:
+                reason = f"failed to load: {exc}"
+        log.warning("codec engine %s not used: %s; falling back", name, reason)
+    log.info("codec backend: torch (%s)", "ranked first by the build" if manifest["ranking"][:1] == ["torch"]
+             else "fallback")
+    return TorchCodec(decoder, batch_size)

@@ -1,0 +1,281 @@
+"""EngineRunner: continuous batching over a fixed slot table, streaming PCM out per request.
+
+    runner = EngineRunner(engine, max_slots=64); runner.start()
+    h = runner.submit(SynthesisRequest(...))        # EngineBusy when the admission queue is full
+    for chunk in h: ...                             # float32 PCM chunks as they are made
+    h.cancel()                                      # frees the slot at the next step
+
+The loop is schedule -> run -> postprocess: admit queued requests (prefill in chunks, one request at
+a time, into a side cache that is then copied into a free slot), run one decode step for every
+active slot (a captured device graph per (batch bucket, cache-length bucket) on CUDA, the same code
+eagerly elsewhere), hand frames to the streaming codec (batched over slots; a small first chunk,
+growing after), and retire finished requests by moving the last slot into the hole.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+from engines.api import SynthesisRequest, SynthesisResult
+from engines.model.errors import TTSError
+from engines.model.layers import KVCache
+
+from .scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
+from .step import SlotTable, decode_step, suppress_mask
+from .stream import CodecStreams, StreamHandle
+
+log = logging.getLogger(__name__)
+
+
+class EngineBusy(TTSError):
+    """The admission queue is full: try again shortly."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_slots: int = 64
+    max_queue: int = 256
+    max_context: int = 2048  # talker cache length per slot (prompt + frames)
+    max_text_rows: int = 1024  # streaming-text rows per request
+    prefill_chunk: int = 256  # prompt tokens per loop iteration (keeps streams flowing)
+    length_step: int = 256  # cache-length bucket granularity
+    batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    use_graphs: Optional[bool] = None  # None: on CUDA
+    first_chunk_frames: int = 1
+    max_chunk_frames: int = 16
+
+
+class _Seq:
+    def __init__(self, handle: StreamHandle, request: SynthesisRequest):
+        self.handle, self.request = handle, request
+        self.prompt = self.settings = None
+        self.offset = 0  # prefill progress
+        self.done = False
+
+
+class EngineRunner:
+    def __init__(self, engine, config: Optional[EngineConfig] = None, **overrides):
+        self.engine = engine
+        self.cfg = replace(config or EngineConfig(), **overrides)
+        self.device = engine.device
+        talker = self.talker = engine.talker
+        tc = talker.cfg
+        dtype = talker.codec_head.weight.dtype
+        n = self.cfg.max_slots
+        self.buckets = tuple(b for b in self.cfg.batch_buckets if b < n) + (n,)
+        self.table = SlotTable.allocate(n, tc.hidden_size, tc.vocab_size, tc.num_code_groups,
+                                        self.cfg.max_text_rows, self.device, dtype)
+        self.cache = talker.new_cache(n, self.cfg.max_context, self.device, dtype)
+        self.side = talker.new_cache(1, self.cfg.max_context, self.device, dtype)
+        with torch.no_grad():
+            ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
+            self.pad = talker.text_embed(ids)[0]  # [H]
+        self.suppress = suppress_mask(talker, self.device)
+        self.codec = CodecStreams(engine.decoder, n, self.cfg.first_chunk_frames, self.cfg.max_chunk_frames,
+                                  engine.sample_rate)
+        self.slots = SlotMap(n)
+        self.queue = AdmissionQueue(self.cfg.max_queue)
+        self.prefilling: Optional[_Seq] = None
+        self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
+        self.graphs: dict = {}
+        self._pool = None
+        self._cv = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        self.steps = 0
+        self.frames = 0
+
+    # ----- public API --------------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest, priority: int = 0) -> StreamHandle:
+        """Queue a request; streams (priority 0) go before batch work (higher numbers)."""
+        with self._cv:
+            if self.queue.full():
+                raise EngineBusy(f"busy: {len(self.queue)} requests already waiting; retry shortly")
+            handle = StreamHandle(self, self.engine.sample_rate)
+            self.queue.push(_Seq(handle, request), priority)
+            self._cv.notify()
+        return handle
+
+    def synthesize(self, requests: list[SynthesisRequest], priority: int = 1) -> list[SynthesisResult]:
+        """Whole-audio results for a batch (runs the loop here when no background thread runs)."""
+        handles = [self.submit(r, priority) for r in requests]
+        if self._thread is None:
+            while not all(h.done for h in handles):
+                self.step_once()
+        return [h.result() for h in handles]
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="engine-runner", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def stats(self) -> dict:
+        return {"active_slots": self.slots.n_active, "queued": len(self.queue), "steps": self.steps,
+                "frames": self.frames, "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
+
+    # ----- loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._has_work():
+                    self._cv.wait(timeout=0.5)
+                if self._stop:
+                    return
+            try:
+                self.step_once()
+            except Exception:  # noqa: BLE001 - keep serving: fail the requests in flight, not the daemon
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all("internal engine error (see the daemon log)")
+
+    def _has_work(self) -> bool:
+        return bool(len(self.queue) or self.slots.n_active or self.prefilling)
+
+    @torch.no_grad()
+    def step_once(self) -> None:
+        """One iteration: cancellations, admission/prefill, one decode step, codec, retirement."""
+        for slot, seq in enumerate(list(self.slots.seqs)):
+            if seq.handle.cancelled and not seq.done:
+                seq.done = True
+        self._admit()
+        n = self.slots.n_active
+        if n:
+            self._decode(n)
+        self._codec_and_retire()
+
+    def _admit(self) -> None:
+        budget = self.cfg.prefill_chunk
+        while budget > 0 and (self.prefilling or (len(self.queue) and self.slots.has_room())):
+            if self.prefilling is None:
+                with self._cv:
+                    seq = self.queue.pop()
+                if seq is None or seq.handle.cancelled:
+                    if seq is not None:
+                        seq.handle.finish()
+                    continue
+                try:
+                    self._prepare(seq)
+                except TTSError as exc:
+                    seq.handle.fail(exc)
+                    continue
+                self.prefilling = seq
+            budget -= self._prefill_chunk(self.prefilling, budget)
+
+    def _prepare(self, seq: _Seq) -> None:
+        eng = self.engine
+        spec, ref_codes = eng.resolve(seq.request)
+        seq.prompt = eng.prompts.build(spec)
+        seq.settings = eng.row_settings(seq.request.sampling)
+        need = seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1
+        if need > self.cfg.max_context:
+            seq.settings = replace(seq.settings, max_new_tokens=self.cfg.max_context - seq.prompt.prefill.shape[0] - 1)
+            if seq.settings.max_new_tokens < 2:
+                raise TTSError(f"text too long for one request ({seq.prompt.prefill.shape[0]} prompt tokens); "
+                               "split it into shorter segments")
+        seq.ref_codes = ref_codes
+
+    def _prefill_chunk(self, seq: _Seq, budget: int) -> int:
+        x = seq.prompt.prefill
+        end = min(x.shape[0], seq.offset + budget)
+        pos = torch.arange(seq.offset, end, device=self.device)[None]
+        hidden = self.talker.model(x[None, seq.offset:end], pos, self.side)[:, -1]
+        used, seq.offset = end - seq.offset, end
+        if end == x.shape[0]:
+            slot = self.slots.add(seq)
+            for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
+                k[slot, :, :end].copy_(k_side[0, :, :end])
+            self.table.load(slot, seq.prompt, hidden[0], seq.settings)
+            self.codec.start(slot, seq.ref_codes)
+            self.prefilling = None
+        return used
+
+    def _decode(self, n: int) -> None:
+        b = pick_bucket(n, self.buckets)
+        need = int(self.table.pos[:n].max()) + 2
+        length = length_bucket(need, self.cfg.length_step, self.cfg.max_context)
+        self._run_step(b, length)
+        self.steps += 1
+        t = self.table
+        codes, emit, done = t.codes[:n].to("cpu", copy=True), t.emit[:n].cpu().tolist(), t.done[:n].cpu().tolist()
+        eos = t.eos[:n].cpu().tolist()
+        for i, seq in enumerate(self.slots.seqs):
+            if emit[i] and not seq.done:
+                self.codec.push_frame(i, codes[i])
+                seq.handle.add_codes(codes[i])
+                self.frames += 1
+            if done[i] and not seq.done:
+                seq.done = True
+                seq.handle.finished_by_eos = bool(eos[i])
+
+    def _run_step(self, b: int, length: int) -> None:
+        cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
+        args = (self.talker, self.table.rows(b), cache, self.pad, self.suppress)
+        if not self.use_graphs:
+            decode_step(*args)
+            return
+        graph = self.graphs.get((b, length))
+        if graph is None:
+            from engines.backends.graphs import make_graph
+
+            decode_step(*args)  # this iteration's real step, also the warm-up before capture
+            if self._pool is None and self.device.type == "cuda":
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = make_graph(self.device, self._pool)
+            graph.capture(lambda: (decode_step(*args), self.table.codes)[1], warmup=0)
+            self.graphs[(b, length)] = graph
+            log.info("captured decode graph batch=%d length=%d", b, length)
+            return
+        graph.replay()
+
+    def _codec_and_retire(self) -> None:
+        seqs = self.slots.seqs
+        if not seqs:
+            return
+        finished = [s.done for s in seqs]
+        for slot, audio in self.codec.run(len(seqs), finished):
+            seqs[slot].handle.add_audio(audio)
+        for slot in reversed(range(len(seqs))):
+            seq = seqs[slot]
+            if seq.done and not self.codec.n_pending(slot):
+                self._retire(slot)
+                seq.handle.finish()
+
+    def _retire(self, slot: int) -> None:
+        move = self.slots.remove(slot)
+        self.table.done[slot] = True
+        if move is None:
+            return
+        src, dst = move
+        p = int(self.table.pos[src])
+        for k in self.cache.k + self.cache.v:
+            k[dst, :, :p].copy_(k[src, :, :p])
+        self.table.move(src, dst)
+        self.table.done[src] = True
+        self.codec.move(src, dst)
+
+    def _fail_all(self, message: str) -> None:
+        for seq in self.slots.seqs:
+            seq.handle.fail(TTSError(message))
+        self.slots.seqs.clear()
+        self.table.done.fill_(True)
+        if self.prefilling:
+            self.prefilling.handle.fail(TTSError(message))
+            self.prefilling = None
+        self.codec.reset_all()

@@ -1,0 +1,127 @@
+"""Device-resident decode state and the whole decode step.
+
+One step = sample codebook 0 from the talker state + 15 code-predictor steps + next input
+embedding + one talker step, for rows [0, B) of the slot table, with every per-request value held
+on the device. No host synchronisation happens inside, so the step can be captured as one device
+graph per (batch bucket B, cache-length bucket L) and replayed.
+
+Per-row semantics equal `engines.model.generate.generate` (the reference): a row whose sampled
+codebook 0 is EOS, or that reaches its frame limit, is done and emits nothing from then on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from engines.model.generate import RowSettings, control_mask, predict_residuals
+from engines.model.layers import KVCache, causal_mask
+from engines.model.prompt import Prompt
+from engines.model.sampling import SamplingTensors, apply_repetition_penalty, draw
+from engines.model.talker import Talker
+
+
+@dataclass
+class SlotTable:
+    """Every per-request value of N slots, as device tensors (row i = slot i)."""
+
+    hidden: torch.Tensor  # [N, H] talker state after the last step
+    pos: torch.Tensor  # [N] next cache position (= tokens in the cache)
+    gen_step: torch.Tensor  # [N] frames sampled so far
+    seed: torch.Tensor  # [N]
+    penalty: torch.Tensor  # [N] repetition penalty
+    min_new: torch.Tensor  # [N]
+    limit: torch.Tensor  # [N] max_new_tokens (runaway guard: enforced whatever EOS does)
+    seen: torch.Tensor  # [N, V] bool: codebook-0 ids generated so far
+    done: torch.Tensor  # [N] bool
+    eos: torch.Tensor  # [N] bool
+    trailing: torch.Tensor  # [N, Tmax, H] text rows still to feed
+    trailing_len: torch.Tensor  # [N]
+    codes: torch.Tensor  # [N, 16] out: this step's frame
+    emit: torch.Tensor  # [N] bool out: the frame is real
+    m_do: torch.Tensor
+    m_temp: torch.Tensor
+    m_topk: torch.Tensor
+    m_topp: torch.Tensor
+    s_do: torch.Tensor
+    s_temp: torch.Tensor
+    s_topk: torch.Tensor
+    s_topp: torch.Tensor
+
+    @staticmethod
+    def allocate(n: int, hidden: int, vocab: int, groups: int, max_text: int, device, dtype) -> "SlotTable":
+        z = dict(device=device)
+        i64 = lambda: torch.zeros(n, dtype=torch.long, **z)  # noqa: E731
+        f32 = lambda: torch.ones(n, dtype=torch.float32, **z)  # noqa: E731
+        b = lambda: torch.zeros(n, dtype=torch.bool, **z)  # noqa: E731
+        return SlotTable(hidden=torch.zeros(n, hidden, dtype=dtype, **z), pos=i64(), gen_step=i64(), seed=i64(),
+                         penalty=f32(), min_new=i64(), limit=i64(), seen=torch.zeros(n, vocab, dtype=torch.bool, **z),
+                         done=torch.ones(n, dtype=torch.bool, **z), eos=b(),
+                         trailing=torch.zeros(n, max_text, hidden, dtype=dtype, **z), trailing_len=i64(),
+                         codes=torch.zeros(n, groups, dtype=torch.long, **z), emit=b(),
+                         m_do=b(), m_temp=f32(), m_topk=i64(), m_topp=f32(),
+                         s_do=b(), s_temp=f32(), s_topk=i64(), s_topp=f32())
+
+    def rows(self, b: int) -> "SlotTable":
+        """Views of slots [0, b)."""
+        return SlotTable(**{f.name: getattr(self, f.name)[:b] for f in fields(self)})
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot `src` into slot `dst` (compaction when a request leaves)."""
+        for f in fields(self):
+            t = getattr(self, f.name)
+            t[dst].copy_(t[src])
+
+    def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: RowSettings) -> None:
+        """Set slot `slot` for a request whose prompt has just been prefilled."""
+        n = prompt.trailing.shape[0]
+        if n > self.trailing.shape[1]:
+            raise ValueError(f"text too long for one request: {n} rows > {self.trailing.shape[1]}")
+        self.hidden[slot] = hidden
+        self.pos[slot] = prompt.prefill.shape[0]
+        self.trailing[slot, :n] = prompt.trailing
+        self.trailing_len[slot] = n
+        self.gen_step[slot] = 0
+        self.seen[slot] = False
+        self.done[slot] = False
+        self.eos[slot] = False
+        self.emit[slot] = False
+        for name, value in (("seed", r.seed & 0xFFFFFFFF), ("penalty", r.repetition_penalty),
+                            ("min_new", r.min_new_tokens), ("limit", r.max_new_tokens),
+                            ("m_do", r.do_sample), ("m_temp", max(r.temperature, 1e-5)), ("m_topk", r.top_k),
+                            ("m_topp", r.top_p), ("s_do", r.sub_do_sample), ("s_temp", max(r.sub_temperature, 1e-5)),
+                            ("s_topk", r.sub_top_k), ("s_topp", r.sub_top_p)):
+            getattr(self, name)[slot] = value
+
+
+def decode_step(talker: Talker, t: SlotTable, cache: KVCache, pad: torch.Tensor, suppress: torch.Tensor) -> None:
+    """One frame for every row of `t` (views of B slots); `cache` views `[B, kv, L, D]`. In place."""
+    b, dev = t.hidden.shape[0], t.hidden.device
+    eos_id = talker.cfg.codec_eos_token_id
+    logits = talker.codec_head(t.hidden)  # [B, V]
+    x = apply_repetition_penalty(logits.float(), t.seen, t.penalty).masked_fill(suppress, float("-inf"))
+    x[:, eos_id] = torch.where(t.gen_step < t.min_new, torch.full_like(x[:, eos_id], float("-inf")), x[:, eos_id])
+    counter = t.gen_step * 16
+    code0 = draw(x, SamplingTensors(t.m_do, t.m_temp, t.m_topk, t.m_topp), t.seed, counter)
+    hit = (code0 == eos_id) & ~t.done
+    t.eos.logical_or_(hit)
+    t.done.logical_or_(hit | (t.gen_step + 1 >= t.limit))
+    codes = predict_residuals(talker, t.hidden, code0, SamplingTensors(t.s_do, t.s_temp, t.s_topk, t.s_topp),
+                              t.seed, counter)  # [B, 16]
+    rows = torch.arange(b, device=dev)
+    t.seen[rows, code0] = True
+    t.codes.copy_(codes)
+    t.emit.copy_(~t.done)
+    idx = t.gen_step.clamp(max=t.trailing.shape[1] - 1)
+    text = t.trailing[rows, idx]  # [B, H]
+    text = torch.where((t.gen_step < t.trailing_len)[:, None], text, pad[None])
+    x_in = (talker.frame_embed(codes) + text)[:, None]  # [B, 1, H]
+    pos = t.pos.clamp(max=cache.max_len - 1)[:, None]  # done rows may run a step past their bucket
+    mask = causal_mask(pos, pos[:, 0] + 1, cache.max_len)
+    t.hidden.copy_(talker.model(x_in, pos, cache, mask)[:, -1])
+    t.pos.add_(1)
+    t.gen_step.add_(1)
+
+
+def suppress_mask(talker: Talker, device) -> torch.Tensor:
+    return control_mask(talker, device)

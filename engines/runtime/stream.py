@@ -1,0 +1,171 @@
+"""Per-request output (StreamHandle) and the slot-batched streaming codec (CodecStreams)."""
+from __future__ import annotations
+
+import queue
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from engines.api import SynthesisResult
+
+from .scheduler import pick_bucket
+from .streaming_codec import StreamState, StreamingCodecDecoder
+
+_END = object()
+
+
+class StreamHandle:
+    """One request's audio as it is made: iterate for float32 PCM chunks; `cancel()` frees its slot."""
+
+    def __init__(self, runner, sample_rate: int):
+        self._runner, self.sample_rate = runner, sample_rate
+        self._q: queue.Queue = queue.Queue()
+        self.created = time.perf_counter()
+        self.ttfa_s: Optional[float] = None
+        self.samples = 0
+        self.cancelled = False
+        self.done = False
+        self.error: Optional[BaseException] = None
+        self.finished_by_eos = False
+        self._codes: list[torch.Tensor] = []
+        self._consumed: list[np.ndarray] = []
+        self.on_done = None  # optional callback(handle), called from the runner thread at the end
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._runner.wake()
+
+    def __iter__(self):
+        while True:
+            item = self._q.get()
+            if item is _END:
+                if self.error is not None:
+                    raise self.error
+                return
+            self._consumed.append(item)
+            yield item
+
+    def result(self, timeout: Optional[float] = None) -> SynthesisResult:
+        """Wait for the end and return the whole audio (chunks not yet iterated included)."""
+        for _ in self:
+            pass
+        audio = np.concatenate(self._consumed) if self._consumed else np.zeros(0, np.float32)
+        codes = torch.stack(self._codes).numpy() if self._codes else np.zeros((0, 16), np.int64)
+        return SynthesisResult(audio=audio, sample_rate=self.sample_rate, codes=codes,
+                               finished_by_eos=self.finished_by_eos)
+
+    # called by the runner thread
+    def add_codes(self, frame: torch.Tensor) -> None:
+        self._codes.append(frame)
+
+    def add_audio(self, audio: np.ndarray) -> None:
+        if audio.size == 0:
+            return
+        if self.ttfa_s is None:
+            self.ttfa_s = time.perf_counter() - self.created
+        self.samples += audio.size
+        self._q.put(audio)
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self._q.put(_END)
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done:
+            self.error = exc
+            self.finish()
+
+
+class CodecStreams:
+    """Streaming codec over the slot table: row i decodes the frames of the request in slot i.
+
+    Frames wait per slot until a call is due: as soon as any slot has reached its chunk target (1
+    frame for the first chunk, then doubling up to `max_chunk`) or has finished, one batched call
+    decodes every slot's pending frames. Reference codes of a cloned voice are decoded first as
+    context and their audio dropped, as the official package does.
+    """
+
+    def __init__(self, decoder, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int):
+        self.dec = StreamingCodecDecoder(decoder, batch_size=n_slots)
+        self.spf = self.dec.samples_per_frame
+        self.first, self.max_chunk = first_chunk, max_chunk
+        self.buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < n_slots) + (n_slots,)
+        self.pending: list[list[torch.Tensor]] = [[] for _ in range(n_slots)]
+        self.target = [first_chunk] * n_slots
+        self.discard = [0] * n_slots
+
+    def start(self, slot: int, ref_codes: Optional[torch.Tensor]) -> None:
+        mask = torch.zeros(self.dec.batch_size, dtype=torch.bool, device=self.dec.device)
+        mask[slot] = True
+        self.dec.reset(mask)
+        self.pending[slot] = list(ref_codes.cpu()) if ref_codes is not None else []
+        self.discard[slot] = 0 if ref_codes is None else ref_codes.shape[0] * self.spf
+        self.target[slot] = self.first + len(self.pending[slot])
+
+    def push_frame(self, slot: int, frame: torch.Tensor) -> None:
+        self.pending[slot].append(frame)
+
+    def n_pending(self, slot: int) -> int:
+        return len(self.pending[slot])
+
+    def run(self, n_active: int, finished: list[bool]) -> list[tuple[int, np.ndarray]]:
+        """Decode pending frames when a call is due -> [(slot, audio)]."""
+        due = any(len(self.pending[i]) >= self.target[i] or (finished[i] and self.pending[i])
+                  for i in range(n_active))
+        if not due:
+            return []
+        counts = [len(self.pending[i]) for i in range(n_active)]
+        n = max(counts)
+        n = 1 << (n - 1).bit_length()  # frame-count bucket
+        b = pick_bucket(n_active, self.buckets)
+        codes = torch.zeros(b, self.dec.decoder.config.num_quantizers, n, dtype=torch.long)
+        for i in range(n_active):
+            if counts[i]:
+                codes[i, :, :counts[i]] = torch.stack(self.pending[i], dim=1)
+        valid = torch.zeros(b, dtype=torch.long)
+        valid[:n_active] = torch.tensor(counts)
+        wav = self._push(codes, valid, b)  # [b, n * spf]
+        out = []
+        for i in range(n_active):
+            if not counts[i]:
+                continue
+            audio = wav[i, : counts[i] * self.spf]
+            if self.discard[i]:
+                cut = min(self.discard[i], audio.shape[0])
+                audio, self.discard[i] = audio[cut:], self.discard[i] - cut
+            out.append((i, audio))
+            self.pending[i] = []
+            self.target[i] = min(max(self.target[i] * 2, self.first), self.max_chunk)
+        return out
+
+    def _push(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> np.ndarray:
+        st = self.dec.state
+        view = StreamState({k: v[:b] for k, v in st.bufs.items()}, st.pos[:b])
+        dev = self.dec.device
+        view.n_valid = valid.to(dev)
+        with torch.inference_mode():
+            wav = self.dec.decoder(codes.to(dev), view)  # [b, 1, n * spf]
+        view.pos += view.n_valid
+        return wav[:, 0].float().cpu().numpy()
+
+    def move(self, src: int, dst: int) -> None:
+        st = self.dec.state
+        for buf in st.bufs.values():
+            buf[dst].copy_(buf[src])
+        st.pos[dst] = st.pos[src]
+        for lst in (self.pending, self.target, self.discard):
+            lst[dst] = lst[src]
+        self.pending[src] = []
+
+    def reset_all(self) -> None:
+        self.dec.reset()
+        self.pending = [[] for _ in self.pending]

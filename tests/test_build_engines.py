@@ -1,0 +1,167 @@
+"""Install-time engine builds: manifest written and matched, rebuild / fallback with reasons, CLI."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from engines import build as B
+from engines.backends.codec_torch import TorchCodec
+from engines.backends.detect import detect_platform
+
+TINY = Path(__file__).parent / "data" / "tiny"
+HAS_ONNX = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
+needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="onnx / onnxruntime not installed")
+
+
+def tiny_model_dir() -> Path | None:
+    """The tiny codec folder (engines.build accepts a checkpoint or its speech_tokenizer folder)."""
+    meta = TINY / "golden" / "codec.json"
+    if meta.is_file():
+        d = TINY / json.loads(meta.read_text())["codec_dir"]
+        if (d / "model.safetensors").is_file():
+            return d
+    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
+    return found[0].parent if found else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    d = tiny_model_dir()
+    if d is None:
+        pytest.skip("tiny checkpoint fixture missing")
+    return d
+
+
+def _fake_speed(make, decoder, **kw):  # deterministic ranking: ORT "faster" than torch
+    return {"audio_s_per_s": 2.0 if make(1).name == "onnxruntime" else 1.0, "chunk_frames": 4, "batch": 1}
+
+
+@pytest.fixture(scope="module")
+def built(model_dir, tmp_path_factory):
+    """One CPU build of the tiny codec, shared by the tests that only read it."""
+    cache = tmp_path_factory.mktemp("engines")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(B, "speed", _fake_speed)
+    try:
+        manifest = B.build_engines(model_dir, cache, device="cpu", max_batch=4, chunk_frames=(1, 4))
+    finally:
+        mp.undo()
+    return cache, manifest
+
+
+def test_manifest_written_and_matched(model_dir, built):
+    cache, manifest = built
+    on_disk = json.loads((cache / B.MANIFEST).read_text())
+    assert on_disk == manifest and manifest["format"] == B.FORMAT
+    assert manifest["model"] == B.model_identity(model_dir)
+    plat = manifest["platform"]
+    for key in ("device", "device_name", "capability", "driver", "torch", "onnxruntime", "tensorrt", "cpu"):
+        assert key in plat
+    assert plat["device"] == "cpu" and manifest["options"]["chunk_frames"] == [1, 4]
+    assert B.stale_reasons(manifest, detect_platform("cpu"), B.model_identity(model_dir)) == []
+    assert manifest["ranking"][-1] in ("torch", "onnxruntime") and "torch" in manifest["ranking"]
+    # up to date: a second build returns the same manifest without rebuilding
+    assert B.build_engines(model_dir, cache, device="cpu", max_batch=4)["created"] == manifest["created"]
+
+
+@needs_onnx
+def test_onnx_engine_built_checked_and_loaded(model_dir, built):
+    cache, manifest = built
+    ort = next(e for e in manifest["engines"] if e["backend"] == "onnxruntime")
+    assert (cache / ort["file"]).is_file() and ort["parity_ok"] and ort["parity_max_abs"] < 1e-4
+    assert manifest["ranking"] == ["onnxruntime", "torch"]  # from the (faked) CPU speed figures
+    codec = B.load_built_codec(model_dir, cache, "cpu", batch_size=2, rebuild=False)
+    assert codec.name == "onnxruntime" and codec.batch_size == 2
+    ref = TorchCodec(codec_decoder(model_dir), 2)
+    codes = torch.randint(0, 16, (2, 16, 5))
+    assert float((codec.push(codes) - ref.push(codes)).abs().max()) < 1e-4
+
+
+def codec_decoder(model_dir):
+    from engines.model.codec_decoder import load_codec_decoder
+
+    return load_codec_decoder(B.codec_dir(model_dir), "cpu", torch.float32)
+
+
+def test_stale_reasons_name_the_cause(model_dir, built):
+    _, manifest = built
+    ident = B.model_identity(model_dir)
+    gpu = dict(manifest["platform"], device="cuda", device_name="NVIDIA A100", capability="8.0",
+               driver="535.1", tensorrt="10.0.1")
+    m = dict(manifest, platform=gpu, engines=manifest["engines"] + [{"backend": "tensorrt", "file": "x.plan"}])
+    assert B.stale_reasons(m, gpu, ident) == []
+    assert "different GPU" in B.stale_reasons(m, dict(gpu, device_name="NVIDIA H100", capability="9.0"), ident)[0]
+    assert "new driver (535.1 -> 550.2)" in B.stale_reasons(m, dict(gpu, driver="550.2"), ident)
+    assert "new TensorRT (10.0.1 -> 10.3.0)" in B.stale_reasons(m, dict(gpu, tensorrt="10.3.0"), ident)
+    assert "new model" in B.stale_reasons(m, gpu, dict(ident, codec_weights="0" * 16))[0]
+    assert "different device (cuda -> cpu)" in B.stale_reasons(m, manifest["platform"], ident)
+    assert B.stale_reasons(None, gpu, ident) == ["no engines built yet"]
+
+
+def test_model_change_triggers_rebuild_with_reason(model_dir, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(B, "speed", _fake_speed)
+    B.build_engines(model_dir, tmp_path, device="cpu", max_batch=2, chunk_frames=(2,), backends=())
+    m = json.loads((tmp_path / B.MANIFEST).read_text())
+    m["model"]["codec_weights"] = "deadbeefdeadbeef"
+    (tmp_path / B.MANIFEST).write_text(json.dumps(m))
+    with caplog.at_level(logging.WARNING, logger="engines.build"):
+        codec = B.load_built_codec(model_dir, tmp_path, "cpu")
+    assert "must be rebuilt: new model (codec weights deadbeefdeadbeef" in caplog.text
+    rebuilt = B.read_manifest(tmp_path)
+    assert rebuilt["model"] == B.model_identity(model_dir) and rebuilt["options"]["chunk_frames"] == [2]
+    assert codec.name == "torch"  # backends=() was kept: torch only
+
+
+def test_stale_without_rebuild_falls_back_to_torch(model_dir, tmp_path, caplog):
+    engine = SimpleNamespace(root=model_dir, decoder=codec_decoder(model_dir), device=torch.device("cpu"))
+    with caplog.at_level(logging.WARNING, logger="engines.build"):
+        codec = B.load_built_codec(engine, tmp_path, rebuild=False)
+    assert isinstance(codec, TorchCodec) and codec.decoder is engine.decoder
+    assert "do not fit (no engines built yet): using the torch codec" in caplog.text
+
+
+@needs_onnx
+def test_missing_library_falls_back_with_reason(model_dir, built, monkeypatch, caplog):
+    cache, _ = built
+    real = B.detect_platform
+    monkeypatch.setattr(B, "detect_platform", lambda dev="auto": dict(real(dev), onnxruntime=None))
+    with caplog.at_level(logging.WARNING, logger="engines.build"):
+        codec = B.load_built_codec(model_dir, cache, "cpu", rebuild=False)
+    assert codec.name == "torch"
+    assert "codec engine onnxruntime not used: missing library: onnxruntime is not installed" in caplog.text
+
+
+def test_cli_help_lists_options():
+    from appliance.cli import cli
+
+    res = CliRunner().invoke(cli, ["build-engines", "--help"])
+    assert res.exit_code == 0, res.output
+    for opt in ("--model", "--cache", "--device", "--max-batch", "--chunk-frames", "--precision", "--force"):
+        assert opt in res.output
+
+
+def test_cli_builds_tiny_checkpoint(model_dir, tmp_path):
+    from appliance.cli import cli
+
+    res = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--cache", str(tmp_path),
+                                   "--device", "cpu", "--max-batch", "2", "--chunk-frames", "4,1",
+                                   "--no-benchmark"])
+    assert res.exit_code == 0, res.output
+    assert "order of use:" in res.output and (tmp_path / B.MANIFEST).is_file()
+    assert B.read_manifest(tmp_path)["options"]["chunk_frames"] == [1, 4]
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--chunk-frames", "x"])
+    assert bad.exit_code != 0 and "comma-separated frame counts" in bad.output

@@ -1,0 +1,94 @@
+"""Daemon configuration: shipped defaults, /etc file + drop-ins, environment overrides, and clear
+validation errors (unknown keys listed with the valid ones, wrong types, bad values)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.config import Config, ConfigError, as_dict, env_overrides, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_shipped_defaults_match_the_dataclasses():
+    cfg = load_config(ROOT / "configs" / "default.yaml", environ={})
+    assert as_dict(cfg) == as_dict(Config())
+
+
+def test_file_dropins_and_environment_in_order(tmp_path):
+    main = write(tmp_path / "config.yaml", "model: {path: /m, threads: 2}\nhttp: {tcp_port: 9000, mode: 0640}\n")
+    write(tmp_path / "config.d" / "10-a.yaml", "http: {tcp_port: 9001}\n")
+    write(tmp_path / "config.d" / "20-b.yaml", "http: {tcp_port: 9002}\nruntime: {max_slots: 8}\n")
+    cfg = load_config(main, environ={"TTS_APPLIANCE_HTTP__TCP": "true", "TTS_APPLIANCE_RUNTIME__MAX_SLOTS": "3",
+                                     "TTS_APPLIANCE_HOME": "/spool", "TTS_APPLIANCE_MODEL": "/ignored"})
+    assert cfg.model.path == "/m" and cfg.model.threads == 2
+    assert cfg.http.tcp_port == 9002 and cfg.http.tcp is True and cfg.http.mode == "0640"
+    assert cfg.runtime.max_slots == 3  # environment wins over drop-ins
+    assert cfg.jobs.home == "/spool"
+    assert [Path(s).name for s in cfg.sources] == ["config.yaml", "10-a.yaml", "20-b.yaml"]
+
+
+def test_env_overrides_parse_values_as_yaml():
+    assert env_overrides({"TTS_APPLIANCE_JOBS__ALLOWED_DIRS": "[/a, /b]", "TTS_APPLIANCE_HOME": "/x",
+                          "OTHER__X": "1"}) == {"jobs": {"allowed_dirs": ["/a", "/b"]}}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("modle: {path: x}\n", "unknown section 'modle'; valid sections: model, runtime, jobs, http, wyoming, service"),
+    ("http: {sockett: /x}\n", "unknown key http.sockett; valid keys in http: socket, group, mode"),
+    ("runtime: {max_slots: many}\n", "runtime.max_slots: expected int, got 'many'"),
+    ("jobs: {watch: 3}\n", "jobs.watch: expected bool"),
+    ("model: {dtype: float8}\n", "choose one of float32, bfloat16, float16"),
+    ("http: {mode: rw}\n", "octal file mode"),
+    ("http: {tcp_port: 70000}\n", "0..65535"),
+    ("runtime: {max_queue: 0}\n", "at least 1"),
+    ("- a list\n", "must be a YAML mapping"),
+    ("model: [1]\n", "section 'model' must be a mapping"),
+    ("model: {path: [unclosed\n", "not valid YAML"),
+])
+def test_validation_errors_are_clear(tmp_path, text, needle):
+    path = write(tmp_path / "config.yaml", text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, environ={})
+    assert needle in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_bad_environment_override_names_the_source():
+    with pytest.raises(ConfigError, match="environment: unknown key http.nope"):
+        load_config(ROOT / "configs" / "default.yaml", environ={"TTS_APPLIANCE_HTTP__NOPE": "1"})
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "absent.yaml", environ={})
+
+
+def test_daemon_check_exits_78_with_the_error(tmp_path):
+    bad = write(tmp_path / "config.yaml", "http: {colour: red}\n")
+    r = subprocess.run([sys.executable, "-m", "appliance.cli", "daemon", "--config", str(bad), "--check"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 78 and "unknown key http.colour" in r.stderr
+    good = write(tmp_path / "ok.yaml", "model: {path: x}\n")
+    r = subprocess.run([sys.executable, "-m", "appliance.cli", "daemon", "--config", str(good), "--check"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "config OK" in r.stdout
+
+
+def test_runtime_dir_and_socket_defaults(tmp_path, monkeypatch):
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    cfg = Config()
+    assert cfg.http_socket() == tmp_path / "xdg" / "tts-appliance" / "api.sock"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "rd"))
+    assert cfg.wyoming_socket() == tmp_path / "rd" / "wyoming.sock"
+    cfg.http.socket = ""
+    assert cfg.http_socket() is None

@@ -1,0 +1,199 @@
+"""HTTP API of the daemon over its real Unix socket: speech (OpenAI shape, all formats, streaming),
+voices, health, metrics, jobs (upload, server-side path, SSE, cancel, retry), bad requests (400 with
+a JSON body, 413, 404, slow clients) and the CLI going through the daemon."""
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from daemon_util import Daemon, base_config, book_text, needs_daemon
+
+pytestmark = needs_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("api")
+    (tmp / "allowed").mkdir()
+    cfg = base_config(tmp, jobs={"allowed_dirs": [str(tmp / "allowed")], "watch": False},
+                      http={"max_body_bytes": 65536, "max_text_chars": 500})
+    d = Daemon(tmp, cfg).start()
+    yield d
+    assert d.stop() == 0
+
+
+def speech(**kw):
+    return {"model": "tts-1", "input": "Hello there.", "voice": "ryan", "max_frames": 6, "seed": 1, **kw}
+
+
+def test_health_and_voices(daemon):
+    status, h, _ = daemon.get("/health")
+    assert status == 200 and h["status"] == "ok" and h["model_type"] == "custom_voice"
+    status, v, _ = daemon.get("/v1/voices")
+    assert status == 200 and {x["name"] for x in v["voices"]} >= {"ryan", "vivian"} and "english" in v["languages"]
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+def test_speech_formats(daemon, fmt):
+    status, body, headers = daemon.post("/v1/audio/speech", speech(response_format=fmt))
+    assert status == 200, body
+    audio, sr = sf.read(io.BytesIO(body))
+    assert sr in (24000, 48000) and len(audio) > 0
+
+
+def test_speech_streams_pcm_chunked(daemon):
+    c = daemon.conn()
+    c.request("POST", "/v1/audio/speech", body=json.dumps(speech(response_format="pcm", stream=True, speed=1.5)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked"
+    assert "speed is ignored" in r.getheader("X-TTS-Note")
+    data = r.read()
+    c.close()
+    assert len(data) > 0 and len(data) % 2 == 0 and len(data) <= 2 * 1920 * 6
+
+
+def test_same_seed_same_audio(daemon):
+    a = daemon.post("/v1/audio/speech", speech(response_format="pcm"))[1]
+    b = daemon.post("/v1/audio/speech", speech(response_format="pcm"))[1]
+    assert a == b
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (json.dumps({"voice": "ryan"}).encode(), 400, "'input' is required"),
+    (json.dumps({"input": "  ", "voice": "ryan"}).encode(), 400, "empty"),
+    (json.dumps({"input": "Hi.", "voice": "bob"}).encode(), 400, "available: dylan"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "response_format": "aiff"}).encode(), 400, "response_format"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "seed": "x"}).encode(), 400, "'seed' must be"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "ref_audio": "%%%"}).encode(), 400, "base64"),
+    (json.dumps({"input": "x" * 600, "voice": "ryan"}).encode(), 413, "limit is 500"),
+    (json.dumps({"input": "Hi.", "pad": "x" * 70000}).encode(), 413, "larger than"),
+])
+def test_bad_speech_requests(daemon, body, status, needle):
+    got, err, _ = daemon.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+    assert got == status and needle in err["error"]["message"], err
+
+
+def test_unknown_route_and_method_are_json(daemon):
+    assert daemon.get("/nope")[:2][0] == 404 and "error" in daemon.get("/nope")[1]
+    status, err, _ = daemon.request("PUT", "/v1/audio/speech", b"")
+    assert status == 405 and err["error"]["code"] == 405
+
+
+def test_adding_a_voice_needs_base_checkpoint(daemon):
+    import base64
+
+    wav = (daemon.home.parents[0] / "x.wav")
+    sf.write(wav, [0.0] * 2400, 24000)
+    status, err, _ = daemon.post("/v1/voices", {"name": "me", "ref_audio": base64.b64encode(wav.read_bytes()).decode()})
+    assert status == 400 and "Base checkpoint" in err["error"]["message"]
+    assert daemon.request("DELETE", "/v1/voices/nobody")[0] == 404
+
+
+def test_slow_client_times_out_without_harming_others(daemon):
+    slow = socket.socket(socket.AF_UNIX)
+    slow.connect(daemon.socket)
+    slow.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"inp")
+    t0 = time.monotonic()
+    assert daemon.get("/health")[0] == 200  # others are served meanwhile
+    assert daemon.post("/v1/audio/speech", speech(response_format="pcm"))[0] == 200
+    slow.settimeout(10)
+    reply = slow.recv(4096)
+    assert b" 408 " in reply.split(b"\r\n")[0] and time.monotonic() - t0 < 8
+    slow.close()
+
+
+def test_jobs_api_upload_events_cancel_retry(daemon, tmp_path):
+    from appliance.client import DaemonClient
+    from jobs.settings import JobSpec
+
+    book = tmp_path / "book.txt"
+    book.write_text(book_text(6))
+    client = DaemonClient(daemon.socket)
+    job_id, err = client.submit_file(book, JobSpec(voice="ryan", format="wav", sampling={"max_new_tokens": 4}))
+    assert err is None
+    c = daemon.conn()
+    c.request("GET", f"/v1/jobs/{job_id}/events")
+    r = c.getresponse()
+    assert r.getheader("Content-Type").startswith("text/event-stream")
+    text = r.read().decode()
+    assert "event: progress" in text and "event: end" in text and '"state": "done"' in text
+    s = daemon.get(f"/v1/jobs/{job_id}")[1]
+    assert s["state"] == "done" and s["progress"]["done"] == s["progress"]["total"] == 6
+    assert any(x["id"] == job_id for x in daemon.get("/v1/jobs")[1])
+    assert daemon.request("DELETE", f"/v1/jobs/{job_id}")[0] == 409  # already done
+    assert daemon.get("/v1/jobs/nope")[0] == 404
+
+
+def test_jobs_api_server_side_path(daemon, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text(book_text(2))
+    status, err, _ = daemon.post("/v1/jobs", {"path": str(outside), "voice": "ryan"})
+    assert status == 403 and "allowed" in err["error"]["message"]
+    inside = daemon.tmp / "allowed" / "in.txt"
+    inside.write_text(book_text(2))
+    status, s, _ = daemon.post("/v1/jobs", {"path": str(inside), "voice": "ryan", "max_new_tokens": 4, "priority": -5})
+    assert status == 201 and s["state"] == "queued", s
+    status, err, _ = daemon.post("/v1/jobs", {"path": str(inside), "colour": "red"})
+    assert status == 400 and "colour" in err["error"]["message"]
+    status, c, _ = daemon.request("DELETE", f"/v1/jobs/{s['id']}")
+    if status == 200:  # not already finished: retry brings it back
+        assert daemon.post(f"/v1/jobs/{s['id']}/retry", {})[0] == 200
+    assert daemon.wait_job(s["id"])["state"] == "done"
+
+
+def test_cli_uses_the_daemon(daemon, tmp_path, monkeypatch):
+    from appliance.cli import cli
+
+    book = tmp_path / "cli.txt"
+    book.write_text(book_text(2))
+    monkeypatch.setenv("TTS_APPLIANCE_HOME", str(daemon.home))
+    r = CliRunner().invoke(cli, ["submit", str(book), "--voice", "ryan", "--max-new-tokens", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    job_id = json.loads(r.output)[0]["job_id"]
+    sources = daemon.get(f"/v1/jobs/{job_id}")[1]["sources"]
+    assert "uploads" in sources[0]  # it went through the API, not straight into the database
+    r = CliRunner().invoke(cli, ["list", "--json"])
+    assert r.exit_code == 0 and job_id in r.output
+    daemon.wait_job(job_id)
+    r = CliRunner().invoke(cli, ["status", job_id])
+    assert r.exit_code == 0 and "done" in r.output
+    r = CliRunner().invoke(cli, ["cancel", job_id])
+    assert r.exit_code != 0 and "already done" in r.output
+    r = CliRunner().invoke(cli, ["status", "nope"])
+    assert r.exit_code != 0 and "no job" in r.output
+
+
+def test_cli_falls_back_in_process_without_daemon(tmp_path, monkeypatch):
+    from appliance.cli import cli
+
+    book = tmp_path / "b.txt"
+    book.write_text(book_text(1))
+    monkeypatch.setenv("TTS_APPLIANCE_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "daemon.json").write_text(json.dumps({"socket": str(tmp_path / "gone.sock")}))  # stale
+    r = CliRunner().invoke(cli, ["submit", str(book), "--voice", "ryan", "--json"])
+    assert r.exit_code == 0, r.output
+    job_id = json.loads(r.output)[0]["job_id"]
+    assert str(book) in CliRunner().invoke(cli, ["status", job_id, "--json"]).output
+
+
+def test_metrics(daemon):
+    daemon.post("/v1/audio/speech", speech(response_format="pcm"))
+    status, body, headers = daemon.get("/metrics")
+    text = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    for name in ("tts_queue_segments{state=\"done\"}", "tts_engine_active_slots", "tts_ttfa_seconds_count",
+                 "tts_realtime_factor", "tts_requests_total{api=\"speech\",outcome=\"ok\"}", "tts_errors_total"):
+        assert name in text, name
+    count = [ln for ln in text.splitlines() if ln.startswith("tts_ttfa_seconds_count")][0]
+    assert float(count.split()[1]) >= 1

@@ -1,0 +1,78 @@
+"""Daemon lifecycle as a subprocess: SIGTERM mid-book then a restart finishes the book; sd_notify
+messages (READY, STATUS, WATCHDOG, RELOADING, STOPPING) arrive on a temp NOTIFY_SOCKET."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+from daemon_util import Daemon, base_config, book_text, needs_daemon
+from test_daemon_e2e import submit
+
+pytestmark = needs_daemon
+
+
+class NotifyListener:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+
+    def drain(self):
+        while True:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except (socket.timeout, BlockingIOError):
+                return self.messages
+
+    def wait_for(self, needle: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in self.drain():
+                if needle in m:
+                    return m
+        raise AssertionError(f"no {needle!r} among {self.messages}")
+
+
+def test_sigterm_mid_book_then_restart_finishes_it_with_sd_notify(tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    note = Path(tempfile.mkdtemp(prefix="tts-n-")) / "notify"
+    listener = NotifyListener(note)
+    cfg = base_config(tmp_path, jobs={"watch": False, "batch_size": 2}, service={"stop_timeout_s": 15.0})
+    d = Daemon(tmp_path, cfg, env={"NOTIFY_SOCKET": str(note), "WATCHDOG_USEC": "2000000"}).start()
+    ready = listener.wait_for("READY=1")
+    assert "STATUS=ok;" in ready
+    job_id = submit(d, book_text(16), tokens=10)
+    listener.wait_for("WATCHDOG=1")
+    listener.wait_for("segments")  # STATUS= carries segment progress
+    d.proc.send_signal(signal.SIGHUP)
+    listener.wait_for("RELOADING=1")
+    deadline = time.monotonic() + 30
+    while d.get(f"/v1/jobs/{job_id}")[1]["progress"]["done"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert d.stop() == 0 and time.monotonic() - t0 < 15
+    listener.wait_for("STOPPING=1")
+    from jobs.queue import Queue
+
+    q = Queue(d.home / "queue.db")
+    counts = q.counts(job_id)
+    assert counts["leased"] == 0, counts  # in-flight segments finished or went back to the queue
+    assert 0 < counts["done"] < 16 and q.job(job_id)["state"] == "running", counts
+    done_before = {s["idx"]: s["audio_path"] for s in q.segments(job_id) if s["state"] == "done"}
+    assert not (d.home / "daemon.json").exists() and not Path(d.socket).exists()
+    d2 = Daemon(tmp_path, cfg, name="config2.yaml").start()
+    try:
+        s = d2.wait_job(job_id)
+        assert s["state"] == "done" and s["progress"]["done"] == 16
+        after = {x["idx"]: x["audio_path"] for x in q.segments(job_id)}
+        assert all(after[i] == p for i, p in done_before.items())
+        manifest = json.loads((d.home / "output" / job_id / "manifest.json").read_text())
+        assert manifest
+    finally:
+        assert d2.stop() == 0
+        q.close()

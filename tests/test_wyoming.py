@@ -1,0 +1,110 @@
+"""Wyoming server of the daemon, driven by the `wyoming` package's own client classes over the
+real Unix socket: describe -> info, synthesize -> audio, streaming text in -> audio per sentence."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon_util import Daemon, base_config, needs_daemon
+
+pytestmark = [needs_daemon, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wy")
+    d = Daemon(tmp, base_config(tmp, model={"max_frames": 6}, jobs={"enabled": False, "watch": False})).start()
+    yield d
+    assert d.stop() == 0
+
+
+async def collect(client, until: str, timeout: float = 30.0) -> list:
+    events = []
+    while True:
+        ev = await asyncio.wait_for(client.read_event(), timeout)
+        assert ev is not None, f"connection closed after {[e.type for e in events]}"
+        events.append(ev)
+        if ev.type == until:
+            return events
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_describe_lists_voices_and_languages(daemon):
+    from wyoming.client import AsyncUnixClient
+    from wyoming.info import Describe, Info
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(Describe().event())
+            return Info.from_event((await collect(c, "info"))[-1])
+
+    info = run(go())
+    [prog] = info.tts
+    assert prog.supports_synthesize_streaming
+    names = {v.name for v in prog.voices}
+    assert {"ryan", "vivian"} <= names
+    assert "english" in prog.voices[0].languages
+
+
+def test_synthesize_gives_audio_start_chunks_stop(daemon):
+    from wyoming.audio import AudioChunk, AudioStart
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(Synthesize(text="Hello from Wyoming.", voice=SynthesizeVoice(name="ryan")).event())
+            return await collect(c, "audio-stop")
+
+    events = run(go())
+    types = [e.type for e in events]
+    assert types[0] == "audio-start" and types[-1] == "audio-stop" and "audio-chunk" in types
+    start = AudioStart.from_event(events[0])
+    assert (start.rate, start.width, start.channels) == (24000, 2, 1)
+    chunk = AudioChunk.from_event(events[1])
+    assert chunk.rate == 24000 and len(chunk.audio) > 0
+
+
+def test_streaming_text_in_audio_out_per_sentence(daemon):
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(SynthesizeStart(voice=SynthesizeVoice(name="vivian")).event())
+            await c.write_event(SynthesizeChunk(text="First sentence. Sec").event())
+            # audio for the first sentence comes before the rest of the text is sent
+            first = await collect(c, "audio-chunk")
+            await c.write_event(SynthesizeChunk(text="ond one! And a third").event())
+            await c.write_event(Synthesize(text="First sentence. Second one! And a third").event())  # compat copy
+            await c.write_event(SynthesizeStop().event())
+            rest = await collect(c, "synthesize-stopped")
+            return first, rest
+
+    first, rest = run(go())
+    assert [e.type for e in first][0] == "audio-start"
+    types = [e.type for e in rest]
+    assert types[-2:] == ["audio-stop", "synthesize-stopped"]
+    assert types.count("audio-start") == 0 and types.count("audio-stop") == 1 and "audio-chunk" in types
+    metrics = daemon.get("/metrics")[1].decode()
+    # three sentences -> three engine requests (the compat `synthesize` copy is ignored)
+    line = [ln for ln in metrics.splitlines() if ln.startswith('tts_requests_total{api="wyoming",outcome="ok"}')]
+    assert line and float(line[0].split()[1]) >= 3
+
+
+def test_unknown_voice_is_an_error_event(daemon):
+    from wyoming.client import AsyncUnixClient
+    from wyoming.error import Error
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event())
+            return await collect(c, "error")
+
+    err = Error.from_event(run(go())[-1])
+    assert "unknown voice" in err.text and err.code == "VoiceNotFound"
