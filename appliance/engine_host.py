@@ -144,6 +144,8 @@ class EngineHost:
     def stats(self) -> dict:
         s = dict(self.runner.stats()) if self.runner else {}
         s["streams"] = self._streams
+        thread = getattr(self.runner, "_thread", None)  # the runner loop (watchdog: no pings once it died)
+        s.setdefault("alive", thread is None or thread.is_alive())
         return s
 
     def stop(self, timeout: float = 10.0) -> None:

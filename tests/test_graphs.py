@@ -34,6 +34,15 @@ def test_eager_graph_refreshes_static_outputs_in_place():
     assert out.tolist() == [3.0, 5.0, 7.0]
 
 
+def test_capture_runs_fn_warmup_times_on_cpu_as_on_cuda():
+    runs = []
+    g = EagerGraph()
+    g.capture(lambda: runs.append(1) or torch.zeros(1), warmup=3)
+    assert len(runs) == 3  # CUDA: 3 warm-ups, the recorded run has no effect; CPU: 2 + the capture run
+    g.replay()
+    assert len(runs) == 4
+
+
 def test_eager_graph_tuple_and_dict_outputs():
     x = torch.ones(2)
     g = EagerGraph()
@@ -132,6 +141,7 @@ def test_eager_graph_drives_the_streaming_codec():
     static_codes, static_nv = torch.zeros(2, k, 3, dtype=torch.long), torch.full((2,), 3)
     g = make_graph("cpu")
     wav = g.capture(codec.push, static_codes, static_nv)
+    assert wav.shape == (2, 1, 3 * dec.samples_per_frame)
     codec.reset()  # capture ran push once: start the streams over
     outs = []
     for i in (0, 3):

@@ -147,6 +147,13 @@ def test_ragged_rows_and_reset_match_torch_backend(decoder, step_path):
     assert ours.flush().shape == (3, 1, 0) and ours.frames_decoded.tolist() == [0, 0, 0]
 
 
+def test_backends_share_the_interface(decoder, step_path):
+    from engines.backends.base import CodecBackend
+
+    for codec in (OnnxCodec(step_path, 2, decoder.samples_per_frame, threads=1), TorchCodec(decoder, 2)):
+        assert isinstance(codec, CodecBackend) and codec.batch_size == 2 and codec.samples_per_frame == 1920
+
+
 def test_dynamic_batch_one_graph(decoder, step_path):
     codes = _codes(decoder, 4, 6, seed=3)
     with torch.inference_mode():

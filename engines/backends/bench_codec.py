@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import tempfile
 from pathlib import Path
 

@@ -20,14 +20,6 @@ from .codec_export import STATE_IN, STATE_OUT
 log = logging.getLogger(__name__)
 
 
-def ort_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def make_session(path: str | Path, threads: int = 0, providers: list[str] | None = None):
     """An InferenceSession for `path`; `threads` intra-op threads (0 = ONNX Runtime's default)."""
     try:

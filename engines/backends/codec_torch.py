@@ -5,7 +5,6 @@ torch.compile variants of it are chosen by the decode loop, not here.
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from engines.model.codec_decoder import CodecDecoder

@@ -8,8 +8,11 @@
 Rules (the CUDA-graph rules, kept on every device so code written against CPU behaves the same
 on an accelerator):
 - `fn` takes tensors and returns a tensor, or a tuple / list / dict of tensors.
-- `capture` runs `fn` eagerly `warmup` times (at least once on CPU) before recording it: any state
-  `fn` mutates (caches, counters) has advanced after capture; reset it if that matters.
+- `capture(fn, *inputs, warmup=N)` executes `fn` for real exactly N times on every device (the
+  warm-up runs; the recorded run itself has no effect on CUDA/NPU, and on CPU it IS the last of
+  the N runs). So with N >= 1 the effect is the same everywhere: state `fn` mutates (caches,
+  counters) has advanced N steps after capture; the first warm-up can be the real first step.
+  N = 0 is only meaningful on CUDA/NPU: EagerGraph must run `fn` once to get its outputs.
 - Shapes are fixed at capture: one graph per shape bucket. Work must be sync-free (no `.item()`,
   no host branching on tensor values) for the accelerator graphs.
 """
@@ -67,6 +70,8 @@ class EagerGraph(DeviceGraph):
     kind = "eager"
 
     def capture(self, fn: Callable, *static_inputs: Tensor, warmup: int = 1) -> Any:
+        if warmup < 1:
+            log.debug("EagerGraph.capture(warmup=0) still runs fn once (CPU has no record-only capture)")
         self._fn, self._inputs = fn, static_inputs
         for _ in range(max(warmup - 1, 0)):
             fn(*static_inputs)

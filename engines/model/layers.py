@@ -80,19 +80,24 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
-        """x `[B, T, H]`; write_pos `[B, T]` cache slots for the new keys; mask `[B, 1, T, S]` bool."""
+    def project(self, x, cos, sin):
+        """x `[B, T, H]` -> q `[B, h, T, D]`, k, v `[B, kv, T, D]` (normed, rotated). Fusable block."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, kv, T, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
+        """x `[B, T, H]`; write_pos `[B, T]` cache slots for the new keys; mask `[B, 1, T, S]` bool."""
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
         rows = torch.arange(b, device=x.device)[:, None].expand(b, t)  # [B, T]
         k_cache[rows, :, write_pos] = k.transpose(1, 2)  # cache[b, :, pos] <- [B, T, kv, D]
         v_cache[rows, :, write_pos] = v.transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
                                              enable_gqa=self.n_heads != self.n_kv)  # [B, h, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)  # o_proj is applied by DecoderLayer.post
 
 
 class MLP(nn.Module):
@@ -114,9 +119,36 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, mask)
+    def post(self, x, attn):
+        """Output projection, residual, MLP, residual. Fusable block."""
+        x = x + self.self_attn.o_proj(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, mask)
+        return self.post(x, attn)
+
+
+_EAGER = {}
+
+
+def compile_blocks(enable: bool = True) -> None:
+    """Fuse the elementwise work of every decoder layer (norms, RoPE, SwiGLU, residuals) with
+    torch.compile (device path): a decode step otherwise runs ~75 small kernels per layer. The
+    attention and the cache writes stay eager. `enable=False` restores the eager methods."""
+    targets = ((RMSNorm, "forward"), (Attention, "project"), (DecoderLayer, "post"))
+    if not _EAGER:
+        _EAGER.update({(cls, name): getattr(cls, name) for cls, name in targets})
+    if not enable:
+        for (cls, name), fn in _EAGER.items():
+            setattr(cls, name, fn)
+        return
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    for cls, name in targets:
+        if getattr(cls, name) is _EAGER[(cls, name)]:
+            setattr(cls, name, torch.compile(_EAGER[(cls, name)], dynamic=True))
 
 
 def causal_mask(positions: torch.Tensor, valid_len: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -138,11 +170,22 @@ class DecoderStack(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._rope: dict = {}
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin `[B, T, D]` for `positions`, gathered from a table computed once per device in fp32
+        (the same values `rope_cos_sin` gives; one gather instead of a handful of kernels per step)."""
+        key = positions.device
+        if key not in self._rope:
+            every = torch.arange(self.cfg.max_position_embeddings, device=positions.device)[None]
+            self._rope[key] = rope_cos_sin(every, self.cfg.head_dim, self.cfg.rope_theta, torch.float32)
+        cos, sin = self._rope[key]
+        return cos[0][positions].to(dtype), sin[0][positions].to(dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x `[B, T, H]` at absolute `positions` `[B, T]` (also their cache slots) -> normed `[B, T, H]`."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = self.rope(positions, x.dtype)
         if mask is None:
             mask = causal_mask(positions, positions[:, -1] + 1, cache.max_len)
         for i, layer in enumerate(self.layers):

@@ -23,7 +23,7 @@ import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.errors import TTSError
-from engines.model.layers import KVCache
+from engines.model.layers import KVCache, compile_blocks
 
 from .scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
 from .step import SlotTable, decode_step, suppress_mask
@@ -46,6 +46,7 @@ class EngineConfig:
     length_step: int = 256  # cache-length bucket granularity
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     use_graphs: Optional[bool] = None  # None: on CUDA
+    compile: Optional[bool] = None  # fuse layer blocks with torch.compile; None: on CUDA
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
 
@@ -76,12 +77,14 @@ class EngineRunner:
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
         self.suppress = suppress_mask(talker, self.device)
+        if self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda":
+            compile_blocks(True)
+        self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
         self.codec = CodecStreams(engine.decoder, n, self.cfg.first_chunk_frames, self.cfg.max_chunk_frames,
-                                  engine.sample_rate)
+                                  engine.sample_rate, use_graphs=self.use_graphs)
         self.slots = SlotMap(n)
         self.queue = AdmissionQueue(self.cfg.max_queue)
         self.prefilling: Optional[_Seq] = None
-        self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
         self.graphs: dict = {}
         self._pool = None
         self._cv = threading.Condition()

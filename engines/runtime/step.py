@@ -109,7 +109,7 @@ def decode_step(talker: Talker, t: SlotTable, cache: KVCache, pad: torch.Tensor,
     codes = predict_residuals(talker, t.hidden, code0, SamplingTensors(t.s_do, t.s_temp, t.s_topk, t.s_topp),
                               t.seed, counter)  # [B, 16]
     rows = torch.arange(b, device=dev)
-    t.seen[rows, code0] = True
+    t.seen.scatter_(1, code0[:, None], True)
     t.codes.copy_(codes)
     t.emit.copy_(~t.done)
     idx = t.gen_step.clamp(max=t.trailing.shape[1] - 1)

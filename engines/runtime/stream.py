@@ -94,8 +94,12 @@ class CodecStreams:
     context and their audio dropped, as the official package does.
     """
 
-    def __init__(self, decoder, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int):
+    def __init__(self, decoder, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int,
+                 use_graphs: bool = False):
         self.dec = StreamingCodecDecoder(decoder, batch_size=n_slots)
+        self.use_graphs = use_graphs
+        self.graphs: dict = {}  # (b, n) -> (graph, codes_in, valid_in, wav_out)
+        self._pool = None
         self.spf = self.dec.samples_per_frame
         self.first, self.max_chunk = first_chunk, max_chunk
         self.buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < n_slots) + (n_slots,)
@@ -147,15 +151,38 @@ class CodecStreams:
             self.target[i] = min(max(self.target[i] * 2, self.first), self.max_chunk)
         return out
 
-    def _push(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> np.ndarray:
+    def _step(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> torch.Tensor:
+        """Decode codes [b, K, n] for rows [0, b), advancing their state -> wav [b, 1, n * spf]."""
         st = self.dec.state
         view = StreamState({k: v[:b] for k, v in st.bufs.items()}, st.pos[:b])
+        view.n_valid = valid
+        wav = self.dec.decoder(codes, view)
+        view.pos.add_(valid)
+        return wav
+
+    @torch.no_grad()
+    def _push(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> np.ndarray:
         dev = self.dec.device
-        view.n_valid = valid.to(dev)
-        with torch.inference_mode():
-            wav = self.dec.decoder(codes.to(dev), view)  # [b, 1, n * spf]
-        view.pos += view.n_valid
-        return wav[:, 0].float().cpu().numpy()
+        if not self.use_graphs:
+            return self._step(codes.to(dev), valid.to(dev), b)[:, 0].float().cpu().numpy()
+        key = (b, codes.shape[-1])
+        entry = self.graphs.get(key)
+        if entry is None:  # first use of this bucket: run it for real, then capture it for the next calls
+            from engines.backends.graphs import make_graph
+
+            codes_in, valid_in = codes.to(dev), valid.to(dev)
+            wav = self._step(codes_in, valid_in, b)[:, 0].float().cpu().numpy()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = make_graph(dev, self._pool)
+            out = graph.capture(lambda: self._step(codes_in, valid_in, b), warmup=0)
+            self.graphs[key] = (graph, codes_in, valid_in, out)
+            return wav
+        graph, codes_in, valid_in, out = entry
+        codes_in.copy_(codes, non_blocking=True)
+        valid_in.copy_(valid, non_blocking=True)
+        graph.replay()
+        return out[:, 0].float().cpu().numpy()
 
     def move(self, src: int, dst: int) -> None:
         st = self.dec.state

@@ -1,0 +1,55 @@
+"""Where a decode step's time goes: CUDA kernels of one eager step and of one codec call, by total time.
+
+    python -m benchmarks.profile_step --dummy 0.6b --batch 1 64
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.bench import request
+from engines.model.dummy import dummy_engine
+from engines.runtime.runner import EngineRunner
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dummy", default="0.6b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    args = ap.parse_args()
+    eng = dummy_engine(args.dummy, "cuda", "bfloat16")
+    for b in args.batch:
+        runner = EngineRunner(eng, max_slots=b, max_context=512, use_graphs=False)
+        for i in range(b):
+            runner.submit(request(300, i))
+        while runner.slots.n_active < b:
+            runner.step_once()
+        for _ in range(3):
+            runner._run_step(b, 256)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner._run_step(b, 256)
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        total = sum(e.self_device_time_total for e in events)
+        count = sum(e.count for e in events)
+        print(f"\n== decode step, batch {b}: {count} kernels, {total / 1e3:.2f} ms of kernel time")
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+            print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
+        for i in range(b):
+            for _ in range(8):
+                runner.codec.push_frame(i, torch.zeros(16, dtype=torch.long))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.codec.run(b, [True] * b)
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        total = sum(e.self_device_time_total for e in events)
+        print(f"== codec 8 frames x {b} rows: {sum(e.count for e in events)} kernels, {total / 1e3:.2f} ms")
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
+            print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
+
+
+if __name__ == "__main__":
+    main()
