@@ -106,6 +106,10 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32,64,128,256")
     ap.add_argument("--ttfa-requests", type=int, default=50)
     ap.add_argument("--slots", type=int, default=256)
+    ap.add_argument("--no-codec-graphs", action="store_true", help="run the codec eagerly (diagnosis)")
+    ap.add_argument("--sync", action="store_true", help="synchronise after every step (diagnosis)")
+    ap.add_argument("--phases", default="single,ttfa1,ttfa32,aggregate,breakdown",
+                    help="comma list of single, ttfa1, ttfa32, aggregate, breakdown")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
@@ -116,6 +120,15 @@ def main() -> None:
     conc = [int(c) for c in args.concurrency.split(",")]
     runner = EngineRunner(eng, max_slots=max(args.slots, max(conc)), max_context=256 * ((args.frames + 100) // 256 + 1),
                           max_queue=4096)
+    if args.no_codec_graphs:
+        runner.codec.use_graphs = False
+    if args.sync:
+        step = runner.step_once
+
+        def synced():
+            step()
+            torch.cuda.synchronize()
+        runner.step_once = synced
     t0 = time.perf_counter()
     for c in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512} & set(range(1, max(conc) + 1))):  # capture graphs
         runner.synthesize([request(4, i) for i in range(c)])
@@ -123,14 +136,20 @@ def main() -> None:
     runner.start()
     res = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype,
            "frames": args.frames, "warmup_s": warm, "graphs": len(runner.graphs)}
-    singles = [closed_loop(runner, 1, 1, args.frames)["wall_s"] for _ in range(3)]
-    wall = statistics.median(singles)
-    res["single"] = {"x_realtime": args.frames * FRAME_S / wall, "ms_per_frame": 1e3 * wall / args.frames}
-    res["ttfa_c1"] = closed_loop(runner, 1, args.ttfa_requests, 20)
-    res["ttfa_c32"] = closed_loop(runner, 32, max(args.ttfa_requests, 64), args.frames)
-    res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames) for c in conc]
+    phases = args.phases.split(",")
+    if "single" in phases:
+        singles = [closed_loop(runner, 1, 1, args.frames)["wall_s"] for _ in range(3)]
+        wall = statistics.median(singles)
+        res["single"] = {"x_realtime": args.frames * FRAME_S / wall, "ms_per_frame": 1e3 * wall / args.frames}
+    if "ttfa1" in phases:
+        res["ttfa_c1"] = closed_loop(runner, 1, args.ttfa_requests, 20)
+    if "ttfa32" in phases:
+        res["ttfa_c32"] = closed_loop(runner, 32, max(args.ttfa_requests, 64), args.frames)
+    if "aggregate" in phases:
+        res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames) for c in conc]
     runner.stop()
-    res["breakdown"] = [step_breakdown(runner, 400, b) for b in (1, 32, min(128, max(conc)))]
+    if "breakdown" in phases:
+        res["breakdown"] = [step_breakdown(runner, 400, b) for b in (1, 32, min(128, max(conc)))]
     res["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
     text = json.dumps(res, indent=1)
     print(text)
@@ -144,13 +163,16 @@ def main() -> None:
 
 def markdown(r: dict) -> str:
     lines = [f"### {r['model']} {r['dtype']} on {r['device']} ({r['frames']} frames per request)", "",
-             "| metric | value |", "|---|---|",
-             f"| single stream | {r['single']['x_realtime']:.1f}x realtime, {r['single']['ms_per_frame']:.2f} ms/frame |",
-             f"| TTFA at 1 stream | p50 {r['ttfa_c1']['ttfa_p50_ms']:.1f} ms, p95 {r['ttfa_c1']['ttfa_p95_ms']:.1f} ms |",
-             f"| TTFA at 32 streams | p50 {r['ttfa_c32']['ttfa_p50_ms']:.1f} ms, p95 {r['ttfa_c32']['ttfa_p95_ms']:.1f} ms |"]
-    for a in r["aggregate"]:
+             "| metric | value |", "|---|---|"]
+    if "single" in r:
+        lines.append(f"| single stream | {r['single']['x_realtime']:.1f}x realtime, "
+                     f"{r['single']['ms_per_frame']:.2f} ms/frame |")
+    for key, label in (("ttfa_c1", "TTFA at 1 stream"), ("ttfa_c32", "TTFA at 32 streams")):
+        if key in r:
+            lines.append(f"| {label} | p50 {r[key]['ttfa_p50_ms']:.1f} ms, p95 {r[key]['ttfa_p95_ms']:.1f} ms |")
+    for a in r.get("aggregate", []):
         lines.append(f"| aggregate c={a['concurrency']} | {a['audio_s_per_s']:.0f} audio-s/s |")
-    for b in r["breakdown"]:
+    for b in r.get("breakdown", []):
         lines.append(f"| step at batch {b['batch']} | decode {b['decode_step_ms']:.2f} ms, "
                      f"codec (8 frames/row) {b['codec_8_frames_ms']:.1f} ms |")
     lines.append(f"| peak GPU memory | {r['peak_gpu_mem_gb']:.1f} GiB |")

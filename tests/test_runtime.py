@@ -111,6 +111,8 @@ def test_cancel_frees_slot_and_errors_reach_the_handle():
     a.cancel()
     runner.step_once()
     assert a.done and runner.slots.n_active == 0
+    runner.step_once()  # the freed slot lets the queued request in; it fails on resolution
+    assert bad.done
     with pytest.raises(Exception, match="unknown voice 'nobody'"):
         list(bad)
     runner.submit(requests(1)[0])
@@ -173,3 +175,15 @@ def test_gpu_compiled_graph_path_agrees_with_eager():
     frames = np.mean([np.mean(r.codes == c) for (c, _), r in zip(ref, out) if r.codes.shape == c.shape])
     print(f"compiled fp32: {same}/6 requests identical, {frames:.4f} of codes equal")
     assert frames > 0.9
+
+
+def test_uniform_strictly_inside_unit_interval_and_suppressed_ids_never_drawn():
+    from engines.model.sampling import SamplingTensors, draw, uniform
+
+    seed = torch.arange(4096, dtype=torch.long)
+    u = uniform(seed, torch.zeros_like(seed), 3072)
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    logits = torch.randn(4096, 3072)
+    logits[:, 2048:] = float("-inf")  # suppressed control ids
+    st = SamplingTensors.build([(True, 0.9, 0, 1.0)] * 4096, "cpu")
+    assert int(draw(logits, st, seed, torch.zeros_like(seed)).max()) < 2048

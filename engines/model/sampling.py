@@ -30,7 +30,9 @@ def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     key = _mix32(_mix32(seed) ^ _mix32(counter + 0x5BD1E995))  # [B]
     idx = torch.arange(n, device=seed.device, dtype=torch.int64)
     bits = _mix32(key[:, None] * 0x9E37 + idx[None, :] * 0x3C6EF372 + 0x1B873593)  # [B, n]
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    # 23 bits + 0.5 is exact in float32, so u stays strictly inside (0, 1): u == 1 would make the
+    # exponential race divide 0 by 0 for a zero-probability (suppressed) id and let argmax pick it
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass

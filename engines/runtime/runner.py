@@ -77,6 +77,7 @@ class EngineRunner:
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
         self.suppress = suppress_mask(talker, self.device)
+        self._codebook = engine.decoder.config.codebook_size
         if self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda":
             compile_blocks(True)
         self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
@@ -204,6 +205,8 @@ class EngineRunner:
             slot = self.slots.add(seq)
             for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
                 k[slot, :, :end].copy_(k_side[0, :, :end])
+                # masked positions still enter attention as 0 * value: clear what a free slot left there
+                k[slot, :, end:].zero_()
             self.table.load(slot, seq.prompt, hidden[0], seq.settings)
             self.codec.start(slot, seq.ref_codes)
             self.prefilling = None
@@ -218,6 +221,8 @@ class EngineRunner:
         t = self.table
         codes, emit, done = t.codes[:n].to("cpu", copy=True), t.emit[:n].cpu().tolist(), t.done[:n].cpu().tolist()
         eos = t.eos[:n].cpu().tolist()
+        bad = [i for i in range(n) if emit[i] and not (0 <= int(codes[i].min()) and int(codes[i].max()) < self._codebook)]
+        assert not bad, f"internal: out-of-range codes in slots {bad}: {codes[bad].tolist()} (step {self.steps})"
         for i, seq in enumerate(self.slots.seqs):
             if emit[i] and not seq.done:
                 self.codec.push_frame(i, codes[i])
@@ -263,6 +268,7 @@ class EngineRunner:
     def _retire(self, slot: int) -> None:
         move = self.slots.remove(slot)
         self.table.done[slot] = True
+        self.table.hidden[slot] = 0  # free slots keep stepping inside the bucket: keep them finite
         if move is None:
             return
         src, dst = move
@@ -271,6 +277,7 @@ class EngineRunner:
             k[dst, :, :p].copy_(k[src, :, :p])
         self.table.move(src, dst)
         self.table.done[src] = True
+        self.table.hidden[src] = 0
         self.codec.move(src, dst)
 
     def _fail_all(self, message: str) -> None:
