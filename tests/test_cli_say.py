@@ -1,0 +1,109 @@
+"""`tts-appliance say` end to end on the tiny checkpoints: every mode writes a 24 kHz WAV; bad input exits 2
+with a message that names the problem."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from appliance.cli import main
+
+TINY = Path(__file__).parent / "data" / "tiny"
+REF = str(TINY / "audio" / "ref_a_24k.wav")
+
+
+def run(monkeypatch, capsys, *args) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["tts-appliance", "say", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("model,extra", [
+    ("cv_small", ["--voice", "vivian", "--language", "english"]),
+    ("cv_proj", ["--voice", "ryan", "--instruct", "Speak slowly."]),
+    ("vd_proj", ["--instruct", "A calm, low voice."]),
+    ("base_small", ["--ref-audio", REF, "--ref-text", "A reference sentence."]),
+    ("base_small", ["--ref-audio", REF]),  # no transcript: x-vector only
+])
+def test_say_writes_24k_wav_in_every_mode(monkeypatch, capsys, tmp_path, model, extra):
+    out = tmp_path / "out.wav"
+    code, text = run(monkeypatch, capsys, "Hello there.", "--model", str(TINY / model), *extra,
+                     "--max-frames", "6", "--seed", "1", "-o", str(out))
+    assert code == 0, text
+    audio, sr = sf.read(out)
+    assert sr == 24000 and audio.ndim == 1 and 0 < len(audio) <= 6 * 1920
+
+
+def test_saved_voice_is_reusable_without_reference_audio(monkeypatch, capsys, tmp_path):
+    voice = tmp_path / "me.voice"
+    args = ["--model", str(TINY / "base_small"), "--max-frames", "4", "--seed", "3", "--greedy"]
+    code, text = run(monkeypatch, capsys, "Hi.", *args, "--ref-audio", REF, "--ref-text", "A reference sentence.",
+                     "--save-voice", str(voice), "-o", str(tmp_path / "a.wav"))
+    assert code == 0 and voice.is_file(), text
+    code, text = run(monkeypatch, capsys, "Hi.", *args, "--voice", str(voice), "-o", str(tmp_path / "b.wav"))
+    assert code == 0, text
+    a, _ = sf.read(tmp_path / "a.wav")
+    b, _ = sf.read(tmp_path / "b.wav")
+    assert a.shape == b.shape and abs(a - b).max() < 1e-3  # same voice, same seed: same audio
+
+
+def broken_copy(tmp_path, name="cv_small") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(TINY / name, dst, symlinks=False)
+    return dst
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("missing_dir", "model folder not found"),
+    ("missing_weights", "model.safetensors"),
+    ("corrupt_weights", "corrupt checkpoint file"),
+    ("corrupt_config", "config.json"),
+    ("missing_vocab", "vocab.json"),
+])
+def test_bad_checkpoints_name_the_file(monkeypatch, capsys, tmp_path, case, expect):
+    model = tmp_path / "nothing"
+    if case != "missing_dir":
+        model = broken_copy(tmp_path)
+        if case == "missing_weights":
+            (model / "model.safetensors").unlink()
+        elif case == "corrupt_weights":
+            (model / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+        elif case == "corrupt_config":
+            (model / "config.json").write_text("{not json")
+        else:
+            (model / "vocab.json").unlink()
+    code, text = run(monkeypatch, capsys, "Hello.", "--model", str(model), "--voice", "vivian",
+                     "-o", str(tmp_path / "x.wav"))
+    assert code == 2 and expect in text, text
+
+
+@pytest.mark.parametrize("model,args,expect", [
+    ("cv_small", ["--voice", "bob"], "unknown voice 'bob'; available: dylan, eric, ryan, vivian"),
+    ("cv_small", ["--voice", "vivian", "--language", "klingon"], "unknown language 'klingon'; available: auto"),
+    ("cv_small", ["--voice", "vivian", "--instruct", "Whisper."], "does not take instructions"),
+    ("cv_small", ["--voice", "vivian", "--ref-audio", REF], "reference audio needs a Base checkpoint"),
+    ("base_small", ["--instruct", "Whisper.", "--ref-audio", REF], "does not take instructions"),
+    ("base_small", [], "give reference audio"),
+    ("vd_proj", ["--voice", "vivian", "--instruct", "Calm."], "no named voices"),
+])
+def test_unsupported_requests_get_clear_errors(monkeypatch, capsys, tmp_path, model, args, expect):
+    code, text = run(monkeypatch, capsys, "Hello.", "--model", str(TINY / model), *args, "-o", str(tmp_path / "x.wav"))
+    assert code == 2 and expect in text, text
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_empty_text_and_unreadable_reference_audio(monkeypatch, capsys, tmp_path):
+    code, text = run(monkeypatch, capsys, "   ", "--model", str(TINY / "cv_small"), "--voice", "vivian")
+    assert code == 2 and "text is empty" in text
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF nonsense")
+    code, text = run(monkeypatch, capsys, "Hi.", "--model", str(TINY / "base_small"), "--ref-audio", str(bad))
+    assert code == 2 and "bad.wav" in text, text
