@@ -20,6 +20,14 @@ from .model.text_tokenizer import TextTokenizer
 log = logging.getLogger(__name__)
 
 VOICE_SUFFIX = ".voice"
+FRAMES_PER_S = 12.5
+
+
+def runaway_frames(text: str, floor_s: float = 10.0, factor: float = 4.0) -> int:
+    """Frame limit for `text`: `factor` x its expected duration (15 characters/s, a CJK character counting
+    as 3), at least `floor_s` seconds, + 1 for the official max_new_tokens convention."""
+    units = sum(3 if "\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" else 1 for ch in text)
+    return int(FRAMES_PER_S * max(floor_s, factor * units / 15.0)) + 1
 
 
 class TTSEngine:
@@ -160,10 +168,13 @@ class TTSEngine:
                 spec.ref_text, spec.ref_codes = voice.ref_text, voice.ref_codes
         return spec, spec.ref_codes
 
-    def row_settings(self, sp: SamplingParams) -> RowSettings:
+    def row_settings(self, sp: SamplingParams, text: str = "") -> RowSettings:
+        """Device-side settings of one request; without an explicit max_new_tokens the frame limit is the
+        runaway guard for `text` (enforced even if EOS never comes)."""
         d = self.defaults
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        return RowSettings(seed=seed, max_new_tokens=sp.max_new_tokens or d.max_new_tokens,
+        limit = sp.max_new_tokens or min(d.max_new_tokens, runaway_frames(text))
+        return RowSettings(seed=seed, max_new_tokens=limit,
                            min_new_tokens=sp.min_new_tokens, do_sample=sp.do_sample, temperature=sp.temperature,
                            top_k=sp.top_k, top_p=sp.top_p, repetition_penalty=sp.repetition_penalty,
                            sub_do_sample=sp.subtalker_dosample, sub_temperature=sp.subtalker_temperature,
@@ -175,7 +186,7 @@ class TTSEngine:
         """Codes only: list of (Generated, reference codes or None)."""
         resolved = [self.resolve(r) for r in requests]
         prompts = [self.prompts.build(spec) for spec, _ in resolved]
-        outs = generate(self.talker, prompts, [self.row_settings(r.sampling) for r in requests])
+        outs = generate(self.talker, prompts, [self.row_settings(r.sampling, r.text) for r in requests])
         return [(o, ref) for o, (_, ref) in zip(outs, resolved)]
 
     @torch.no_grad()

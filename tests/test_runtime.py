@@ -187,3 +187,19 @@ def test_uniform_strictly_inside_unit_interval_and_suppressed_ids_never_drawn():
     logits[:, 2048:] = float("-inf")  # suppressed control ids
     st = SamplingTensors.build([(True, 0.9, 0, 1.0)] * 4096, "cpu")
     assert int(draw(logits, st, seed, torch.zeros_like(seed)).max()) < 2048
+
+
+def test_runaway_guard_limits_frames_by_text_length():
+    from engines.engine import runaway_frames
+
+    eng = engine()
+    short = eng.row_settings(SamplingParams(), "Hi.").max_new_tokens
+    long = eng.row_settings(SamplingParams(), "word " * 200).max_new_tokens
+    assert short == runaway_frames("Hi.") == 126  # the 10 s floor
+    assert long == int(12.5 * 4 * 1000 / 15) + 1 and long < eng.defaults.max_new_tokens
+    assert runaway_frames("你好" * 30) > runaway_frames("ab" * 30)  # CJK characters weigh more
+    assert eng.row_settings(SamplingParams(max_new_tokens=7), "word " * 200).max_new_tokens == 7
+    # enforced on the device: a request that never samples EOS stops at its limit
+    [res] = EngineRunner(eng, max_slots=1, max_context=256).synthesize(
+        [SynthesisRequest(text="Hi.", voice="vivian", sampling=SamplingParams(min_new_tokens=10**6, seed=1))])
+    assert len(res.codes) == short - 1 and not res.finished_by_eos

@@ -186,7 +186,7 @@ class EngineRunner:
         eng = self.engine
         spec, ref_codes = eng.resolve(seq.request)
         seq.prompt = eng.prompts.build(spec)
-        seq.settings = eng.row_settings(seq.request.sampling)
+        seq.settings = eng.row_settings(seq.request.sampling, seq.request.text)
         need = seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1
         if need > self.cfg.max_context:
             seq.settings = replace(seq.settings, max_new_tokens=self.cfg.max_context - seq.prompt.prefill.shape[0] - 1)
