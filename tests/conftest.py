@@ -1,6 +1,7 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,25 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     return TINY
+
+
+def tiny_codec_dir() -> Path | None:
+    """The tiny codec folder shared by the tiny checkpoints (None when the fixtures are not built)."""
+    meta = TINY / "golden" / "codec.json"
+    if meta.is_file():
+        d = TINY / json.loads(meta.read_text())["codec_dir"]
+        if (d / "model.safetensors").is_file():
+            return d
+    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
+    return found[0].parent if found else None
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is fastest and immune to CPU contention on shared runners."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

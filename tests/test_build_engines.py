@@ -13,34 +13,21 @@ from click.testing import CliRunner
 from engines import build as B
 from engines.backends.codec_torch import TorchCodec
 from engines.backends.detect import detect_platform
+from conftest import tiny_codec_dir
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ONNX = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
 needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="onnx / onnxruntime not installed")
 
 
-def tiny_model_dir() -> Path | None:
-    """The tiny codec folder (engines.build accepts a checkpoint or its speech_tokenizer folder)."""
-    meta = TINY / "golden" / "codec.json"
-    if meta.is_file():
-        d = TINY / json.loads(meta.read_text())["codec_dir"]
-        if (d / "model.safetensors").is_file():
-            return d
-    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
-    return found[0].parent if found else None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    d = tiny_model_dir()
+    d = tiny_codec_dir()
     if d is None:
         pytest.skip("tiny checkpoint fixture missing")
     return d

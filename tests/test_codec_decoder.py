@@ -25,13 +25,7 @@ PARITY_TOL = 1e-4  # ours vs official, fp32 CPU
 STREAM_TOL = 1e-5  # streamed vs one-shot, fp32 CPU
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is fastest and immune to CPU contention on shared runners."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

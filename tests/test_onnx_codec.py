@@ -4,7 +4,6 @@ Tolerance: max abs 1e-4 against the fp32 torch codec (waveform in [-1, 1]); meas
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -19,28 +18,16 @@ from engines.backends.codec_export import (  # noqa: E402
 from engines.backends.codec_onnx import OnnxCodec, make_session  # noqa: E402
 from engines.backends.codec_torch import TorchCodec  # noqa: E402
 from engines.model.codec_decoder import load_codec_decoder  # noqa: E402
+from conftest import tiny_codec_dir
 
 log = logging.getLogger(__name__)
 TINY = Path(__file__).parent / "data" / "tiny"
 TOL = 1e-4
 
 
-def tiny_codec_dir() -> Path | None:
-    meta = TINY / "golden" / "codec.json"
-    if meta.is_file():
-        d = TINY / json.loads(meta.read_text())["codec_dir"]
-        if (d / "model.safetensors").is_file():
-            return d
-    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
-    return found[0].parent if found else None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ TensorRT itself is not installed where this was written: the tests that need it 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from engines.backends import codec_trt
 from engines.backends.codec_export import STATE_IN, state_specs, step_input_names
 from engines.backends.codec_trt import build_plan, pick_bucket, profile_shapes
 from engines.model.config import CodecConfig, CodecDecoderConfig
+from conftest import tiny_codec_dir
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
@@ -23,22 +23,9 @@ no_trt = pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed: the without-
 needs_trt = pytest.mark.skipif(not HAS_TRT, reason="tensorrt not installed (NVIDIA-only; not available here)")
 
 
-def tiny_codec_dir() -> Path | None:
-    meta = TINY / "golden" / "codec.json"
-    if meta.is_file():
-        d = TINY / json.loads(meta.read_text())["codec_dir"]
-        if (d / "model.safetensors").is_file():
-            return d
-    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
-    return found[0].parent if found else None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
