@@ -59,7 +59,8 @@ class JobsSection:
 
     home: Optional[str] = None        # spool folder (else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance)
     enabled: bool = True              # run a queue worker inside the daemon
-    batch_size: int = 4               # segments handed to the engine at once
+    batch_size: int = 32              # segments one worker hands to the engine at once
+    workers: int = 2                  # worker threads: while one batch drains, the next keeps the engine full
     lease_s: float = 120.0
     guard: bool = True                # runaway/silence guard
     watch: bool = True                # watch HOME/inbox

@@ -61,7 +61,7 @@ class Daemon:
         self.host = EngineHost(cfg, self.metrics)
         self.notifier = Notifier()
         self.stop_jobs = threading.Event()
-        self.worker = None
+        self.workers: list = []
         self.threads: list[threading.Thread] = []
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
 
@@ -83,12 +83,15 @@ class Daemon:
         j = self.cfg.jobs
         if j.enabled:
             model = str(Path(self.cfg.model.path).resolve())
-            self.worker = Runner(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
-                                 batch_size=j.batch_size, lease_s=j.lease_s, guard=GuardSettings(enabled=j.guard),
-                                 model=model, should_yield=self.host.streams_waiting)
-            t = threading.Thread(target=self.worker.run_forever, args=(self.stop_jobs, 0.5), name="jobs", daemon=True)
-            t.start()
-            self.threads.append(t)
+            for i in range(max(1, j.workers)):
+                worker = Runner(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
+                                batch_size=j.batch_size, lease_s=j.lease_s, guard=GuardSettings(enabled=j.guard),
+                                model=model, should_yield=self.host.streams_waiting)
+                t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
+                                     daemon=True)
+                t.start()
+                self.workers.append(worker)
+                self.threads.append(t)
         if j.watch:
             from jobs.watch import InboxWatcher
 
@@ -200,10 +203,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for t in self.threads:
             await loop.run_in_executor(None, t.join, max(deadline - time.monotonic(), 0.1))
-        if self.worker is not None and any(t.is_alive() for t in self.threads):
-            held = sorted(self.worker.heartbeat._held)
-            log.warning("stop timeout: returning %d in-flight segments to the queue", len(held))
-            self.worker.queue.release(self.worker.worker_id, held)
+        if self.workers and any(t.is_alive() for t in self.threads):
+            held = sum(w.release_held() for w in self.workers)
+            log.warning("stop timeout: returned %d in-flight segments to the queue", held)
         self.host.stop()
         log.info("stopped")
 

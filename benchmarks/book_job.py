@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--paragraphs", type=int, default=12)
     ap.add_argument("--frames", type=int, default=150)
     ap.add_argument("--batch", type=int, default=128, help="segments claimed per engine call")
+    ap.add_argument("--workers", type=int, default=1, help="jobs worker threads feeding the one engine")
     ap.add_argument("--format", default="flac")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -81,13 +83,23 @@ def main() -> None:
                        sampling={"max_new_tokens": args.frames + 1, "min_new_tokens": args.frames + 1})
         t0 = time.perf_counter()
         job_id, _ = submit_file(queue, paths, book, spec)
-        worker = Runner(queue, synth, paths, batch_size=args.batch, guard=GuardSettings(enabled=False),
-                        model=None)
-        while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
-            if not worker.run_once():
-                time.sleep(0.05)
+        def finished() -> bool:
+            return Queue(paths.db).job(job_id)["state"] in ("done", "failed", "partial")
+
+        def work() -> None:  # each worker claims a batch and waits for it: two keep the engine fed
+            worker = Runner(Queue(paths.db), synth, paths, batch_size=args.batch,
+                            guard=GuardSettings(enabled=False), model=None)
+            while not finished():
+                if not worker.run_once():
+                    time.sleep(0.05)
+            worker.close()
+
+        threads = [threading.Thread(target=work) for _ in range(args.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         wall = time.perf_counter() - t0
-        worker.close()
         runner.stop()
         manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
@@ -97,7 +109,7 @@ def main() -> None:
         res = {"device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
                "model": args.model or f"dummy-{args.dummy}",
                "segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
-               "wall_s": wall, "audio_s_per_s": audio / wall, "format": args.format, "batch": args.batch,
+               "wall_s": wall, "audio_s_per_s": audio / wall, "format": args.format, "batch": args.batch, "workers": args.workers,
                "state": queue.job(job_id)["state"]}
     print(json.dumps(res, indent=1))
     if args.json:

@@ -144,6 +144,13 @@ class Runner:
     def close(self) -> None:
         self.heartbeat.stop()
 
+    def release_held(self) -> int:
+        """Return the segments this worker holds to the queue (shutdown past its deadline)."""
+        held = sorted(self.heartbeat._held)
+        if held:
+            self.queue.release(self.worker_id, held)
+        return len(held)
+
     # -- loop ------------------------------------------------------------------------------
     def run_once(self) -> int:
         """Claim and process one batch, then assemble finished jobs. Returns work done (0: idle)."""

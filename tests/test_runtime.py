@@ -41,8 +41,10 @@ def test_scheduler_helpers():
     assert length_bucket(257, 256, 2048) == 512 and length_bucket(5000, 256, 2048) == 2048
     q = AdmissionQueue(2)
     q.push("batch", 1)
+    q.push("batch2", 1)
+    assert q.full(1) and not q.full(0)  # batch backlog does not turn streams away
     q.push("stream", 0)
-    assert q.full() and q.pop() == "stream" and q.pop() == "batch" and q.pop() is None
+    assert q.pop() == "stream" and q.pop() == "batch" and q.pop() == "batch2" and q.pop() is None
     m = SlotMap(3)
     a, b, c = m.add("a"), m.add("b"), m.add("c")
     assert (a, b, c) == (0, 1, 2) and not m.has_room()

@@ -97,7 +97,7 @@ class EngineRunner:
     def submit(self, request: SynthesisRequest, priority: int = 0) -> StreamHandle:
         """Queue a request; streams (priority 0) go before batch work (higher numbers)."""
         with self._cv:
-            if self.queue.full():
+            if self.queue.full(priority):
                 raise EngineBusy(f"busy: {len(self.queue)} requests already waiting; retry shortly")
             handle = StreamHandle(self, self.engine.sample_rate)
             self.queue.push(_Seq(handle, request), priority)

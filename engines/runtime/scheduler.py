@@ -41,8 +41,10 @@ class AdmissionQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def full(self) -> bool:
-        return len(self._heap) >= self.max_size
+    def full(self, priority: int = 0) -> bool:
+        """Whether `priority`'s class is at its limit: streams and batch work are counted apart, so a
+        backlog of batch segments never turns a streaming client away."""
+        return sum(1 for q in self._heap if q.priority == priority) >= self.max_size
 
     def push(self, item: Any, priority: int = 0) -> None:
         heapq.heappush(self._heap, _Queued(priority, next(self._count), item))
