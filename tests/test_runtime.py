@@ -52,13 +52,14 @@ def test_scheduler_helpers():
     assert m.remove(1) is None and m.seqs == ["c"]
 
 
-@pytest.mark.parametrize("slots", [1, 3, 8])
-def test_runner_greedy_codes_equal_reference(slots):
-    """Any slot count (so requests queue, join mid-flight and leave) gives the reference codes and audio."""
+@pytest.mark.parametrize("slots,overlap", [(1, True), (3, True), (8, True), (3, False)])
+def test_runner_greedy_codes_equal_reference(slots, overlap):
+    """Any slot count (so requests queue, join mid-flight and leave), with or without reading a step back while
+    the next one runs, gives the reference codes and audio."""
     eng = engine()
     reqs = requests(5)
     ref = reference(eng, reqs)
-    out = EngineRunner(eng, max_slots=slots, max_context=256).synthesize(reqs)
+    out = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap).synthesize(reqs)
     for (codes, wav), res in zip(ref, out):
         assert np.array_equal(res.codes, codes)
         assert res.audio.shape == wav.shape

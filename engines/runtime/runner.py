@@ -45,6 +45,7 @@ class EngineConfig:
     length_step: int = 256  # cache-length bucket granularity
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     use_graphs: Optional[bool] = None  # None: on CUDA
+    overlap: bool = True  # read a step's codes back while the next step runs
     compile: Optional[bool] = None  # fuse layer blocks with torch.compile; None: on CUDA
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
@@ -55,7 +56,19 @@ class _Seq:
         self.handle, self.request = handle, request
         self.prompt = self.settings = None
         self.offset = 0  # prefill progress
+        self.slot = -1  # current slot (slots move when others leave)
+        self.pos = 0  # tokens in its cache (host copy of the device value)
         self.done = False
+
+
+@dataclass
+class _Step:
+    """A launched decode step whose outputs are on their way to host buffers."""
+
+    seqs: list  # the sequence in each row at launch time
+    n: int
+    buf: tuple  # host codes, emit, done, eos
+    event: Optional[object]
 
 
 class EngineRunner:
@@ -87,6 +100,11 @@ class EngineRunner:
         self.prefilling: Optional[_Seq] = None
         self.graphs: dict = {}
         self._pool = None
+        self.overlap = self.cfg.overlap
+        self._inflight: Optional[_Step] = None
+        pin = self.device.type == "cuda"
+        self._host = [(torch.empty(n, tc.num_code_groups, dtype=torch.long, pin_memory=pin),
+                       *(torch.empty(n, dtype=torch.bool, pin_memory=pin) for _ in range(3))) for _ in range(2)]
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = False
@@ -149,7 +167,7 @@ class EngineRunner:
                 self._fail_all("internal engine error (see the daemon log)")
 
     def _has_work(self) -> bool:
-        return bool(len(self.queue) or self.slots.n_active or self.prefilling)
+        return bool(len(self.queue) or self.slots.n_active or self.prefilling or self._inflight)
 
     @torch.no_grad()
     def step_once(self) -> None:
@@ -161,6 +179,9 @@ class EngineRunner:
         n = self.slots.n_active
         if n:
             self._decode(n)
+        elif self._inflight is not None:
+            self._collect(self._inflight)
+            self._inflight = None
         self._codec_and_retire()
 
     def _admit(self) -> None:
@@ -201,7 +222,8 @@ class EngineRunner:
         hidden = self.talker.model(x[None, seq.offset:end], pos, self.side)[:, -1]
         used, seq.offset = end - seq.offset, end
         if end == x.shape[0]:
-            slot = self.slots.add(seq)
+            slot = seq.slot = self.slots.add(seq)
+            seq.pos = end
             for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
                 k[slot, :, :end].copy_(k_side[0, :, :end])
                 # masked positions still enter attention as 0 * value: clear what a free slot left there
@@ -212,22 +234,51 @@ class EngineRunner:
         return used
 
     def _decode(self, n: int) -> None:
+        """Launch one step; read back the previous one meanwhile (overlap) or this one (no overlap)."""
+        rec = self._launch(n)
+        prev, self._inflight = self._inflight, rec
+        if prev is not None:
+            self._collect(prev)
+        if not self.overlap:
+            self._collect(rec)
+            self._inflight = None
+
+    def _launch(self, n: int) -> "_Step":
+        """Replay the step for slots [0, n) and queue the copies of its outputs to host buffers."""
         b = pick_bucket(n, self.buckets)
-        need = int(self.table.pos[:n].max()) + 2
+        seqs = list(self.slots.seqs)
+        need = max(seq.pos for seq in seqs) + 2  # host-side lengths: no device read
         length = length_bucket(need, self.cfg.length_step, self.cfg.max_context)
         self._run_step(b, length)
         self.steps += 1
-        t = self.table
-        codes, emit, done = t.codes[:n].to("cpu", copy=True), t.emit[:n].cpu().tolist(), t.done[:n].cpu().tolist()
-        eos = t.eos[:n].cpu().tolist()
+        for seq in seqs:
+            seq.pos += 1
+        t, buf = self.table, self._host[self.steps % 2]
+        for src, dst in ((t.codes, buf[0]), (t.emit, buf[1]), (t.done, buf[2]), (t.eos, buf[3])):
+            dst[:n].copy_(src[:n], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Step(seqs, n, buf, event)
+
+    def _collect(self, rec: "_Step") -> None:
+        """Hand a finished step's frames to the codec and the handles; mark finished requests."""
+        if rec.event is not None:
+            rec.event.synchronize()
+        n = rec.n
+        codes = rec.buf[0][:n].clone()
+        emit, done, eos = (x[:n].tolist() for x in rec.buf[1:])
         bad = [i for i in range(n) if emit[i] and not (0 <= int(codes[i].min()) and int(codes[i].max()) < self._codebook)]
         assert not bad, f"internal: out-of-range codes in slots {bad}: {codes[bad].tolist()} (step {self.steps})"
-        for i, seq in enumerate(self.slots.seqs):
-            if emit[i] and not seq.done:
-                self.codec.push_frame(i, codes[i])
+        for i, seq in enumerate(rec.seqs):
+            if seq.done:  # finished (or cancelled) earlier: later rows of it are not real
+                continue
+            if emit[i]:
+                self.codec.push_frame(seq.slot, codes[i])
                 seq.handle.add_codes(codes[i])
                 self.frames += 1
-            if done[i] and not seq.done:
+            if done[i]:
                 seq.done = True
                 seq.handle.finished_by_eos = bool(eos[i])
 
@@ -271,7 +322,8 @@ class EngineRunner:
         if move is None:
             return
         src, dst = move
-        p = int(self.table.pos[src])
+        self.slots.seqs[dst].slot = dst
+        p = min(self.slots.seqs[dst].pos, self.cfg.max_context)
         for k in self.cache.k + self.cache.v:
             k[dst, :, :p].copy_(k[src, :, :p])
         self.table.move(src, dst)
@@ -283,6 +335,7 @@ class EngineRunner:
         for seq in self.slots.seqs:
             seq.handle.fail(TTSError(message))
         self.slots.seqs.clear()
+        self._inflight = None
         self.table.done.fill_(True)
         if self.prefilling:
             self.prefilling.handle.fail(TTSError(message))
