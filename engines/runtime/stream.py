@@ -100,6 +100,7 @@ class CodecStreams:
         self.use_graphs = use_graphs
         self.graphs: dict = {}  # (b, n) -> (graph, codes_in, valid_in, wav_out)
         self._pool = None
+        self.before_capture = None  # called before a new graph is captured (the runner drains its step)
         self.spf = self.dec.samples_per_frame
         self.first, self.max_chunk = first_chunk, max_chunk
         self.buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < n_slots) + (n_slots,)
@@ -127,10 +128,12 @@ class CodecStreams:
                   for i in range(n_active))
         if not due:
             return []
-        counts = [len(self.pending[i]) for i in range(n_active)]
-        n = max(counts)
-        n = 1 << (n - 1).bit_length()  # frame-count bucket
         b = pick_bucket(n_active, self.buckets)
+        key = (b, 1 << (max(len(self.pending[i]) for i in range(n_active)) - 1).bit_length())
+        if self.use_graphs and key not in self.graphs and self.before_capture is not None:
+            self.before_capture()  # may add frames: count after it
+        counts = [len(self.pending[i]) for i in range(n_active)]
+        n = 1 << (max(counts) - 1).bit_length()  # frame-count bucket
         codes = torch.zeros(b, self.dec.decoder.config.num_quantizers, n, dtype=torch.long)
         for i in range(n_active):
             if counts[i]:
