@@ -38,7 +38,8 @@ class SamplingParams:
 class SynthesisRequest:
     """One piece of text to speak.
 
-    voice: a CustomVoice speaker name, a saved voice file (.voice.pt / name known to the engine), or None.
+    voice: a CustomVoice speaker name, a saved cloned voice (a `.voice` file, or a name in the voices
+    folder), or None.
     instruct: VoiceDesign description or 1.7B CustomVoice style instruction.
     ref_audio / ref_text: Base voice cloning (ref_text given -> ICL mode, else x-vector only).
     """
