@@ -52,6 +52,15 @@ def control_mask(talker: Talker, device) -> torch.Tensor:
     return mask
 
 
+def sample_code0(logits, seen, penalty, suppress, eos_id: int, gen_step, min_new, st: SamplingTensors, seed,
+                 counter) -> torch.Tensor:
+    """Codebook 0 of the next frame `[B]`: repetition penalty, suppressed control ids, EOS masked while
+    gen_step < min_new (per row), then the draw. Shared by the reference loop and the device step."""
+    x = apply_repetition_penalty(logits.float(), seen, penalty).masked_fill(suppress, float("-inf"))
+    x[:, eos_id] = torch.where(gen_step < min_new, torch.full_like(x[:, eos_id], float("-inf")), x[:, eos_id])
+    return draw(x, st, seed, counter)
+
+
 def predict_residuals(talker: Talker, hidden, code0, sub: SamplingTensors, seed, counter) -> torch.Tensor:
     """Run the code predictor for one frame: hidden `[B, H]`, code0 `[B]` -> codes `[B, 16]`."""
     cp = talker.code_predictor
@@ -97,11 +106,8 @@ def generate(talker: Talker, prompts: list[Prompt], rows: list[RowSettings]) -> 
     by_eos = torch.zeros(b, dtype=torch.bool, device=dev)
 
     for step in range(max_new):
-        x = apply_repetition_penalty(logits.float(), seen, penalty)
-        x = x.masked_fill(suppress, float("-inf"))
-        x[:, eos] = torch.where(step < min_new, torch.full_like(x[:, eos], float("-inf")), x[:, eos])
         counter = torch.full((b,), step * 16, device=dev, dtype=torch.long)
-        code0 = draw(x, main, seed, counter)
+        code0 = sample_code0(logits, seen, penalty, suppress, eos, counter // 16, min_new, main, seed, counter)
         hit_eos = (code0 == eos) & ~done
         by_eos |= hit_eos
         done |= hit_eos | (step + 1 >= limit)  # the N-th token gets no residual codes

@@ -22,10 +22,11 @@ import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.errors import TTSError
+from engines.model.generate import control_mask
 from engines.model.layers import KVCache, compile_blocks
 
 from .scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
-from .step import SlotTable, decode_step, suppress_mask
+from .step import SlotTable, decode_step
 from .stream import CodecStreams, StreamHandle
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class EngineRunner:
         with torch.no_grad():
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
-        self.suppress = suppress_mask(talker, self.device)
+        self.suppress = control_mask(talker, self.device)
         self._codebook = engine.decoder.config.codebook_size
         if self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda":
             compile_blocks(True)
@@ -283,8 +284,9 @@ class EngineRunner:
             rec.event.synchronize()
         n = rec.n
         codes = rec.buf[0][:n].clone()
+        out_of_range = rec.buf[1][:n] & ((codes < 0) | (codes >= self._codebook)).any(1)  # one vector op per step
         emit, done, eos = (x[:n].tolist() for x in rec.buf[1:])
-        bad = [i for i in range(n) if emit[i] and not (0 <= int(codes[i].min()) and int(codes[i].max()) < self._codebook)]
+        bad = out_of_range.nonzero().flatten().tolist()
         assert not bad, f"internal: out-of-range codes in slots {bad}: {codes[bad].tolist()} (step {self.steps})"
         for i, seq in enumerate(rec.seqs):
             if seq.done:  # finished (or cancelled) earlier: later rows of it are not real

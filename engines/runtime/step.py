@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engines.model.generate import RowSettings, control_mask, predict_residuals
+from engines.model.generate import RowSettings, predict_residuals, sample_code0
 from engines.model.layers import KVCache, causal_mask
 from engines.model.prompt import Prompt
-from engines.model.sampling import SamplingTensors, apply_repetition_penalty, draw
+from engines.model.sampling import SamplingTensors
 from engines.model.talker import Talker
 
 
@@ -98,11 +98,9 @@ def decode_step(talker: Talker, t: SlotTable, cache: KVCache, pad: torch.Tensor,
     """One frame for every row of `t` (views of B slots); `cache` views `[B, kv, L, D]`. In place."""
     b, dev = t.hidden.shape[0], t.hidden.device
     eos_id = talker.cfg.codec_eos_token_id
-    logits = talker.codec_head(t.hidden)  # [B, V]
-    x = apply_repetition_penalty(logits.float(), t.seen, t.penalty).masked_fill(suppress, float("-inf"))
-    x[:, eos_id] = torch.where(t.gen_step < t.min_new, torch.full_like(x[:, eos_id], float("-inf")), x[:, eos_id])
     counter = t.gen_step * 16
-    code0 = draw(x, SamplingTensors(t.m_do, t.m_temp, t.m_topk, t.m_topp), t.seed, counter)
+    code0 = sample_code0(talker.codec_head(t.hidden), t.seen, t.penalty, suppress, eos_id, t.gen_step, t.min_new,
+                         SamplingTensors(t.m_do, t.m_temp, t.m_topk, t.m_topp), t.seed, counter)
     hit = (code0 == eos_id) & ~t.done
     t.eos.logical_or_(hit)
     t.done.logical_or_(hit | (t.gen_step + 1 >= t.limit))
@@ -121,7 +119,3 @@ def decode_step(talker: Talker, t: SlotTable, cache: KVCache, pad: torch.Tensor,
     t.hidden.copy_(talker.model(x_in, pos, cache, mask)[:, -1])
     t.pos.add_(1)
     t.gen_step.add_(1)
-
-
-def suppress_mask(talker: Talker, device) -> torch.Tensor:
-    return control_mask(talker, device)
