@@ -1,8 +1,9 @@
-"""Encoding synthesized audio for HTTP responses (OpenAI `response_format` values).
+"""Encoding synthesized audio for HTTP responses (OpenAI `response_format` values), whole files.
 
-pcm   raw signed 16-bit little-endian mono at the engine rate (24 kHz), streamable
-wav   RIFF/WAVE 16-bit; when streamed the header carries the "unknown length" sizes (0xFFFFFFFF)
-flac, mp3, opus (Ogg)  encoded with libsndfile once the audio is complete (not streamed chunk-wise)
+pcm   raw signed 16-bit little-endian mono at the engine rate (24 kHz)
+wav   RIFF/WAVE 16-bit with exact sizes (`wav_header()` without a size: "unknown length", for streams)
+flac, mp3, opus (Ogg)  encoded with libsndfile once the audio is complete
+Streamed responses are encoded chunk by chunk by `appliance.audio_stream.StreamEncoder`.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import struct
 import numpy as np
 
 FORMATS = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg"}
-STREAMABLE = ("pcm", "wav")
 _SF = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS"), "wav": ("WAV", "PCM_16")}
 
 
@@ -37,5 +37,7 @@ def encode(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
     major, sub = _SF[fmt]
     buf = io.BytesIO()
-    sf.write(buf, np.asarray(audio, dtype=np.float32), sample_rate, format=major, subtype=sub)
+    lossless = sub == "PCM_16"  # the very samples pcm sends (libsndfile would round differently)
+    sf.write(buf, np.frombuffer(pcm16(audio), "<i2") if lossless else np.asarray(audio, dtype=np.float32),
+             sample_rate, format=major, subtype=sub)
     return buf.getvalue()

@@ -1,6 +1,6 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
-    POST   /v1/audio/speech      OpenAI-compatible speech (see `speech`)
+    POST   /v1/audio/speech      OpenAI-compatible speech, streamed (appliance.http_speech)
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
     DELETE /v1/voices/{name}     remove a saved cloned voice
@@ -19,15 +19,12 @@ import json
 import logging
 import re
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
 
-from .audio_out import FORMATS, STREAMABLE, encode, pcm16, wav_header
 from .engine_host import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -119,103 +116,6 @@ def decode_b64_audio(data: dict, tmpdir: Path):
     return str(path)
 
 
-async def speech(request: web.Request) -> web.StreamResponse:
-    """POST /v1/audio/speech — OpenAI speech API.
-
-    Body: model (ignored: one model is loaded), input (text), voice, instructions, response_format
-    (pcm | wav | flac | mp3 | opus; default mp3 as OpenAI), speed (ignored, noted in the
-    X-TTS-Note header), stream (default false; pcm/wav stream chunk by chunk as audio is made,
-    other formats are sent when complete), and extras: language, ref_audio (base64), ref_text, seed,
-    max_frames (cap on generated frames, 12.5 per second; model.max_frames caps it too).
-    """
-    ctx = request.app[CTX]
-    data = await read_json(request)
-    text = _field(data, "input", str, required=True)
-    if not text.strip():
-        raise ApiError(400, "'input' is empty: give some text to speak")
-    if len(text) > ctx.cfg.http.max_text_chars:
-        raise ApiError(413, f"'input' has {len(text)} characters; the limit is {ctx.cfg.http.max_text_chars} "
-                            "(submit long texts as a job: POST /v1/jobs)", "too_large")
-    fmt = _field(data, "response_format", str, "mp3").lower()
-    if fmt not in FORMATS:
-        raise ApiError(400, f"unknown response_format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    stream = bool(_field(data, "stream", bool, False))
-    notes = []
-    if _field(data, "speed", (int, float)) not in (None, 1, 1.0):
-        notes.append("speed is ignored (the model speaks at its own pace)")
-    if stream and fmt not in STREAMABLE:
-        notes.append(f"{fmt} is sent when complete; use pcm or wav for chunked streaming")
-    with tempfile.TemporaryDirectory(prefix="tts-req-") as tmp:
-        ref_audio = decode_b64_audio(data, Path(tmp))
-        req = ctx.host.request(text, voice=_field(data, "voice", str), language=_field(data, "language", str, "auto"),
-                               instruct=_field(data, "instructions", str), ref_audio=ref_audio,
-                               ref_text=_field(data, "ref_text", str), seed=_field(data, "seed", int),
-                               max_frames=_field(data, "max_frames", int))
-        if req is None:
-            raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
-                                "(POST /v1/voices adds one)")
-        return await _serve(request, req, fmt, stream and fmt in STREAMABLE, notes)
-
-
-async def _serve(request, req, fmt: str, stream: bool, notes: list) -> web.StreamResponse:
-    ctx = request.app[CTX]
-    if not ctx.accepting:
-        raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
-    try:
-        handle = ctx.host.submit_stream(req)
-    except EngineBusy:
-        ctx.metrics.request("speech", "busy")
-        raise
-    started = time.monotonic()
-    ctx.active_handles.add(handle)
-    chunks = ctx.host.aiter_chunks(handle)
-    outcome, resp = "cancelled", None
-    try:
-        try:
-            first = await chunks.__anext__()
-        except StopAsyncIteration:
-            first = np.zeros(0, np.float32)
-        sr = handle.sample_rate
-        headers = {"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(sr)}
-        if notes:
-            headers["X-TTS-Note"] = "; ".join(notes)
-        if not stream:
-            audio = [first] + [c async for c in chunks]
-            body = encode(np.concatenate(audio), sr, fmt)
-            outcome = "ok"
-            return web.Response(body=body, headers=headers)
-        resp = web.StreamResponse(headers=headers)
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        timeout = ctx.cfg.http.write_timeout_s
-        if fmt == "wav":
-            await asyncio.wait_for(resp.write(wav_header(sr)), timeout)
-        await asyncio.wait_for(resp.write(pcm16(first)), timeout)
-        async for chunk in chunks:
-            await asyncio.wait_for(resp.write(pcm16(chunk)), timeout)
-        await resp.write_eof()
-        outcome = "ok"
-        return resp
-    except TTSError as exc:
-        outcome = "bad_request"
-        if resp is not None:  # headers already sent: nothing better than cutting the stream
-            log.warning("stream failed after start: %s", exc)
-            return resp
-        raise
-    except asyncio.TimeoutError:
-        outcome = "slow_client"
-        log.warning("dropping a stream whose client stopped reading")
-        return resp
-    except ConnectionResetError:
-        log.info("client went away mid-stream; request cancelled")
-        return resp
-    finally:
-        handle.cancel()  # no-op when finished; frees the slot at once otherwise
-        ctx.active_handles.discard(handle)
-        ctx.metrics.request("speech", outcome)
-        ctx.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
-
-
 # -- voices ----------------------------------------------------------------------------------
 async def list_voices(request):
     """GET /v1/voices -> {"voices": [...], "languages": [...], "model_type": ...}"""
@@ -274,6 +174,7 @@ async def metrics(request):
 
 def make_app(ctx) -> web.Application:
     from .http_jobs import add_routes as add_job_routes
+    from .http_speech import speech
 
     app = web.Application(middlewares=[json_errors], client_max_size=ctx.cfg.http.max_body_bytes)
     app[CTX] = ctx

@@ -1,0 +1,150 @@
+"""POST /v1/audio/speech: the OpenAI speech API, streamed as the engine makes audio.
+
+Like OpenAI's endpoint, the answer is streamed by default (chunked transfer encoding): every format
+(pcm, wav, flac, mp3, opus) is encoded chunk by chunk (`appliance.audio_stream`) and sent as soon
+as the encoder has bytes. `"stream": false` (an extension) waits for the whole audio and sends one
+complete file whose headers carry the exact length (WAV sizes, FLAC totals, MP3 Xing/LAME tag),
+for readers that need them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from aiohttp import web
+
+from engines.model.errors import TTSError
+
+from .audio_out import FORMATS, encode
+from .audio_stream import EncoderUnavailable, StreamEncoder
+from .engine_host import EngineBusy
+from .http_api import CTX, ApiError, _field, decode_b64_audio, read_json
+
+log = logging.getLogger(__name__)
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    """POST /v1/audio/speech — OpenAI speech API.
+
+    Body: model (ignored: one model is loaded), input (text), voice, instructions, response_format
+    (pcm | wav | flac | mp3 | opus; default mp3 as OpenAI), speed (ignored, noted in the
+    X-TTS-Note header), stream_format ("audio" only), stream (default true: encoded chunk by chunk as
+    audio is made; false: one complete file when done), and extras: language, ref_audio (base64),
+    ref_text, seed, max_frames (cap on generated frames, 12.5 per second; model.max_frames caps it too).
+    """
+    ctx = request.app[CTX]
+    data = await read_json(request)
+    text = _field(data, "input", str, required=True)
+    if not text.strip():
+        raise ApiError(400, "'input' is empty: give some text to speak")
+    if len(text) > ctx.cfg.http.max_text_chars:
+        raise ApiError(413, f"'input' has {len(text)} characters; the limit is {ctx.cfg.http.max_text_chars} "
+                            "(submit long texts as a job: POST /v1/jobs)", "too_large")
+    fmt = (_field(data, "response_format", str) or "mp3").lower()  # null: the default too
+    if fmt not in FORMATS:
+        raise ApiError(400, f"unknown response_format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if (_field(data, "stream_format", str) or "audio") != "audio":
+        raise ApiError(400, "only stream_format 'audio' is supported (the encoded audio itself, sent in chunks "
+                            "as it is made); server-sent events are not")
+    stream = _field(data, "stream", bool) is not False  # absent or null: stream, as OpenAI does
+    notes = []
+    if _field(data, "speed", (int, float)) not in (None, 1, 1.0):
+        notes.append("speed is ignored (the model speaks at its own pace)")
+    try:  # opening an encoder also tells, before any synthesis, whether this machine can write fmt
+        encoder = StreamEncoder(fmt, ctx.host.engine.sample_rate)
+    except EncoderUnavailable as exc:
+        raise ApiError(400, str(exc), "unsupported_format") from None
+    if not stream:
+        encoder.close()
+        encoder = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="tts-req-") as tmp:
+            ref_audio = decode_b64_audio(data, Path(tmp))
+            req = ctx.host.request(text, voice=_field(data, "voice", str),
+                                   language=_field(data, "language", str, "auto"),
+                                   instruct=_field(data, "instructions", str), ref_audio=ref_audio,
+                                   ref_text=_field(data, "ref_text", str), seed=_field(data, "seed", int),
+                                   max_frames=_field(data, "max_frames", int))
+            if req is None:
+                raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
+                                    "(POST /v1/voices adds one)")
+            return await _serve(request, req, fmt, encoder, notes)
+    finally:
+        if encoder is not None:
+            encoder.close()  # no-op once finished
+
+
+async def _serve(request, req, fmt: str, encoder, notes: list) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    if not ctx.accepting:
+        raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
+    try:
+        handle = ctx.host.submit_stream(req)
+    except EngineBusy:
+        ctx.metrics.request("speech", "busy")
+        raise
+    started = time.monotonic()
+    ctx.active_handles.add(handle)
+    chunks = ctx.host.aiter_chunks(handle)
+    outcome, resp = "cancelled", None
+    loop = asyncio.get_running_loop()
+    try:
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = np.zeros(0, np.float32)
+        sr = handle.sample_rate
+        headers = {"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(sr)}
+        if notes:
+            headers["X-TTS-Note"] = "; ".join(notes)
+        if encoder is None:
+            audio = np.concatenate([first] + [c async for c in chunks])
+            body = await loop.run_in_executor(None, encode, audio, sr, fmt)
+            outcome = "ok"
+            return web.Response(body=body, headers=headers)
+        resp = web.StreamResponse(headers=headers)
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        timeout = ctx.cfg.http.write_timeout_s
+
+        async def send(work, *args):
+            # coded formats take a few ms per chunk: a worker thread keeps other streams flowing
+            data = await loop.run_in_executor(None, work, *args) if encoder.blocking else work(*args)
+            if data:
+                await asyncio.wait_for(resp.write(data), timeout)
+
+        await send(encoder.push, first)
+        async for chunk in chunks:
+            await send(encoder.push, chunk)
+        await send(encoder.finish)
+        await resp.write_eof()
+        outcome = "ok"
+        return resp
+    except TTSError as exc:
+        outcome = "bad_request"
+        if resp is not None:  # headers already sent: nothing better than cutting the stream
+            log.warning("stream failed after start: %s", exc)
+            return resp
+        raise
+    except asyncio.TimeoutError:
+        outcome = "slow_client"
+        log.warning("dropping a stream whose client stopped reading")
+        return resp
+    except ConnectionResetError:
+        log.info("client went away mid-stream; request cancelled")
+        return resp
+    except Exception:
+        if resp is None:
+            raise
+        outcome = "error"  # headers already sent: log it and cut the stream
+        log.exception("%s stream failed after start", fmt)
+        return resp
+    finally:
+        handle.cancel()  # no-op when finished; frees the slot at once otherwise
+        ctx.active_handles.discard(handle)
+        ctx.metrics.request("speech", outcome)
+        ctx.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
