@@ -140,18 +140,16 @@ def test_background_thread_streams():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slots", [1, 4])
-def test_gpu_graph_path_equals_eager(slots):
-    """On CUDA in fp32: captured graphs, any batch and joins mid-flight give the eager codes."""
+@pytest.mark.parametrize("slots,overlap", [(1, False), (4, False), (1, True), (4, True)])
+def test_gpu_graph_path_equals_eager(slots, overlap):
+    """On CUDA in fp32: captured graphs, any batch, joins mid-flight and overlapped read-back give the eager
+    codes."""
     torch.backends.cudnn.allow_tf32 = False  # TF32 convs round differently per chunk length
     torch.backends.cuda.matmul.allow_tf32 = False
-    from engines.model.layers import compile_blocks
-
-    compile_blocks(False)
     eng = engine(device="cuda")
     reqs = requests(6)
     ref = reference(eng, reqs)
-    runner = EngineRunner(eng, max_slots=slots, max_context=256, compile=False)
+    runner = EngineRunner(eng, max_slots=slots, max_context=256, compile=False, overlap=overlap)
     assert runner.use_graphs
     out = runner.synthesize(reqs)
     for (codes, wav), res in zip(ref, out):
@@ -162,18 +160,12 @@ def test_gpu_graph_path_equals_eager(slots):
 
 @pytest.mark.gpu
 def test_gpu_compiled_graph_path_agrees_with_eager():
-    """Fused (torch.compile) blocks inside the graphs: fp32 codes agree with the eager path."""
-    from engines.model.layers import compile_blocks
-
-    compile_blocks(False)
+    """Compiled step regions inside the graphs (the default on CUDA): fp32 codes agree with the eager path."""
     torch.backends.cuda.matmul.allow_tf32 = False
     eng = engine(device="cuda")
     reqs = requests(6)
     ref = reference(eng, reqs)
-    try:
-        out = EngineRunner(eng, max_slots=4, max_context=256, compile=True).synthesize(reqs)
-    finally:
-        compile_blocks(False)
+    out = EngineRunner(eng, max_slots=4, max_context=256, compile=True).synthesize(reqs)
     same = sum(int(np.array_equal(r.codes, c)) for (c, _), r in zip(ref, out))
     frames = np.mean([np.mean(r.codes == c) for (c, _), r in zip(ref, out) if r.codes.shape == c.shape])
     print(f"compiled fp32: {same}/6 requests identical, {frames:.4f} of codes equal")

@@ -129,28 +129,6 @@ class DecoderLayer(nn.Module):
         return self.post(x, attn)
 
 
-_EAGER = {}
-
-
-def compile_blocks(enable: bool = True) -> None:
-    """Fuse the elementwise work of every decoder layer (norms, RoPE, SwiGLU, residuals) with
-    torch.compile (device path): a decode step otherwise runs ~75 small kernels per layer. The
-    attention and the cache writes stay eager. `enable=False` restores the eager methods."""
-    targets = ((RMSNorm, "forward"), (Attention, "project"), (DecoderLayer, "post"))
-    if not _EAGER:
-        _EAGER.update({(cls, name): getattr(cls, name) for cls, name in targets})
-    if not enable:
-        for (cls, name), fn in _EAGER.items():
-            setattr(cls, name, fn)
-        return
-    import torch._dynamo
-
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    for cls, name in targets:
-        if getattr(cls, name) is _EAGER[(cls, name)]:
-            setattr(cls, name, torch.compile(_EAGER[(cls, name)], dynamic=True))
-
-
 def causal_mask(positions: torch.Tensor, valid_len: torch.Tensor, max_len: int) -> torch.Tensor:
     """Mask `[B, 1, T, S]`: query at position p sees cache slots 0..p that hold valid entries.
 

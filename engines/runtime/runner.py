@@ -23,10 +23,11 @@ import torch
 from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.errors import TTSError
 from engines.model.generate import control_mask
-from engines.model.layers import KVCache, compile_blocks
+from engines.model.layers import KVCache
 
 from .scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
-from .step import SlotTable, decode_step
+from .fast import FastStep
+from .step import SlotTable
 from .stream import CodecStreams, StreamHandle
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class EngineConfig:
     # read a step's codes back while the next step runs: +8% single stream, +28% at 256 streams on an H200,
     # but off by default until the drain-before-capture fix has run on a GPU (see docs/PERFORMANCE.md)
     overlap: bool = False
-    compile: Optional[bool] = None  # fuse layer blocks with torch.compile; None: on CUDA
+    compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
 
@@ -93,8 +94,8 @@ class EngineRunner:
             self.pad = talker.text_embed(ids)[0]  # [H]
         self.suppress = control_mask(talker, self.device)
         self._codebook = engine.decoder.config.codebook_size
-        if self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda":
-            compile_blocks(True)
+        compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
+        self.fast = FastStep(talker, n, compile=compile_regions)
         self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
         self.codec = CodecStreams(engine.decoder, n, self.cfg.first_chunk_frames, self.cfg.max_chunk_frames,
                                   engine.sample_rate, use_graphs=self.use_graphs)
@@ -223,7 +224,7 @@ class EngineRunner:
         x = seq.prompt.prefill
         end = min(x.shape[0], seq.offset + budget)
         pos = torch.arange(seq.offset, end, device=self.device)[None]
-        hidden = self.talker.model(x[None, seq.offset:end], pos, self.side)[:, -1]
+        hidden = self.fast.prefill(x[None, seq.offset:end], pos, self.side)
         used, seq.offset = end - seq.offset, end
         if end == x.shape[0]:
             slot = seq.slot = self.slots.add(seq)
@@ -301,19 +302,19 @@ class EngineRunner:
 
     def _run_step(self, b: int, length: int) -> None:
         cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-        args = (self.talker, self.table.rows(b), cache, self.pad, self.suppress)
+        args = (self.table.rows(b), cache, self.pad, self.suppress)
         if not self.use_graphs:
-            decode_step(*args)
+            self.fast(*args)
             return
         graph = self.graphs.get((b, length))
         if graph is None:
             from engines.backends.graphs import make_graph
 
-            decode_step(*args)  # this iteration's real step, also the warm-up before capture
+            self.fast(*args)  # this iteration's real step, also the warm-up (and compilation) before capture
             if self._pool is None and self.device.type == "cuda":
                 self._pool = torch.cuda.graph_pool_handle()
             graph = make_graph(self.device, self._pool)
-            graph.capture(lambda: (decode_step(*args), self.table.codes)[1], warmup=0)
+            graph.capture(lambda: (self.fast(*args), self.table.codes)[1], warmup=0)
             self.graphs[(b, length)] = graph
             log.info("captured decode graph batch=%d length=%d", b, length)
             return

@@ -1,9 +1,9 @@
-"""Device-resident decode state and the whole decode step.
+"""Device-resident decode state: every per-request value of the slots as device tensors.
 
-One step = sample codebook 0 from the talker state + 15 code-predictor steps + next input
-embedding + one talker step, for rows [0, B) of the slot table, with every per-request value held
-on the device. No host synchronisation happens inside, so the step can be captured as one device
-graph per (batch bucket B, cache-length bucket L) and replayed.
+One decode step (engines.runtime.fast.FastStep) = sample codebook 0 from the talker state + 15
+code-predictor steps + next input embedding + one talker step, for rows [0, B) of this table. No host
+synchronisation happens inside, so the step can be captured as one device graph per (batch bucket B,
+cache-length bucket L) and replayed.
 
 Per-row semantics equal `engines.model.generate.generate` (the reference): a row whose sampled
 codebook 0 is EOS, or that reaches its frame limit, is done and emits nothing from then on.
@@ -14,11 +14,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engines.model.generate import RowSettings, predict_residuals, sample_code0
-from engines.model.layers import KVCache, causal_mask
+from engines.model.generate import RowSettings
 from engines.model.prompt import Prompt
-from engines.model.sampling import SamplingTensors
-from engines.model.talker import Talker
 
 
 @dataclass
@@ -92,30 +89,3 @@ class SlotTable:
                             ("m_topp", r.top_p), ("s_do", r.sub_do_sample), ("s_temp", max(r.sub_temperature, 1e-5)),
                             ("s_topk", r.sub_top_k), ("s_topp", r.sub_top_p)):
             getattr(self, name)[slot] = value
-
-
-def decode_step(talker: Talker, t: SlotTable, cache: KVCache, pad: torch.Tensor, suppress: torch.Tensor) -> None:
-    """One frame for every row of `t` (views of B slots); `cache` views `[B, kv, L, D]`. In place."""
-    b, dev = t.hidden.shape[0], t.hidden.device
-    eos_id = talker.cfg.codec_eos_token_id
-    counter = t.gen_step * 16
-    code0 = sample_code0(talker.codec_head(t.hidden), t.seen, t.penalty, suppress, eos_id, t.gen_step, t.min_new,
-                         SamplingTensors(t.m_do, t.m_temp, t.m_topk, t.m_topp), t.seed, counter)
-    hit = (code0 == eos_id) & ~t.done
-    t.eos.logical_or_(hit)
-    t.done.logical_or_(hit | (t.gen_step + 1 >= t.limit))
-    codes = predict_residuals(talker, t.hidden, code0, SamplingTensors(t.s_do, t.s_temp, t.s_topk, t.s_topp),
-                              t.seed, counter)  # [B, 16]
-    rows = torch.arange(b, device=dev)
-    t.seen.scatter_(1, code0[:, None], True)
-    t.codes.copy_(codes)
-    t.emit.copy_(~t.done)
-    idx = t.gen_step.clamp(max=t.trailing.shape[1] - 1)
-    text = t.trailing[rows, idx]  # [B, H]
-    text = torch.where((t.gen_step < t.trailing_len)[:, None], text, pad[None])
-    x_in = (talker.frame_embed(codes) + text)[:, None]  # [B, 1, H]
-    pos = t.pos.clamp(max=cache.max_len - 1)[:, None]  # done rows may run a step past their bucket
-    mask = causal_mask(pos, pos[:, 0] + 1, cache.max_len)
-    t.hidden.copy_(talker.model(x_in, pos, cache, mask)[:, -1])
-    t.pos.add_(1)
-    t.gen_step.add_(1)

@@ -1,0 +1,238 @@
+"""The fast decode step: fused projection weights, attention as two matmuls, compiled regions.
+
+The reference layers (engines/model/layers.py) run ~30 small kernels per decoder layer; a frame
+passes 28 talker layers and 75 code-predictor layers, so one step was launch-bound. Here:
+
+- Q/K/V and gate/up projections run as one matmul each: the module weights are re-pointed at views
+  of one fused tensor (no extra memory; `state_dict` and the reference path see the same values).
+- Attention is written for a static cache with per-row positions: scores and the weighted sum are
+  two batched matmuls over the cache slice (grouped query heads, no K/V copies), the causal mask is
+  built from the positions inside the same region, the RoPE tables are gathered there too.
+- Each decoder layer, each sampler and the small glue between them is one `torch.compile` region
+  (on CUDA), compiled once per stack and reused by every layer and every predictor step; inside a
+  device graph the regions replay as fused kernels with no Python in between.
+
+On CPU the same functions run eagerly; tests check the codes against the reference loop.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from engines.model.generate import sample_code0
+from engines.model.layers import DecoderStack, rope_cos_sin
+from engines.model.sampling import SamplingTensors, draw
+from engines.model.talker import Talker
+
+log = logging.getLogger(__name__)
+
+
+def fuse_linears(*mods) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One `[sum(out), in]` weight (and bias) for linears sharing an input; each module's parameters
+    become views of it, so the fused and the separate forms can never disagree."""
+    w = torch.cat([m.weight.detach() for m in mods])
+    has_bias = [m.bias is not None for m in mods]
+    b = torch.cat([m.bias.detach() for m in mods]) if all(has_bias) else None
+    if any(has_bias) and b is None:
+        raise ValueError("cannot fuse linears where only some have a bias")
+    off = 0
+    for m in mods:
+        n = m.weight.shape[0]
+        m.weight.data = w[off:off + n]
+        if b is not None:
+            m.bias.data = b[off:off + n]
+        off += n
+    return w, b
+
+
+def _fused(lin_group: tuple, attr: str):
+    """The fused weight for a group of linears, built once (cached on the first module)."""
+    first = lin_group[0]
+    cached = getattr(first, attr, None)
+    if cached is None or cached[0].data_ptr() != first.weight.data_ptr():
+        cached = fuse_linears(*lin_group)
+        setattr(first, attr, cached)
+    return cached
+
+
+@dataclass
+class StackWeights:
+    """Per-layer weight tuples of one decoder stack, in the order `make_layer` unpacks them."""
+
+    layers: list
+    norm: torch.Tensor
+    cos: torch.Tensor  # [P, D] float32 RoPE tables
+    sin: torch.Tensor
+
+    @staticmethod
+    def of(stack: DecoderStack, max_pos: int) -> "StackWeights":
+        layers = []
+        for layer in stack.layers:
+            a, m = layer.self_attn, layer.mlp
+            wqkv, bqkv = _fused((a.q_proj, a.k_proj, a.v_proj), "_fused_qkv")
+            wgu, _ = _fused((m.gate_proj, m.up_proj), "_fused_gate_up")
+            layers.append((layer.input_layernorm.weight, wqkv, bqkv, a.q_norm.weight, a.k_norm.weight,
+                           a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight, wgu,
+                           m.down_proj.weight))
+        dev = stack.norm.weight.device
+        cos, sin = rope_cos_sin(torch.arange(max_pos, device=dev)[None], stack.cfg.head_dim, stack.cfg.rope_theta,
+                                torch.float32)
+        return StackWeights(layers, stack.norm.weight, cos[0], sin[0])
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float):
+    """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
+    slots written) attends to cache slots <= its position. Returns the layer's output (residual form)."""
+    g, d = n_heads // n_kv, head_dim
+    scale = head_dim ** -0.5
+
+    def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
+        ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
+        b, t, _ = x.shape
+        s = kc.shape[2]
+        q, k, v = F.linear(_rms(x, ln1, eps), wqkv, bqkv).split((n_heads * d, n_kv * d, n_kv * d), dim=-1)
+        cos, sin = cos_tab[pos].to(x.dtype)[:, :, None], sin_tab[pos].to(x.dtype)[:, :, None]  # [B, T, 1, D]
+        q = _rope(_rms(q.reshape(b, t, n_heads, d), qn, eps), cos, sin)
+        k = _rope(_rms(k.reshape(b, t, n_kv, d), kn, eps), cos, sin)
+        rows = torch.arange(b, device=x.device)[:, None].expand(b, t)
+        kc[rows, :, pos] = k  # cache[b, :, pos] <- [B, T, kv, D]
+        vc[rows, :, pos] = v.reshape(b, t, n_kv, d)
+        qg = q.reshape(b, t, n_kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, n_kv, t * g, d)
+        scores = torch.matmul(qg, kc.transpose(2, 3)).float().view(b, n_kv, t, g, s) * scale
+        hidden = torch.arange(s, device=x.device)[None, None, :] > pos[:, :, None]  # [B, T, S]
+        scores = scores.masked_fill(hidden[:, None, :, None, :], float("-inf"))
+        p = torch.softmax(scores, dim=-1).to(x.dtype).view(b, n_kv, t * g, s)
+        o = torch.matmul(p, vc).view(b, n_kv, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, n_heads * d)
+        x = x + F.linear(o, wo, bo)
+        gate, up = F.linear(_rms(x, ln2, eps), wgu).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, wdown)
+
+    return layer
+
+
+def _stack_layer(stack: DecoderStack):
+    c = stack.cfg
+    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+
+
+class FastStep:
+    """The whole decode step (see engines.runtime.step.decode_step for its semantics) over fused regions."""
+
+    def __init__(self, talker: Talker, n_slots: int, compile: bool):
+        self.talker = talker
+        cp = talker.code_predictor
+        dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
+        self.tw = StackWeights.of(talker.model, talker.cfg.max_position_embeddings)
+        self.pw = StackWeights.of(cp.model, cp.cfg.num_code_groups + 1)
+        self.eps_t, self.eps_p = talker.cfg.rms_norm_eps, cp.cfg.rms_norm_eps
+        self.n_sub = cp.num_steps
+        self.pcache = cp.new_cache(n_slots, dev, dtype)
+        # predictor positions: [0, 1] for the first call of a frame, then j+1; one allocation each (aligned inputs)
+        self.ppos = [torch.tensor([[0, 1]], device=dev).expand(n_slots, 2).contiguous()]
+        self.ppos += [torch.full((n_slots, 1), j + 1, device=dev, dtype=torch.long) for j in range(1, self.n_sub)]
+        proj = cp.small_to_mtp_projection
+        self.proj = (proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else None
+        self.sub_tables = [e.weight for e in cp.model.codec_embedding]
+        self.lm = [h.weight for h in cp.lm_head]
+        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.t_layer = wrap(_stack_layer(talker.model))
+        self.p_layer = wrap(_stack_layer(cp.model))
+        self.r_code0 = wrap(self._code0)
+        self.r_first = wrap(self._first_input)
+        self.r_sub = wrap(self._sub_code)
+        self.r_embed = wrap(self._sub_embed)
+        self.r_next = wrap(self._next_input)
+        self.r_final = wrap(self._final)
+        self.r_norm = wrap(_rms)
+
+    # ----- regions (pure tensor functions; compiled on the device path) ------------------------------------
+    def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
+               done, eos, limit):
+        eos_id = self.talker.cfg.codec_eos_token_id
+        code0 = sample_code0(F.linear(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
+                             SamplingTensors(do, temp, topk, topp), seed, gen_step * 16)
+        hit = (code0 == eos_id) & ~done
+        eos.logical_or_(hit)
+        done.logical_or_(hit | (gen_step + 1 >= limit))
+        seen.scatter_(1, code0[:, None], True)
+        return code0
+
+    def _first_input(self, hidden, code0, table, proj):
+        x = torch.stack([hidden, F.embedding(code0, table)], dim=1)  # [B, 2, H_talker]
+        return x if proj is None else F.linear(x, *proj)
+
+    def _sub_code(self, x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j: int):
+        logits = F.linear(_rms(x[:, -1], norm_w, self.eps_p), lm_w)
+        return draw(logits, SamplingTensors(do, temp, topk, topp), seed, gen_step * 16 + 1 + j)
+
+    def _sub_embed(self, code, table, proj):
+        x = F.embedding(code, table)[:, None]
+        return x if proj is None else F.linear(x, *proj)
+
+    def _next_input(self, codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos,
+                    max_len: int):
+        codes = torch.stack(codes, dim=1)  # [B, 16]
+        out_codes.copy_(codes)
+        emit.copy_(~done)
+        emb = torch.stack([F.embedding(codes[:, i], tab) for i, tab in enumerate(tables)], dim=1).sum(1)
+        rows = torch.arange(codes.shape[0], device=codes.device)
+        text = trailing[rows, gen_step.clamp(max=trailing.shape[1] - 1)]  # [B, H]
+        text = torch.where((gen_step < trailing_len)[:, None], text, pad[None])
+        return (emb + text)[:, None], pos.clamp(max=max_len - 1)[:, None]  # done rows may pass their bucket
+
+    def _final(self, x, norm_w, hidden, pos, gen_step):
+        hidden.copy_(_rms(x[:, -1], norm_w, self.eps_t))
+        pos.add_(1)
+        gen_step.add_(1)
+
+    # ----- entry points ----------------------------------------------------------------------------------------
+    def talker_pass(self, x, pos, cache):
+        """Run the talker layers on x `[B, T, H]` at `pos` `[B, T]` -> un-normed output `[B, T, H]`."""
+        w = self.tw
+        for i, lw in enumerate(w.layers):
+            x = self.t_layer(x, lw, cache.k[i], cache.v[i], pos, w.cos, w.sin)
+        return x
+
+    def prefill(self, x, pos, cache):
+        """Prompt rows `[B, T, H]` -> normed hidden of the last position `[B, H]` (the cache is filled)."""
+        return self.r_norm(self.talker_pass(x, pos, cache)[:, -1], self.tw.norm, self.eps_t)
+
+    def __call__(self, t, cache, pad, suppress) -> None:
+        """One frame for every row of the slot table view `t` over the talker cache view `cache`. In place."""
+        b = t.hidden.shape[0]
+        talker = self.talker
+        code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
+                             t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit)
+        x = self.r_first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)
+        pk, pv, pw = [k[:b] for k in self.pcache.k], [v[:b] for v in self.pcache.v], self.pw
+        codes = [code0]
+        for j in range(self.n_sub):
+            pos = self.ppos[j][:b]
+            for i, lw in enumerate(pw.layers):
+                x = self.p_layer(x, lw, pk[i], pv[i], pos, pw.cos, pw.sin)
+            code = self.r_sub(x, pw.norm, self.lm[j], t.s_do, t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j)
+            codes.append(code)
+            if j + 1 < self.n_sub:
+                x = self.r_embed(code, self.sub_tables[j], self.proj)
+        x_in, pos = self.r_next(codes, t.codes, t.emit, t.done,
+                                [talker.model.codec_embedding.weight] + self.sub_tables, t.trailing, t.trailing_len,
+                                t.gen_step, pad, t.pos, cache.max_len)
+        x = self.talker_pass(x_in, pos, cache)
+        self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step)
