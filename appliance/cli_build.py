@@ -34,38 +34,55 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
               help="Frame counts per streaming push (one TensorRT profile each).")
 @click.option("--precision", default="auto", show_default=True, type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
               help="TensorRT precision (auto = fp16); CPU engines are always fp32.")
-@click.option("--backends", default="onnxruntime,tensorrt", show_default=True,
-              help="Which engines to try building (comma list of onnxruntime, tensorrt).")
+@click.option("--backends", default="auto", show_default=True,
+              help="Which engines to try building: auto (onnxruntime on CPU; tensorrt and torch-compiled on "
+                   "NVIDIA GPUs) or a comma list of onnxruntime, tensorrt, torch-compiled.")
+@click.option("--compile-dtypes", default="auto", show_default=True,
+              help="Dtypes the compiled torch codec is built for: auto (float32,bfloat16 on CUDA, float32 on "
+                   "CPU) or a comma list of float32, bfloat16, float16 (use the daemon's model.dtype).")
 @click.option("--benchmark/--no-benchmark", default=True, show_default=True,
-              help="On CPU, time torch vs ONNX Runtime and rank the faster first.")
+              help="Time the engines against the eager torch codec and rank the faster first.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches this machine and model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, backends, benchmark, force, as_json):
-    """Build the codec engines this machine can run (ONNX Runtime on CPU, TensorRT on NVIDIA)."""
-    from engines.build import build_engines, default_cache_dir
+def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, backends, compile_dtypes, benchmark,
+                      force, as_json):
+    """Build the codec engines this machine can run (ONNX Runtime on CPU; TensorRT and the compiled
+    torch codec on NVIDIA GPUs)."""
+    from engines.build import COMPILED, DTYPES, build_engines, default_cache_dir
 
     if not model:
         raise click.UsageError("no model: pass --model PATH or set $TTS_APPLIANCE_MODEL")
-    wanted = tuple(b.strip() for b in backends.split(",") if b.strip())
-    bad = set(wanted) - {"onnxruntime", "tensorrt"}
+    wanted = None if backends.strip() == "auto" else tuple(b.strip() for b in backends.split(",") if b.strip())
+    bad = set(wanted or ()) - {"onnxruntime", "tensorrt", COMPILED}
     if bad:
-        raise click.BadParameter(f"unknown backends {sorted(bad)}; use onnxruntime and/or tensorrt",
+        raise click.BadParameter(f"unknown backends {sorted(bad)}; use auto or onnxruntime, tensorrt, {COMPILED}",
                                  param_hint="--backends")
+    dtypes = None if compile_dtypes.strip() == "auto" else \
+        tuple(d.strip() for d in compile_dtypes.split(",") if d.strip())
+    if dtypes is not None and (not dtypes or set(dtypes) - set(DTYPES)):
+        raise click.BadParameter(f"use auto or a comma list of {', '.join(DTYPES)}, got {compile_dtypes!r}",
+                                 param_hint="--compile-dtypes")
     cache = cache or str(default_cache_dir(model))
     manifest = build_engines(model, cache, device=device, max_batch=max_batch, chunk_frames=chunk_frames,
-                             precision=precision, backends=wanted, benchmark=benchmark, force=force)
+                             precision=precision, backends=wanted, benchmark=benchmark, force=force,
+                             compile_dtypes=dtypes)
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
         return
     plat = manifest["platform"]
     click.echo(f"engines in {cache} for {plat['device']} ({plat['device_name']}):")
     for e in manifest["engines"]:
-        extra = [f"{k}={e[k]}" for k in ("file", "precision", "parity_max_abs") if k in e]
-        if "cpu_speed" in e:
-            extra.append(f"{e['cpu_speed']['audio_s_per_s']} audio-s/s")
-        click.echo(f"  {e['backend']:<12} {' '.join(extra)}")
+        extra = [f"{k}={e[k]}" for k in ("file", "cache", "precision", "parity_max_abs") if k in e]
+        for key in ("cpu_speed", "gpu_speed"):
+            if key in e:
+                extra.append(f"{e[key]['audio_s_per_s']} audio-s/s")
+                if "eager_" + key in e:
+                    extra.append(f"(eager {e['eager_' + key]['audio_s_per_s']})")
+        for name, d in e.get("dtypes", {}).items():
+            extra.append(f"{name}: compiled in {d['compile_seconds']} s, max abs vs eager {d['parity_max_abs']:.2g}")
+        click.echo(f"  {e['backend']:<14} {' '.join(extra)}")
     for name, why in manifest.get("skipped", {}).items():
-        click.echo(f"  {name:<12} skipped: {why}")
+        click.echo(f"  {name:<14} skipped: {why}")
     click.echo(f"order of use: {' > '.join(manifest['ranking'])}")
 
 

@@ -2,16 +2,19 @@
 
     build_engines(model_dir, cache_dir, device="auto", ...) -> manifest dict
     load_built_codec(engine_or_model_dir, cache_dir, device, batch_size=1) -> codec backend
+    runtime_codec(engine, n_slots, choice) -> the backend the runner's CodecStreams decodes with
 
 The cache folder holds the exported ONNX step graph (`codec_step.onnx`), a TensorRT plan on NVIDIA
-machines with TensorRT, and `manifest.json`: model identity (codec weights hash), device name and
-capability, driver and library versions, precision, profile shapes, parity errors, CPU speed and
-the backend ranking. The loader rebuilds when the manifest no longer matches (new model, different
-GPU, new driver or TensorRT) and falls back, with a log line saying why, to the next engine and
-finally to the torch codec. Backends: engines.backends.codec_{torch,onnx,trt}.
+machines with TensorRT, the inductor cache of the compiled torch codec (`inductor/`), and
+`manifest.json`: model identity (codec weights hash), device name and capability, driver and
+library versions, precision, profile shapes, parity errors, speeds and the backend ranking. The
+loader rebuilds when the manifest no longer matches (new model, different GPU, new driver, torch or
+TensorRT) and falls back, with a log line saying why, to the next engine and finally to the eager
+torch codec. Backends: engines.backends.codec_{torch,onnx,trt}, engines.backends.codec_compile.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +33,24 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 STEP_ONNX = "codec_step.onnx"
 CACHE_ENV = "TTS_APPLIANCE_ENGINE_CACHE"
+INDUCTOR_DIR = "inductor"
+COMPILED = "torch-compiled"
 PARITY_TOL = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}  # max abs vs the torch codec, waveform in [-1, 1]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def default_backends(device: str) -> tuple[str, ...]:
+    """What `build_engines` tries when not told: ONNX Runtime on the CPU; TensorRT and the compiled
+    torch codec on NVIDIA GPUs (the compiled codec on the CPU only on request: a long compile for a
+    gain ONNX Runtime mostly gives too)."""
+    dev = device.split(":")[0]
+    return {"cpu": ("onnxruntime",), "cuda": ("tensorrt", COMPILED)}.get(dev, ())
+
+
+def default_compile_dtypes(device: str) -> tuple[str, ...]:
+    """Dtypes the compiled codec is warmed for: the engine's dtype picks the graph at run time."""
+    return ("float32", "bfloat16") if device.startswith("cuda") else ("float32",)
 
 
 def codec_dir(path: str | Path) -> Path:
@@ -81,6 +101,8 @@ def stale_reasons(manifest: dict | None, plat: dict, ident: dict) -> list[str]:
     if any(e["backend"] == "tensorrt" for e in manifest.get("engines", [])) and plat["tensorrt"] \
             and old.get("tensorrt") != plat["tensorrt"]:
         why.append(f"new TensorRT ({old.get('tensorrt')} -> {plat['tensorrt']})")
+    if any(e["backend"] == COMPILED for e in manifest.get("engines", [])) and old.get("torch") != plat["torch"]:
+        why.append(f"new torch ({old.get('torch')} -> {plat['torch']}): the compiled codec is checked again")
     return why
 
 
@@ -91,6 +113,12 @@ def unusable_reason(entry: dict, plat: dict, cache_dir: Path) -> str | None:
         return "missing library: onnxruntime is not installed (pip install 'tts-appliance[onnx]')"
     if b == "tensorrt" and not plat["tensorrt"]:
         return "missing library: tensorrt is not installed"
+    if b == COMPILED:
+        from .backends.codec_compile import unavailable_reason
+
+        why = unavailable_reason(plat["device"])
+        if why:
+            return why
     if entry.get("file") and not (cache_dir / entry["file"]).is_file():
         return f"missing file {cache_dir / entry['file']}"
     if entry.get("parity_ok") is False:
@@ -110,28 +138,107 @@ def _make(entry: dict, cache_dir: Path, decoder, batch_size: int, device: str, t
         return TrtCodec(cache_dir / entry["file"], batch_size, spf, device)
     from .backends.codec_torch import TorchCodec
 
+    if entry["backend"] == COMPILED:
+        return TorchCodec(decoder, batch_size, compile=True, cache_dir=cache_dir / entry.get("cache", INDUCTOR_DIR))
     return TorchCodec(decoder, batch_size)
+
+
+@contextlib.contextmanager
+def _matmul_tf32(on: bool | None):
+    saved = torch.backends.cuda.matmul.allow_tf32
+    if on is not None:
+        torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def _true_fp32():
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _build_compiled(model_dir, cache: Path, dev: str, dtypes, benchmark: bool) -> dict:
+    """Compile the torch codec step for `dev` in each of `dtypes` into cache/inductor (the compile
+    is what install time is for: a later process finds the generated code there) and check it
+    against the eager torch codec on the same device and dtype. Raises when a compile fails."""
+    from .backends.codec_compile import MIN_ROWS
+    from .backends.codec_torch import TorchCodec
+    from .backends.parity import ragged_parity
+    from .model.codec_decoder import load_codec_decoder
+
+    entry = {"backend": COMPILED, "cache": INDUCTOR_DIR, "precision": "model dtype",
+             "mode": "inductor, whole step, dynamic batch and frames (pushes padded to >= 2)",
+             "torch": torch.__version__, "dtypes": {}}
+    ind = cache / INDUCTOR_DIR
+    # inductor keys its cache on the fp32 matmul precision (TF32 or not) too: on a GPU, compile for
+    # both, so a process finds its code whichever the runtime sets
+    tf32_variants = (False, True) if dev.startswith("cuda") else (None,)
+    for name in dtypes:
+        dec = load_codec_decoder(codec_dir(model_dir), dev, DTYPES[name])
+        secs = 0.0
+        for tf32 in tf32_variants:
+            with _matmul_tf32(tf32):
+                codec = TorchCodec(dec, MIN_ROWS, compile=True, cache_dir=ind)
+                secs += codec.warm()
+            if codec.fallback_reason:
+                raise RuntimeError(f"{name}: {codec.fallback_reason}")
+        mk = lambda b, dec=dec: TorchCodec(dec, b, compile=True, cache_dir=ind)  # noqa: E731
+        with _true_fp32():  # compare the compile, not TF32 rounding (cuDNN convs use TF32 by default)
+            err = ragged_parity(lambda b, dec=dec: TorchCodec(dec, b), mk, dec)
+        tol = PARITY_TOL[SHORT[name]]
+        info = {"compile_seconds": round(secs, 1), "parity_max_abs": err, "parity_ok": err <= tol,
+                "parity_vs": f"eager torch codec, {dev}, {name}, TF32 off",
+                "variants": ["matmul TF32 off", "matmul TF32 on"] if tf32_variants[0] is not None else ["cpu"]}
+        if benchmark and name == dtypes[0]:
+            info["speed"] = {"torch": speed(lambda b, dec=dec: TorchCodec(dec, b), dec),
+                             COMPILED: speed(mk, dec)}
+        entry["dtypes"][name] = info
+        log.info("compiled codec %s on %s: %.1f s, max abs vs eager %.3g", name, dev, secs, err)
+    first = entry["dtypes"][dtypes[0]]
+    entry["parity_max_abs"] = max(d["parity_max_abs"] for d in entry["dtypes"].values())
+    entry["parity_ok"] = all(d["parity_ok"] for d in entry["dtypes"].values())
+    if "speed" in first:
+        key = "cpu_speed" if dev == "cpu" else "gpu_speed"
+        entry[key] = first["speed"][COMPILED]
+        entry["eager_" + key] = first["speed"]["torch"]
+    return entry
 
 
 def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, device: str = "auto",
                   max_batch: int = 8, chunk_frames=(1, 2, 4, 8), precision: str = "auto",
-                  backends=None, benchmark: bool = True, force: bool = False) -> dict:
+                  backends=None, benchmark: bool = True, force: bool = False, compile_dtypes=None) -> dict:
     """Build the codec engines this machine can run into `cache_dir`; returns the manifest.
 
-    `backends`: subset of ("onnxruntime", "tensorrt") to try (None = all that apply). Up-to-date
-    builds are kept unless `force`. `precision` 'auto' = fp16 for TensorRT, fp32 elsewhere.
+    `backends`: subset of ("onnxruntime", "tensorrt", "torch-compiled") to try (None: the defaults
+    of the device, `default_backends`). Up-to-date builds are kept unless `force`. `precision`
+    'auto' = fp16 for TensorRT, fp32 elsewhere. `compile_dtypes`: the dtypes the compiled torch
+    codec is built for (None: float32 and bfloat16 on CUDA, float32 on the CPU).
     """
     from .model.codec_decoder import load_codec_decoder
 
     t0 = time.time()
     cache = Path(cache_dir) if cache_dir else default_cache_dir(model_dir)
     dev, plat, ident = resolve_device(device), detect_platform(device), model_identity(model_dir)
+    want = set(default_backends(dev) if backends is None else backends)
+    dtypes = tuple(compile_dtypes or default_compile_dtypes(dev))
+    bad = set(dtypes) - set(DTYPES)
+    if bad:
+        raise ValueError(f"compile dtypes must be among {sorted(DTYPES)}, got {sorted(bad)}")
     old = read_manifest(cache)
-    if not force and not stale_reasons(old, plat, ident) and old.get("options", {}).get("max_batch") == max_batch:
+    opts = (old or {}).get("options", {})
+    if not force and not stale_reasons(old, plat, ident) and opts.get("max_batch") == max_batch \
+            and opts.get("backends", sorted(want)) == sorted(want) \
+            and (COMPILED not in want or opts.get("compile_dtypes") == list(dtypes)):
         log.info("codec engines in %s are up to date", cache)
         return old
     cache.mkdir(parents=True, exist_ok=True)
-    want = set(("onnxruntime", "tensorrt") if backends is None else backends)
     ref = load_codec_decoder(codec_dir(model_dir), "cpu", torch.float32)
     engines, skipped = [{"backend": "torch", "precision": "fp32" if dev == "cpu" else "model dtype"}], {}
     use_ort = "onnxruntime" in want and dev == "cpu"
@@ -165,10 +272,23 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
             except Exception as exc:  # a failed TensorRT build must not stop the install
                 log.warning("TensorRT build failed, the torch codec will be used on this GPU: %s", exc)
                 skipped["tensorrt"] = f"build failed: {exc}"
+    if COMPILED in want:
+        from .backends.codec_compile import unavailable_reason
+
+        why = unavailable_reason(dev)
+        if why:
+            log.warning("compiled torch codec not built: %s; the eager torch codec will be used", why)
+            skipped[COMPILED] = why
+        else:
+            try:
+                engines.append(_build_compiled(model_dir, cache, dev, dtypes, benchmark))
+            except Exception as exc:  # a failed compile must not stop the install
+                log.warning("compiled torch codec failed to build (%s): the eager torch codec will be used", exc)
+                skipped[COMPILED] = f"build failed: {exc}"
     if dev.startswith("npu"):
         skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.backends.npu)"
     for e in engines:  # parity of every engine against the fp32 torch codec, and CPU speed
-        if e["backend"] == "torch":
+        if e["backend"] in ("torch", COMPILED):  # the compiled codec was checked against eager above
             continue
         run_dev = dev if e["backend"] == "tensorrt" else "cpu"
         mk = lambda b, e=e: _make(e, cache, ref, b, run_dev, threads=torch.get_num_threads())  # noqa: E731
@@ -179,7 +299,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                         e["backend"], e["parity_max_abs"])
     if benchmark and dev == "cpu":
         for e in engines:
-            if e.get("parity_ok", True):
+            if e.get("parity_ok", True) and "cpu_speed" not in e:
                 e["cpu_speed"] = speed(lambda b, e=e: _make(e, cache, ref, b, "cpu",
                                                             threads=torch.get_num_threads()), ref)
     ranking = _rank(engines, dev)
@@ -187,7 +307,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                 "build_seconds": round(time.time() - t0, 1), "model": ident, "model_dir": str(model_dir),
                 "platform": plat, "options": {"device": dev, "max_batch": max_batch,
                                               "chunk_frames": sorted(set(chunk_frames)), "precision": precision,
-                                              "backends": sorted(want)},
+                                              "backends": sorted(want), "compile_dtypes": list(dtypes)},
                 "engines": engines, "ranking": ranking, "skipped": skipped}
     tmp = cache / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -199,13 +319,20 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
 
 
 def _rank(engines: list[dict], dev: str) -> list[str]:
-    """Backends in the order the loader tries them: TensorRT first on CUDA, the fastest on CPU."""
+    """Backends in the order the loader tries them: the fastest measured on CPU; on a GPU TensorRT
+    first, then the compiled torch codec before the eager one unless it measured slower."""
     ok = [e for e in engines if e.get("parity_ok", True)]
     if dev == "cpu":
         ok.sort(key=lambda e: -e.get("cpu_speed", {}).get("audio_s_per_s", 0.0))
-    else:
-        ok.sort(key=lambda e: e["backend"] != "tensorrt")
-    return [e["backend"] for e in ok]
+        return [e["backend"] for e in ok]
+    ok.sort(key=lambda e: ({"tensorrt": 0, COMPILED: 1}.get(e["backend"], 2)))
+    names = [e["backend"] for e in ok]
+    comp = next((e for e in ok if e["backend"] == COMPILED), None)
+    if comp and "gpu_speed" in comp and comp["gpu_speed"]["audio_s_per_s"] < comp["eager_gpu_speed"]["audio_s_per_s"]:
+        names.remove(COMPILED)
+        names.insert(names.index("torch") + 1, COMPILED)
+        log.warning("the compiled torch codec measured slower than eager here: ranked after it")
+    return names
 
 
 def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, device: str = "auto",
@@ -237,7 +364,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
             manifest = build_engines(model_dir, cache, dev, max_batch=max(batch_size, opts.get("max_batch", 8)),
                                      chunk_frames=opts.get("chunk_frames", (1, 2, 4, 8)),
                                      precision=opts.get("precision", "auto"), backends=opts.get("backends"),
-                                     force=True)
+                                     compile_dtypes=opts.get("compile_dtypes"), force=True)
         except Exception as exc:
             log.warning("rebuilding the codec engines failed (%s): using the torch codec", exc)
             return TorchCodec(decoder, batch_size)
@@ -254,7 +381,11 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
             try:
                 codec = _make(entry, cache, decoder, batch_size, dev,
                               threads=torch.get_num_threads() if threads is None else threads)
-                log.info("codec backend: %s (%s)", name, cache / entry["file"])
+                if name == COMPILED:
+                    codec.warm()  # traces now, loading the generated code from the cache
+                    if codec.fallback_reason:
+                        raise RuntimeError(codec.fallback_reason)
+                log.info("codec backend: %s (%s)", name, cache / entry.get("file", entry.get("cache", "")))
                 return codec
             except Exception as exc:
                 reason = f"failed to load: {exc}"
@@ -262,3 +393,45 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
     log.info("codec backend: torch (%s)", "ranked first by the build" if manifest["ranking"][:1] == ["torch"]
              else "fallback")
     return TorchCodec(decoder, batch_size)
+
+
+RUNTIME_CHOICES = ("torch", COMPILED, "built", "auto")
+
+
+def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None):
+    """The codec backend the runner decodes its slot table with (engines.runtime.stream.CodecStreams).
+
+    `choice`:
+    - "torch": the eager torch codec on the engine's decoder (the default, as before backends existed);
+    - "torch-compiled": the compiled torch codec, its inductor cache in the engine cache folder (so
+      what `build-engines` compiled is loaded, not generated again); eager, with a log line saying
+      why, when compiling cannot work here;
+    - "built": the first usable engine `build-engines` ranked for this model and machine
+      (`load_built_codec` without rebuilding: stale or missing builds fall back to eager torch, logged);
+    - "auto": "built" when a manifest exists in the cache folder, else "torch".
+    `cache_dir`: the engine cache folder (default: `default_cache_dir(engine.root)`).
+    """
+    from .backends.codec_torch import TorchCodec
+
+    if choice not in RUNTIME_CHOICES:
+        raise ValueError(f"codec backend must be one of {', '.join(RUNTIME_CHOICES)}, got {choice!r}")
+    root = getattr(engine, "root", None)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir(root) if root else None
+    if choice == "auto":
+        choice = "built" if cache is not None and (cache / MANIFEST).is_file() else "torch"
+        log.info("codec backend auto -> %s (%s)", choice, cache / MANIFEST if cache is not None else "no cache folder")
+    if choice == "torch":
+        return TorchCodec(engine.decoder, n_slots)
+    if choice == COMPILED:
+        try:
+            codec = TorchCodec(engine.decoder, n_slots, compile=True,
+                               cache_dir=cache / INDUCTOR_DIR if cache is not None else None)
+        except RuntimeError as exc:
+            log.warning("%s: using the eager torch codec", exc)
+            return TorchCodec(engine.decoder, n_slots)
+        codec.warm()  # falls back to eager itself, with a log line, when the compile fails
+        return codec
+    if root is None and cache_dir is None:
+        log.warning("codec backend 'built': the engine has no checkpoint folder to find builds for; using torch")
+        return TorchCodec(engine.decoder, n_slots)
+    return load_built_codec(engine, cache, batch_size=n_slots, rebuild=False)

@@ -152,3 +152,33 @@ def test_cli_builds_tiny_checkpoint(model_dir, tmp_path):
     assert B.read_manifest(tmp_path)["options"]["chunk_frames"] == [1, 4]
     bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--chunk-frames", "x"])
     assert bad.exit_code != 0 and "comma-separated frame counts" in bad.output
+
+
+def test_default_backends_per_device():
+    assert B.default_backends("cpu") == ("onnxruntime",)
+    assert B.default_backends("cuda:1") == ("tensorrt", B.COMPILED)
+    assert B.default_backends("npu:0") == ()
+    assert B.default_compile_dtypes("cuda") == ("float32", "bfloat16") and B.default_compile_dtypes("cpu") == ("float32",)
+
+
+def test_cli_rejects_unknown_backends_and_dtypes(model_dir):
+    from appliance.cli import cli
+
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--backends", "onnxruntime,magic"])
+    assert bad.exit_code != 0 and "unknown backends ['magic']" in bad.output and "torch-compiled" in bad.output
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--compile-dtypes", "float8"])
+    assert bad.exit_code != 0 and "--compile-dtypes" in bad.output
+    with pytest.raises(ValueError, match="compile dtypes must be among"):
+        B.build_engines(model_dir, None, device="cpu", compile_dtypes=("int8",))
+
+
+def test_gpu_ranking_puts_a_slower_compiled_codec_after_eager():
+    fast = {"audio_s_per_s": 10.0}
+    slow = {"audio_s_per_s": 5.0}
+    engines = [{"backend": "torch"}, {"backend": B.COMPILED, "gpu_speed": fast, "eager_gpu_speed": slow},
+               {"backend": "tensorrt"}]
+    assert B._rank(engines, "cuda") == ["tensorrt", B.COMPILED, "torch"]
+    engines[1].update(gpu_speed=slow, eager_gpu_speed=fast)
+    assert B._rank(engines, "cuda") == ["tensorrt", "torch", B.COMPILED]
+    engines[1]["parity_ok"] = False
+    assert B._rank(engines, "cuda") == ["tensorrt", "torch"]

@@ -152,8 +152,8 @@ def test_dynamic_batch_one_graph(decoder, step_path):
 
 def test_bad_inputs_say_what_to_do(decoder, step_path):
     codec = OnnxCodec(step_path, 2, decoder.samples_per_frame, threads=1)
-    with pytest.raises(ValueError, match=r"push expects codes \[2, "):
-        codec.push(_codes(decoder, 1, 3))
+    with pytest.raises(ValueError, match=r"push expects codes \[b, 16, n\] with 1 <= b <= 2"):
+        codec.push(_codes(decoder, 3, 3))
     with pytest.raises(ValueError, match="n_valid must lie in"):
         codec.push(_codes(decoder, 2, 3), torch.tensor([4, 1]))
     with pytest.raises(ValueError, match="fp32 CPU decoder"):

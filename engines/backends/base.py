@@ -1,15 +1,21 @@
 """What every codec backend offers: the interface of `StreamingCodecDecoder`.
 
-A backend decodes `batch_size` independent streams, one per row:
+A backend holds `batch_size` independent streams, one per row:
 
-    push(codes [B, K, n] int64, n_valid [B] | None) -> wav [B, 1, n * samples_per_frame] float
+    push(codes [b, K, n] int64, n_valid [b] | None) -> wav [b, 1, n * samples_per_frame] float
     reset(rows: bool [B] | None)   forget the history of those rows (all when None)
     flush(rows: bool [B] | None)   end those streams; returns [B, 1, 0] (the codec has no look-ahead)
+    move(src, dst)                 copy the stream in row src to row dst (slot compaction)
     frames_decoded -> [B] int64    frames consumed by each row's current stream
 
-With `n_valid`, row b consumes only its first n_valid[b] frames (0 = idle row) and its valid output
-is the first n_valid[b] * samples_per_frame samples. `name` says which backend it is
-("torch", "onnxruntime", "tensorrt"); `device` where its output tensors live.
+`push` decodes the first b <= batch_size rows (the runtime keeps its active streams in the leading
+rows and pushes only a bucket of them); rows b.. are left exactly as they were. With `n_valid`,
+row r consumes only its first n_valid[r] frames (0 = idle row, its state is unchanged) and its valid
+output is the first n_valid[r] * samples_per_frame samples.
+
+`name` says which backend it is (one of BACKENDS); `device` where its output tensors live;
+`graphable` whether `push` may be captured in a device graph (engines.backends.graphs): it then
+only runs sync-free device work on its own static state.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
+BACKENDS = ("torch", "torch-compiled", "onnxruntime", "tensorrt")
 
 
 @runtime_checkable
@@ -27,6 +33,7 @@ class CodecBackend(Protocol):
     batch_size: int
     samples_per_frame: int
     device: torch.device
+    graphable: bool
 
     @property
     def frames_decoded(self) -> Tensor: ...
@@ -37,12 +44,19 @@ class CodecBackend(Protocol):
 
     def flush(self, rows: Tensor | None = None) -> Tensor: ...
 
+    def move(self, src: int, dst: int) -> None: ...
+
 
 def check_push(codes: Tensor, batch_size: int, num_quantizers: int) -> None:
     """Raise a ValueError that says what is wrong with the shape of pushed codes."""
-    if codes.dim() != 3 or codes.shape[0] != batch_size or codes.shape[1] != num_quantizers:
-        raise ValueError(f"push expects codes [{batch_size}, {num_quantizers}, n] (one row per stream), "
-                         f"got {tuple(codes.shape)}")
+    if codes.dim() != 3 or not 1 <= codes.shape[0] <= batch_size or codes.shape[1] != num_quantizers:
+        raise ValueError(f"push expects codes [b, {num_quantizers}, n] with 1 <= b <= {batch_size} "
+                         f"(one row per stream, the first b streams), got {tuple(codes.shape)}")
+
+
+def check_move(src: int, dst: int, batch_size: int) -> None:
+    if not (0 <= src < batch_size and 0 <= dst < batch_size):
+        raise ValueError(f"move({src}, {dst}): rows must lie in [0, {batch_size})")
 
 
 def row_mask(rows: Tensor | None, batch_size: int) -> Tensor:

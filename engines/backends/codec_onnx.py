@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import check_push, row_mask
+from .base import check_move, check_push, row_mask
 from .codec_export import STATE_IN, STATE_OUT
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class OnnxCodec:
     """
 
     name = "onnxruntime"
+    graphable = False  # host-side numpy state: nothing a device graph could capture
 
     def __init__(self, path: str | Path, batch_size: int = 1, samples_per_frame: int = 1920, threads: int = 0,
                  providers: list[str] | None = None):
@@ -65,19 +66,27 @@ class OnnxCodec:
         return torch.from_numpy(self.pos.copy())
 
     def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """codes [B, K, n] -> wav [B, 1, n * samples_per_frame] float32 (CPU)."""
+        """codes [b, K, n] (b <= batch_size: the first b streams) -> wav [b, 1, n * samples_per_frame] float32 (CPU)."""
         check_push(codes, self.batch_size, self.num_quantizers)
-        n = codes.shape[-1]
+        b, n = codes.shape[0], codes.shape[-1]
         if n == 0:
-            return torch.zeros(self.batch_size, 1, 0)
-        nv = np.full(self.batch_size, n, np.int64) if n_valid is None else \
+            return torch.zeros(b, 1, 0)
+        nv = np.full(b, n, np.int64) if n_valid is None else \
             torch.as_tensor(n_valid).to("cpu", torch.int64).numpy()
-        if nv.min() < 0 or nv.max() > n:
-            raise ValueError(f"n_valid must lie in [0, {n}], got {nv.tolist()}")
-        feed = {"codes": codes.to("cpu", torch.int64).numpy(), "n_valid": nv, "pos": self.pos, **self.state}
+        if nv.shape != (b,) or nv.min() < 0 or nv.max() > n:
+            raise ValueError(f"n_valid must lie in [0, {n}], one count per pushed row ({b}), got {nv.tolist()}")
+        whole = b == self.batch_size
+        state = self.state if whole else {k: v[:b] for k, v in self.state.items()}  # leading rows: contiguous
+        feed = {"codes": codes.to("cpu", torch.int64).numpy(), "n_valid": nv,
+                "pos": self.pos if whole else self.pos[:b], **state}
         wav, pos, *states = self.session.run(self.output_names, feed)
-        self.pos = pos
-        self.state = dict(zip(self.state_names, states))
+        if whole:  # the arrays ORT returned become the state (no copy)
+            self.pos = pos
+            self.state = dict(zip(self.state_names, states))
+        else:
+            self.pos[:b] = pos
+            for name, new in zip(self.state_names, states):
+                self.state[name][:b] = new
         if wav.shape[-1] != n * self.samples_per_frame:
             raise ValueError(f"{self.path}: {n} frames gave {wav.shape[-1]} samples, expected "
                              f"{n * self.samples_per_frame}; pass the codec's samples_per_frame")
@@ -92,6 +101,12 @@ class OnnxCodec:
     def flush(self, rows: Tensor | None = None) -> Tensor:
         self.reset(rows)
         return torch.zeros(self.batch_size, 1, 0)
+
+    def move(self, src: int, dst: int) -> None:
+        check_move(src, dst, self.batch_size)
+        for buf in self.state.values():
+            buf[dst] = buf[src]
+        self.pos[dst] = self.pos[src]
 
     def __repr__(self) -> str:
         return f"OnnxCodec({self.path.name}, batch={self.batch_size}, providers={self.session.get_providers()})"

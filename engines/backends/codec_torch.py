@@ -1,43 +1,156 @@
-"""Torch codec backend: `StreamingCodecDecoder` behind the common backend interface.
+"""Torch codec backends: `StreamingCodecDecoder` behind the common backend interface.
 
-This is the reference and the fallback everywhere (CPU, CUDA, Ascend NPU). CUDA-graph /
-torch.compile variants of it are chosen by the decode loop, not here.
+`TorchCodec(decoder, batch)` is the reference and the fallback everywhere (CPU, CUDA, Ascend NPU).
+`TorchCodec(decoder, batch, compile=True, cache_dir=...)` runs the same streaming step through
+torch.compile (engines.backends.codec_compile): name "torch-compiled". Both are graphable: the
+runtime (engines.runtime.stream.CodecStreams) captures their `push` per (batch, frames) bucket in
+CUDA graphs, the compiled kernels inside the captured graph.
 """
 from __future__ import annotations
 
+import logging
+import time
+
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from engines.model.codec_decoder import CodecDecoder
-from engines.runtime.streaming_codec import StreamingCodecDecoder
+from engines.runtime.streaming_codec import StreamingCodecDecoder, stream_step
 
-from .base import check_push
+from .base import check_move, check_push, row_mask
+
+log = logging.getLogger(__name__)
 
 
 class TorchCodec:
-    """Streaming codec on the decoder's own device and dtype (see engines.backends.base)."""
+    """Streaming codec on the decoder's own device and dtype (see engines.backends.base).
 
-    name = "torch"
+    With `compile=True` the step is compiled by inductor, its on-disk cache in `cache_dir` (None:
+    inductor's default). Compilation happens at the first push or at `warm()`; when it fails (no
+    compiler, an inductor error) the codec logs why and runs eagerly from then on (`name` becomes
+    "torch", `fallback_reason` says why). Raises RuntimeError at once when compiling cannot work
+    on this device (engines.backends.codec_compile.unavailable_reason).
+    """
 
-    def __init__(self, decoder: CodecDecoder, batch_size: int = 1):
-        self.decoder = decoder
-        self.stream = StreamingCodecDecoder(decoder, batch_size)
-        self.batch_size, self.device = batch_size, self.stream.device
+    graphable = True
+
+    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None):
+        from . import codec_compile as cc
+
+        self.decoder, self.batch_size, self.compiled = decoder, batch_size, compile
+        p = next(decoder.parameters())
+        if compile:
+            reason = cc.unavailable_reason(p.device)
+            if reason:
+                raise RuntimeError(f"cannot compile the codec: {reason}")
+        # the compiled step pads one-row pushes to MIN_ROWS: keep a spare row for that
+        self.stream = StreamingCodecDecoder(decoder, max(batch_size, cc.MIN_ROWS) if compile else batch_size)
+        self.device, self.dtype = self.stream.device, self.stream.dtype
         self.samples_per_frame = self.stream.samples_per_frame
+        self.name = cc.NAME if compile else "torch"
+        self.cache_dir = cache_dir
+        self.fallback_reason: str | None = None
+        self.compile_seconds: float | None = None
+        self._fn = None if compile else stream_step
 
     @property
     def frames_decoded(self) -> Tensor:
-        return self.stream.frames_decoded
+        pos = self.stream.frames_decoded
+        return pos if pos.shape[0] == self.batch_size else pos[:self.batch_size]
 
     def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """codes [B, K, n] -> wav [B, 1, n * samples_per_frame] (decoder dtype, decoder device)."""
+        """codes [b, K, n] (b <= batch_size) -> wav [b, 1, n * samples_per_frame] (decoder dtype and device)."""
         check_push(codes, self.batch_size, self.decoder.config.num_quantizers)
-        return self.stream.push(codes, n_valid)
+        if not self.compiled or codes.shape[-1] == 0:
+            return self.stream.push(codes, n_valid)
+        return self._push_compiled(codes, n_valid)
+
+    @torch.inference_mode()
+    def _push_compiled(self, codes: Tensor, n_valid: Tensor | None) -> Tensor:
+        from .codec_compile import MIN_FRAMES, MIN_ROWS
+
+        b, n = codes.shape[0], codes.shape[-1]
+        # fresh inference tensors every call: the same kind of inputs as the warm-up trace
+        codes = codes.to(self.device, torch.long, copy=True)
+        nv = torch.full((b,), n, dtype=torch.long, device=self.device) if n_valid is None else \
+            n_valid.to(self.device, torch.long, copy=True)
+        rows, frames = max(b, MIN_ROWS), max(n, MIN_FRAMES)
+        if (rows, frames) != (b, n):  # padding rows consume 0 frames; padding frames come after the real ones
+            codes = F.pad(codes, (0, frames - n, 0, 0, 0, rows - b))
+            nv = F.pad(nv, (0, rows - b))
+        bufs, pos = self.stream.rows(rows)
+        wav = self._run(codes, nv, pos, bufs)
+        return wav if (rows, frames) == (b, n) else wav[:b, :, :n * self.samples_per_frame]
+
+    def _run(self, codes: Tensor, nv: Tensor, pos: Tensor, bufs: dict) -> Tensor:
+        from .codec_compile import inductor_cache, mark_dynamic
+
+        if self._fn is None:
+            self.warm()
+        if self._fn is stream_step:
+            return stream_step(self.decoder, codes, nv, pos, bufs)
+        mark_dynamic(codes, nv, pos, bufs)
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return self._fn(self.decoder, codes, nv, pos, bufs)  # nothing to fall back to inside a capture
+        try:
+            with inductor_cache(self.cache_dir):
+                return self._fn(self.decoder, codes, nv, pos, bufs)
+        except Exception as exc:  # a recompile that fails: keep decoding, eagerly
+            self._fall_back(exc)
+            return stream_step(self.decoder, codes, nv, pos, bufs)
+
+    def warm(self) -> float:
+        """Compile the step now (or load it from the inductor cache); returns the seconds it took.
+
+        Traces on scratch state of fixed shapes, so every process compiles the same graph (the
+        one `build-engines` cached). On failure the codec falls back to eager (logged)."""
+        if not self.compiled or self._fn is not None:
+            return 0.0
+        from .codec_compile import WARM_FRAMES, WARM_ROWS, compiled_step, inductor_cache, mark_dynamic
+
+        t0 = time.perf_counter()
+        fn = compiled_step()
+        k = self.decoder.config.num_quantizers
+        try:
+            with torch.inference_mode(False):  # scratch state of the same kind as the real one
+                scratch = StreamingCodecDecoder(self.decoder, WARM_ROWS)
+            with torch.inference_mode(), inductor_cache(self.cache_dir):
+                codes = torch.zeros(WARM_ROWS, k, WARM_FRAMES, dtype=torch.long, device=self.device)
+                nv = torch.full((WARM_ROWS,), WARM_FRAMES, dtype=torch.long, device=self.device)
+                bufs, pos = scratch.rows(WARM_ROWS)
+                mark_dynamic(codes, nv, pos, bufs)
+                fn(self.decoder, codes, nv, pos, bufs)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+        except Exception as exc:
+            self._fall_back(exc)
+            return time.perf_counter() - t0
+        self._fn = fn
+        self.compile_seconds = time.perf_counter() - t0
+        log.info("codec step compiled (or loaded from %s) for %s %s in %.1f s",
+                 self.cache_dir or "inductor's default cache", self.device, str(self.dtype).split(".")[-1],
+                 self.compile_seconds)
+        return self.compile_seconds
+
+    def _fall_back(self, exc: BaseException) -> None:
+        self.fallback_reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        log.warning("torch.compile of the codec failed (%s): using the eager torch codec", self.fallback_reason)
+        self._fn, self.name = stream_step, "torch"
 
     def reset(self, rows: Tensor | None = None) -> None:
+        if rows is not None and self.stream.batch_size != self.batch_size:
+            spare = torch.zeros(self.stream.batch_size - self.batch_size, dtype=torch.bool)
+            rows = torch.cat([row_mask(rows, self.batch_size), spare])
         self.stream.reset(rows)
 
     def flush(self, rows: Tensor | None = None) -> Tensor:
-        return self.stream.flush(rows)
+        self.reset(rows)
+        return torch.zeros(self.batch_size, 1, 0, device=self.device, dtype=self.dtype)
+
+    def move(self, src: int, dst: int) -> None:
+        check_move(src, dst, self.batch_size)
+        self.stream.move(src, dst)
 
     def __repr__(self) -> str:
-        return f"TorchCodec(batch={self.batch_size}, device={self.device}, dtype={self.stream.dtype})"
+        return f"TorchCodec({self.name}, batch={self.batch_size}, device={self.device}, dtype={self.dtype})"

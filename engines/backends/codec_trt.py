@@ -22,7 +22,7 @@ from torch import Tensor
 
 from engines.model.config import CodecDecoderConfig
 
-from .base import check_push, row_mask
+from .base import check_move, check_push, row_mask
 from .codec_export import STATE_IN, STATE_OUT, state_specs
 
 log = logging.getLogger(__name__)
@@ -108,11 +108,13 @@ def build_plan(onnx_path: str | Path, plan_path: str | Path, cfg: CodecDecoderCo
 class TrtCodec:
     """Streaming codec running a TensorRT plan on the current CUDA stream, with torch buffers.
 
-    The state lives in two sets of torch tensors (ping-pong: a step reads one set and writes the
-    other). Outputs are fresh torch tensors on `device`.
+    The state lives in torch tensors; a step of the first b rows reads them and writes a scratch
+    set (TensorRT outputs must not alias its inputs), whose b rows are then copied back, so rows
+    b.. keep their streams. Outputs are fresh torch tensors on `device`.
     """
 
     name = "tensorrt"
+    graphable = False  # enqueue inside a CUDA graph capture has not been tried on hardware
 
     def __init__(self, plan_path: str | Path, batch_size: int = 1, samples_per_frame: int = 1920,
                  device: str | torch.device = "cuda"):
@@ -143,8 +145,7 @@ class TrtCodec:
         if batch_size > self.max_batch:
             raise ValueError(f"{self.path} was built for at most {self.max_batch} streams, asked for "
                              f"{batch_size}; rebuild with a larger --max-batch")
-        self.sets = [self._alloc_state() for _ in range(2)]
-        self.cur = 0
+        self.state, self.scratch = self._alloc_state(), self._alloc_state()
 
     def _torch_dtype(self, name: str) -> torch.dtype:
         dt = self.engine.get_tensor_dtype(name)
@@ -162,14 +163,14 @@ class TrtCodec:
 
     @property
     def frames_decoded(self) -> Tensor:
-        return self.sets[self.cur]["pos"]
+        return self.state["pos"]
 
     def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """codes [B, K, n] -> wav [B, 1, n * samples_per_frame] (float, on `device`)."""
+        """codes [b, K, n] (the first b <= batch_size streams) -> wav [b, 1, n * spf] (float, on `device`)."""
         check_push(codes, self.batch_size, self.num_quantizers)
-        n, top = codes.shape[-1], max(self.contexts)
+        b, n, top = codes.shape[0], codes.shape[-1], max(self.contexts)
         codes = codes.to(self.device, torch.int64)
-        nv = torch.full((self.batch_size,), n, dtype=torch.int64, device=self.device) if n_valid is None \
+        nv = torch.full((b,), n, dtype=torch.int64, device=self.device) if n_valid is None \
             else torch.as_tensor(n_valid).to(self.device, torch.int64)
         if n > top:  # split: each piece gets its share of every row's valid frames
             outs, done = [], 0
@@ -185,27 +186,33 @@ class TrtCodec:
         return wav[..., :n * self.samples_per_frame]
 
     def _step(self, c: int, codes: Tensor, nv: Tensor) -> Tensor:
-        ctx, src, dst = self.contexts[c], self.sets[self.cur], self.sets[1 - self.cur]
-        b = self.batch_size
+        b = codes.shape[0]
+        ctx, src, dst = self.contexts[c], self.state, self.scratch  # leading rows of each: contiguous views
         wav = torch.empty(b, 1, c * self.samples_per_frame, dtype=self._torch_dtype("wav"), device=self.device)
-        feeds = {"codes": codes, "n_valid": nv, "pos": src["pos"],
-                 **{STATE_IN + n: src[n] for n in self.state_names}}
+        feeds = {"codes": codes, "n_valid": nv, "pos": src["pos"][:b],
+                 **{STATE_IN + n: src[n][:b] for n in self.state_names}}
         for name, t in feeds.items():
             ctx.set_input_shape(name, tuple(t.shape))
             ctx.set_tensor_address(name, t.data_ptr())
-        outs = {"wav": wav, "pos_out": dst["pos"], **{STATE_OUT + n: dst[n] for n in self.state_names}}
+        outs = {"wav": wav, "pos_out": dst["pos"][:b], **{STATE_OUT + n: dst[n][:b] for n in self.state_names}}
         for name, t in outs.items():
             ctx.set_tensor_address(name, t.data_ptr())
         if not ctx.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError(f"TensorRT execution of {self.path.name} failed (bucket {c}, batch {b})")
-        self.cur = 1 - self.cur
+        for name, buf in src.items():
+            buf[:b].copy_(dst[name][:b])
         return wav
 
     def reset(self, rows: Tensor | None = None) -> None:
         mask = row_mask(rows, self.batch_size).to(self.device)
-        for buf in self.sets[self.cur].values():
+        for buf in self.state.values():
             buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
 
     def flush(self, rows: Tensor | None = None) -> Tensor:
         self.reset(rows)
         return torch.zeros(self.batch_size, 1, 0, device=self.device)
+
+    def move(self, src: int, dst: int) -> None:
+        check_move(src, dst, self.batch_size)
+        for buf in self.state.values():
+            buf[dst].copy_(buf[src])

@@ -84,7 +84,7 @@ def detect_platform(device: str = "auto") -> dict:
             "cpu": cpu_name(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "onnx": _version("onnx"), "onnxruntime": _version("onnxruntime"), "ort_providers": ort_providers(),
-            "tensorrt": _version("tensorrt"), "torch_npu": None}
+            "tensorrt": _version("tensorrt"), "triton": _version("triton"), "torch_npu": None}
     if info["device"] == "cuda":
         idx = torch.device(dev).index or 0
         info["device_name"] = torch.cuda.get_device_name(idx)

@@ -1,6 +1,7 @@
 """Per-request output (StreamHandle) and the slot-batched streaming codec (CodecStreams)."""
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from typing import Optional
@@ -11,8 +12,8 @@ import torch
 from engines.api import SynthesisResult
 
 from .scheduler import pick_bucket
-from .streaming_codec import StreamState, StreamingCodecDecoder
 
+log = logging.getLogger(__name__)
 _END = object()
 
 
@@ -92,26 +93,53 @@ class CodecStreams:
     frame for the first chunk, then doubling up to `max_chunk`) or has finished, one batched call
     decodes every slot's pending frames. Reference codes of a cloned voice are decoded first as
     context and their audio dropped, as the official package does.
+
+    `codec` is a CodecDecoder (decoded by the eager torch codec, the default) or a codec backend
+    with the interface of engines.backends.base (torch, torch-compiled, ONNX Runtime, TensorRT;
+    see engines.build.runtime_codec) holding at least `n_slots` streams. A call pushes the first
+    b rows, b the batch bucket of the active slots. With `use_graphs` and a graphable backend, each
+    (batch, frames) bucket is captured once in a device graph and replayed after.
     """
 
-    def __init__(self, decoder, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int,
+    def __init__(self, codec, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int,
                  use_graphs: bool = False):
-        self.dec = StreamingCodecDecoder(decoder, batch_size=n_slots)
+        from engines.backends.codec_torch import TorchCodec
+        from engines.model.codec_decoder import CodecDecoder
+
+        if isinstance(codec, CodecDecoder):
+            codec = TorchCodec(codec, n_slots)
+        if codec.batch_size < n_slots:
+            raise ValueError(f"the {codec.name} codec holds {codec.batch_size} streams, the runner has "
+                             f"{n_slots} slots: build it with batch_size >= {n_slots}")
+        self.codec = codec
         self.use_graphs = use_graphs
+        if use_graphs and not getattr(codec, "graphable", False):
+            log.info("the %s codec is not graph-captured (runs as is)", codec.name)
         self.graphs: dict = {}  # (b, n) -> (graph, codes_in, valid_in, wav_out)
         self._pool = None
         self.before_capture = None  # called before a new graph is captured (the runner drains its step)
-        self.spf = self.dec.samples_per_frame
+        self.spf = codec.samples_per_frame
+        self.num_quantizers = self._num_quantizers(codec)
         self.first, self.max_chunk = first_chunk, max_chunk
         self.buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < n_slots) + (n_slots,)
+        self.n_slots = n_slots
         self.pending: list[list[torch.Tensor]] = [[] for _ in range(n_slots)]
         self.target = [first_chunk] * n_slots
         self.discard = [0] * n_slots
 
+    @staticmethod
+    def _num_quantizers(codec) -> int:
+        dec = getattr(codec, "decoder", None)
+        return dec.config.num_quantizers if dec is not None else codec.num_quantizers
+
+    @property
+    def graphed(self) -> bool:
+        return self.use_graphs and getattr(self.codec, "graphable", False)
+
     def start(self, slot: int, ref_codes: Optional[torch.Tensor]) -> None:
-        mask = torch.zeros(self.dec.batch_size, dtype=torch.bool, device=self.dec.device)
+        mask = torch.zeros(self.codec.batch_size, dtype=torch.bool, device=self.codec.device)
         mask[slot] = True
-        self.dec.reset(mask)
+        self.codec.reset(mask)
         self.pending[slot] = list(ref_codes.cpu()) if ref_codes is not None else []
         self.discard[slot] = 0 if ref_codes is None else ref_codes.shape[0] * self.spf
         self.target[slot] = self.first + len(self.pending[slot])
@@ -130,11 +158,11 @@ class CodecStreams:
             return []
         b = pick_bucket(n_active, self.buckets)
         key = (b, 1 << (max(len(self.pending[i]) for i in range(n_active)) - 1).bit_length())
-        if self.use_graphs and key not in self.graphs and self.before_capture is not None:
+        if self.graphed and key not in self.graphs and self.before_capture is not None:
             self.before_capture()  # may add frames: count after it
         counts = [len(self.pending[i]) for i in range(n_active)]
         n = 1 << (max(counts) - 1).bit_length()  # frame-count bucket
-        codes = torch.zeros(b, self.dec.decoder.config.num_quantizers, n, dtype=torch.long)
+        codes = torch.zeros(b, self.num_quantizers, n, dtype=torch.long)
         for i in range(n_active):
             if counts[i]:
                 codes[i, :, :counts[i]] = torch.stack(self.pending[i], dim=1)
@@ -154,32 +182,25 @@ class CodecStreams:
             self.target[i] = min(max(self.target[i] * 2, self.first), self.max_chunk)
         return out
 
-    def _step(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> torch.Tensor:
-        """Decode codes [b, K, n] for rows [0, b), advancing their state -> wav [b, 1, n * spf]."""
-        st = self.dec.state
-        view = StreamState({k: v[:b] for k, v in st.bufs.items()}, st.pos[:b])
-        view.n_valid = valid
-        wav = self.dec.decoder(codes, view)
-        view.pos.add_(valid)
-        return wav
-
     @torch.no_grad()
     def _push(self, codes: torch.Tensor, valid: torch.Tensor, b: int) -> np.ndarray:
-        dev = self.dec.device
-        if not self.use_graphs:
-            return self._step(codes.to(dev), valid.to(dev), b)[:, 0].float().cpu().numpy()
+        """Decode codes [b, K, n] for rows [0, b), advancing their state -> wav [b, n * spf] (numpy)."""
+        dev = self.codec.device
+        if not self.graphed:
+            return self.codec.push(codes.to(dev), valid.to(dev))[:, 0].float().cpu().numpy()
         key = (b, codes.shape[-1])
         entry = self.graphs.get(key)
         if entry is None:  # first use of this bucket: run it for real, then capture it for the next calls
             from engines.backends.graphs import make_graph
 
             codes_in, valid_in = codes.to(dev), valid.to(dev)
-            wav = self._step(codes_in, valid_in, b)[:, 0].float().cpu().numpy()
-            if self._pool is None:
+            wav = self.codec.push(codes_in, valid_in)[:, 0].float().cpu().numpy()
+            if self._pool is None and dev.type == "cuda":
                 self._pool = torch.cuda.graph_pool_handle()
             graph = make_graph(dev, self._pool)
-            out = graph.capture(lambda: self._step(codes_in, valid_in, b), warmup=0)
+            out = graph.capture(lambda: self.codec.push(codes_in, valid_in), warmup=0)
             self.graphs[key] = (graph, codes_in, valid_in, out)
+            log.debug("captured %s codec graph batch=%d frames=%d", self.codec.name, b, codes.shape[-1])
             return wav
         graph, codes_in, valid_in, out = entry
         codes_in.copy_(codes, non_blocking=True)
@@ -188,14 +209,11 @@ class CodecStreams:
         return out[:, 0].float().cpu().numpy()
 
     def move(self, src: int, dst: int) -> None:
-        st = self.dec.state
-        for buf in st.bufs.values():
-            buf[dst].copy_(buf[src])
-        st.pos[dst] = st.pos[src]
+        self.codec.move(src, dst)
         for lst in (self.pending, self.target, self.discard):
             lst[dst] = lst[src]
         self.pending[src] = []
 
     def reset_all(self) -> None:
-        self.dec.reset()
+        self.codec.reset()
         self.pending = [[] for _ in self.pending]

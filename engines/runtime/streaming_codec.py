@@ -70,18 +70,31 @@ class StreamState:
         self.pos.masked_fill_(rows, 0)
 
 
+def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tensor, bufs: dict) -> Tensor:
+    """One streaming step on explicit state: decode codes [b, K, n] continuing the rows whose
+    left-context buffers are `bufs` ({name: [b, ...]}) and frame counters `pos` [b], both updated in
+    place; row r consumes its first n_valid[r] frames. Returns wav [b, 1, n * samples_per_frame].
+
+    Sync-free and shape-static for a given (b, n): the function the CUDA graphs capture and the
+    one torch.compile fuses (engines.backends.codec_compile)."""
+    st = StreamState(bufs, pos, n_valid=n_valid)
+    wav = decoder(codes, st)
+    pos.add_(n_valid)
+    return wav
+
 
 class StreamingCodecDecoder:
     """Batched streaming front end of a CodecDecoder: one independent stream per batch row.
 
-    `push(codes [B, K, n])` returns wav [B, 1, n * samples_per_frame]; `n` may change between calls.
-    With `n_valid` [B] (ints, best on the decoder's device) row b consumes only its first
-    n_valid[b] frames this call (0 = idle row); its valid output is the first
-    n_valid[b] * samples_per_frame samples, the rest is padding to drop. `reset(rows)` and
-    `flush(rows)` start new streams in the rows of a bool mask.
+    `push(codes [b, K, n])` decodes the first b <= batch_size rows and returns wav
+    [b, 1, n * samples_per_frame]; the other rows are untouched; `n` may change between calls.
+    With `n_valid` [b] (ints, best on the decoder's device) row r consumes only its first
+    n_valid[r] frames this call (0 = idle row, state unchanged); its valid output is the first
+    n_valid[r] * samples_per_frame samples, the rest is padding to drop. `reset(rows)` and
+    `flush(rows)` start new streams in the rows of a bool mask; `move(src, dst)` copies a stream.
 
-    CUDA graphs: one graph per (batch, n) bucket would capture `decoder(codes_in, state)` followed
-    by `state.pos += n_valid_in`, where `codes_in` [B, K, n] and `n_valid_in` [B] are static input
+    CUDA graphs: one graph per (b, n) bucket captures `push(codes_in, n_valid_in)` (= `stream_step`
+    on views of the first b rows), where `codes_in` [b, K, n] and `n_valid_in` [b] are static input
     tensors and the state buffers (allocated once here, updated only in place by `copy_`) are the
     graph's static memory. Everything inside is shape-static for the bucket and sync-free: masks,
     rotary angles and the per-row gather of the state tails are computed on device from `pos` and
@@ -105,21 +118,24 @@ class StreamingCodecDecoder:
         """[B] frames consumed so far by each row's current stream."""
         return self.state.pos
 
+    def rows(self, b: int) -> tuple[dict, Tensor]:
+        """(bufs, pos) views of the first b rows (writes through to the state)."""
+        st = self.state
+        return {k: v[:b] for k, v in st.bufs.items()}, st.pos[:b]
+
     @torch.inference_mode()
     def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """Decode the next frames of every stream: codes [B, K, n] -> wav [B, 1, n * samples_per_frame]."""
-        if codes.shape[0] != self.batch_size:
-            raise ValueError(f"expected a batch of {self.batch_size} streams, got {codes.shape[0]}")
+        """Decode the next frames of the first b streams: codes [b, K, n] -> wav [b, 1, n * samples_per_frame]."""
+        b = codes.shape[0]
+        if not 1 <= b <= self.batch_size:
+            raise ValueError(f"expected a batch of 1 to {self.batch_size} streams, got {b}")
         if codes.shape[-1] == 0:
-            return torch.zeros(self.batch_size, 1, 0, device=self.device, dtype=self.dtype)
+            return torch.zeros(b, 1, 0, device=self.device, dtype=self.dtype)
+        codes, (bufs, pos) = codes.to(self.device), self.rows(b)
         if n_valid is not None:
-            n_valid = n_valid.to(self.device, torch.long)
-        self.state.n_valid = n_valid
-        try:
-            wav = self.decoder(codes.to(self.device), self.state)
-        finally:
-            self.state.n_valid = None
-        self.state.pos += codes.shape[-1] if n_valid is None else n_valid
+            return stream_step(self.decoder, codes, n_valid.to(self.device, torch.long), pos, bufs)
+        wav = self.decoder(codes, StreamState(bufs, pos))  # all frames valid: contiguous tail copies
+        pos += codes.shape[-1]
         return wav
 
     def flush(self, rows: Tensor | None = None) -> Tensor:
@@ -134,3 +150,10 @@ class StreamingCodecDecoder:
     def reset(self, rows: Tensor | None = None) -> None:
         """Forget the history of all rows, or of the rows where bool mask `rows` [B] is True."""
         self.state.reset(None if rows is None else rows.to(self.device))
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy the stream in row `src` (state and frame counter) to row `dst`."""
+        st = self.state
+        for buf in st.bufs.values():
+            buf[dst].copy_(buf[src])
+        st.pos[dst] = st.pos[src]
