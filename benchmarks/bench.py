@@ -108,6 +108,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--no-codec-graphs", action="store_true", help="run the codec eagerly (diagnosis)")
     ap.add_argument("--sync", action="store_true", help="synchronise after every step (diagnosis)")
+    ap.add_argument("--no-gemv", action="store_true", help="batch-1 matmuls as library kernels (A/B)")
+    ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
     ap.add_argument("--phases", default="single,ttfa1,ttfa32,aggregate,breakdown",
                     help="comma list of single, ttfa1, ttfa32, aggregate, breakdown")
     ap.add_argument("--json")
@@ -119,7 +121,7 @@ def main() -> None:
     eng = dummy_engine(args.dummy, "cuda", args.dtype)
     conc = [int(c) for c in args.concurrency.split(",")]
     runner = EngineRunner(eng, max_slots=max(args.slots, max(conc)), max_context=256 * ((args.frames + 100) // 256 + 1),
-                          max_queue=4096)
+                          max_queue=4096, gemv=not args.no_gemv, overlap=not args.no_overlap)
     if args.no_codec_graphs:
         runner.codec.use_graphs = False
     if args.sync:
@@ -135,6 +137,7 @@ def main() -> None:
     warm = time.perf_counter() - t0
     runner.start()
     res = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype,
+           "gemv": not args.no_gemv, "overlap": not args.no_overlap,
            "frames": args.frames, "warmup_s": warm, "graphs": len(runner.graphs)}
     phases = args.phases.split(",")
     if "single" in phases:
@@ -149,7 +152,8 @@ def main() -> None:
         res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames) for c in conc]
     runner.stop()
     if "breakdown" in phases:
-        res["breakdown"] = [step_breakdown(runner, 400, b) for b in (1, 32, min(128, max(conc)))]
+        sizes = sorted({1, 32, min(128, max(conc))} & set(range(1, runner.cfg.max_slots + 1)))
+        res["breakdown"] = [step_breakdown(runner, 400, b) for b in sizes]
     res["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
     text = json.dumps(res, indent=1)
     print(text)

@@ -210,3 +210,28 @@ def test_bf16_teacher_forced_agreement_guard():
     a = teacher_forced_picks(f32, req, gen.codes)
     assert torch.equal(a, teacher_forced_picks(f32, req, gen.codes))  # deterministic
     assert float((a == teacher_forced_picks(b16, req, gen.codes)).float().mean()) >= 0.9
+
+
+def test_fast_layer_one_row_reduction_form_matches_matmul_form():
+    """The batch-1 form of a decoder layer (matmuls as fp32 reductions, used when compiled) equals the
+    library-matmul form within fp32 rounding, cache writes included."""
+    from engines.runtime.fast import StackWeights, make_layer
+
+    eng = engine()
+    stack = eng.talker.model
+    c = stack.cfg
+    w = StackWeights.of(stack, 64)
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, c.hidden_size)
+    pos = torch.tensor([[5]])
+    kc0 = torch.randn(1, c.num_key_value_heads, 16, c.head_dim)
+    vc0 = torch.randn_like(kc0)
+    outs = []
+    for gemv in (False, True):
+        kc, vc = kc0.clone(), vc0.clone()
+        fn = make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv)
+        with torch.no_grad():
+            outs.append((fn(x, w.layers[0], kc, vc, pos, w.cos, w.sin), kc[:, :, 5].clone()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(outs[0][0], x)

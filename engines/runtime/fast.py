@@ -95,9 +95,21 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float):
+def _gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` for a single row written as a reduction (fp32 accumulation): under torch.compile it
+    becomes one kernel that also takes in its neighbours' elementwise work (norm scale, SiLU, residual)."""
+    y = (x[..., None, :].float() * w.float()).sum(-1)
+    return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def _gemv_or_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    return _gemv(x, w, b) if x.shape[0] == 1 else F.linear(x, w, b)
+
+
+def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False):
     """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
-    slots written) attends to cache slots <= its position. Returns the layer's output (residual form)."""
+    slots written) attends to cache slots <= its position. Returns the layer's output (residual form).
+    `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only)."""
     g, d = n_heads // n_kv, head_dim
     scale = head_dim ** -0.5
 
@@ -105,7 +117,9 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
         b, t, _ = x.shape
         s = kc.shape[2]
-        q, k, v = F.linear(_rms(x, ln1, eps), wqkv, bqkv).split((n_heads * d, n_kv * d, n_kv * d), dim=-1)
+        one = gemv and b * t == 1
+        lin = _gemv if one else F.linear
+        q, k, v = lin(_rms(x, ln1, eps), wqkv, bqkv).split((n_heads * d, n_kv * d, n_kv * d), dim=-1)
         cos, sin = cos_tab[pos].to(x.dtype)[:, :, None], sin_tab[pos].to(x.dtype)[:, :, None]  # [B, T, 1, D]
         q = _rope(_rms(q.reshape(b, t, n_heads, d), qn, eps), cos, sin)
         k = _rope(_rms(k.reshape(b, t, n_kv, d), kn, eps), cos, sin)
@@ -118,22 +132,28 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float):
         scores = scores.masked_fill(hidden[:, None, :, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1).to(x.dtype).view(b, n_kv, t * g, s)
         o = torch.matmul(p, vc).view(b, n_kv, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, n_heads * d)
-        x = x + F.linear(o, wo, bo)
-        gate, up = F.linear(_rms(x, ln2, eps), wgu).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, wdown)
+        x = x + lin(o, wo, bo)
+        h = _rms(x, ln2, eps)
+        if one:  # gate and up as two reductions over the same rows: one kernel with the SiLU product
+            half = wgu.shape[0] // 2
+            act = F.silu(_gemv(h, wgu[:half])) * _gemv(h, wgu[half:])
+        else:
+            gate, up = F.linear(h, wgu).chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return x + lin(act, wdown)
 
     return layer
 
 
-def _stack_layer(stack: DecoderStack):
+def _stack_layer(stack: DecoderStack, gemv: bool):
     c = stack.cfg
-    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv)
 
 
 class FastStep:
     """The whole decode step (see engines.runtime.step.decode_step for its semantics) over fused regions."""
 
-    def __init__(self, talker: Talker, n_slots: int, compile: bool):
+    def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True):
         self.talker = talker
         cp = talker.code_predictor
         dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
@@ -152,8 +172,10 @@ class FastStep:
         wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        self.t_layer = wrap(_stack_layer(talker.model))
-        self.p_layer = wrap(_stack_layer(cp.model))
+        gemv = gemv and compile
+        self.lin = _gemv_or_linear if gemv else F.linear
+        self.t_layer = wrap(_stack_layer(talker.model, gemv))
+        self.p_layer = wrap(_stack_layer(cp.model, gemv))
         self.r_code0 = wrap(self._code0)
         self.r_first = wrap(self._first_input)
         self.r_sub = wrap(self._sub_code)
@@ -166,7 +188,7 @@ class FastStep:
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
                done, eos, limit):
         eos_id = self.talker.cfg.codec_eos_token_id
-        code0 = sample_code0(F.linear(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
+        code0 = sample_code0(self.lin(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
                              SamplingTensors(do, temp, topk, topp), seed, gen_step * 16)
         hit = (code0 == eos_id) & ~done
         eos.logical_or_(hit)
@@ -179,7 +201,7 @@ class FastStep:
         return x if proj is None else F.linear(x, *proj)
 
     def _sub_code(self, x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j: int):
-        logits = F.linear(_rms(x[:, -1], norm_w, self.eps_p), lm_w)
+        logits = self.lin(_rms(x[:, -1], norm_w, self.eps_p), lm_w)
         return draw(logits, SamplingTensors(do, temp, topk, topp), seed, gen_step * 16 + 1 + j)
 
     def _sub_embed(self, code, table, proj):

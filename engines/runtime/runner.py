@@ -47,10 +47,10 @@ class EngineConfig:
     length_step: int = 256  # cache-length bucket granularity
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     use_graphs: Optional[bool] = None  # None: on CUDA
-    # read a step's codes back while the next step runs: +8% single stream, +28% at 256 streams on an H200,
-    # but off by default until the drain-before-capture fix has run on a GPU (see docs/PERFORMANCE.md)
-    overlap: bool = False
+    # read a step's codes back while the next step runs (pinned buffers + events)
+    overlap: bool = True
     compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
+    gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
 
@@ -95,7 +95,7 @@ class EngineRunner:
         self.suppress = control_mask(talker, self.device)
         self._codebook = engine.decoder.config.codebook_size
         compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
-        self.fast = FastStep(talker, n, compile=compile_regions)
+        self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv)
         self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
         self.codec = CodecStreams(engine.decoder, n, self.cfg.first_chunk_frames, self.cfg.max_chunk_frames,
                                   engine.sample_rate, use_graphs=self.use_graphs)
