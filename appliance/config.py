@@ -51,6 +51,7 @@ class RuntimeSection:
     max_slots: int = 4                # requests decoded together
     max_queue: int = 16               # admission queue; beyond it requests get "busy" (HTTP 503)
     retry_after_s: int = 2            # Retry-After sent with 503
+    codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
 
 
 @dataclass
@@ -141,7 +142,8 @@ class Config:
 
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "sources"}
 CHOICES = {("model", "dtype"): ("float32", "bfloat16", "float16"),
-           ("service", "log_level"): ("debug", "info", "warning", "error")}
+           ("service", "log_level"): ("debug", "info", "warning", "error"),
+           ("runtime", "codec"): ("auto", "torch", "torch-compiled", "built")}
 
 
 def _section_cls(name: str):

@@ -64,7 +64,7 @@ class EngineHost:
         self.engine = TTSEngine.load(m.path, device=device, dtype=m.dtype, voices_dir=voices)
         log.info("loaded %s (%s) on %s in %.1f s", m.path, self.engine.model_type, device, time.monotonic() - t0)
         self.runner = EngineRunner(self.engine, max_slots=self.cfg.runtime.max_slots,
-                                   max_queue=self.cfg.runtime.max_queue)
+                                   max_queue=self.cfg.runtime.max_queue, codec_backend=self.cfg.runtime.codec)
         self.runner.start()
 
     def warm_up(self) -> None:

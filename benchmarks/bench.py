@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--no-codec-graphs", action="store_true", help="run the codec eagerly (diagnosis)")
     ap.add_argument("--sync", action="store_true", help="synchronise after every step (diagnosis)")
     ap.add_argument("--no-gemv", action="store_true", help="batch-1 matmuls as library kernels (A/B)")
+    ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
     ap.add_argument("--phases", default="single,ttfa1,ttfa32,aggregate,breakdown",
                     help="comma list of single, ttfa1, ttfa32, aggregate, breakdown")
@@ -121,7 +122,8 @@ def main() -> None:
     eng = dummy_engine(args.dummy, "cuda", args.dtype)
     conc = [int(c) for c in args.concurrency.split(",")]
     runner = EngineRunner(eng, max_slots=max(args.slots, max(conc)), max_context=256 * ((args.frames + 100) // 256 + 1),
-                          max_queue=4096, gemv=not args.no_gemv, overlap=not args.no_overlap)
+                          max_queue=4096, gemv=not args.no_gemv, overlap=not args.no_overlap,
+                          codec_backend=args.codec)
     if args.no_codec_graphs:
         runner.codec.use_graphs = False
     if args.sync:
@@ -137,7 +139,7 @@ def main() -> None:
     warm = time.perf_counter() - t0
     runner.start()
     res = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype,
-           "gemv": not args.no_gemv, "overlap": not args.no_overlap,
+           "gemv": not args.no_gemv, "overlap": not args.no_overlap, "codec": args.codec,
            "frames": args.frames, "warmup_s": warm, "graphs": len(runner.graphs)}
     phases = args.phases.split(",")
     if "single" in phases:

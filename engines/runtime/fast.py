@@ -232,9 +232,10 @@ class FastStep:
             x = self.t_layer(x, lw, cache.k[i], cache.v[i], pos, w.cos, w.sin)
         return x
 
-    def prefill(self, x, pos, cache):
-        """Prompt rows `[B, T, H]` -> normed hidden of the last position `[B, H]` (the cache is filled)."""
-        return self.r_norm(self.talker_pass(x, pos, cache)[:, -1], self.tw.norm, self.eps_t)
+    def prefill(self, x, pos, cache, last):
+        """Prompt rows `[B, T, H]` -> normed hidden at index `last` `[B]` of each row `[B, H]` (fills the cache)."""
+        out = self.talker_pass(x, pos, cache)
+        return self.r_norm(out[torch.arange(out.shape[0], device=out.device), last], self.tw.norm, self.eps_t)
 
     def __call__(self, t, cache, pad, suppress) -> None:
         """One frame for every row of the slot table view `t` over the talker cache view `cache`. In place."""

@@ -5,8 +5,8 @@
     for chunk in h: ...                             # float32 PCM chunks as they are made
     h.cancel()                                      # frees the slot at the next step
 
-The loop is schedule -> run -> postprocess: admit queued requests (prefill in chunks, one request at
-a time, into a side cache that is then copied into a free slot), run one decode step for every
+The loop is schedule -> run -> postprocess: admit queued requests (prefill in chunks, up to
+`prefill_batch` requests together, into side-cache rows then copied into free slots), run one decode step for every
 active slot (a captured device graph per (batch bucket, cache-length bucket) on CUDA, the same code
 eagerly elsewhere), hand frames to the streaming codec (batched over slots; a small first chunk,
 growing after), and retire finished requests by moving the last slot into the hole.
@@ -43,7 +43,8 @@ class EngineConfig:
     max_queue: int = 256
     max_context: int = 2048  # talker cache length per slot (prompt + frames)
     max_text_rows: int = 1024  # streaming-text rows per request
-    prefill_chunk: int = 256  # prompt tokens per loop iteration (keeps streams flowing)
+    prefill_chunk: int = 256  # prompt tokens per request per loop iteration (keeps streams flowing)
+    prefill_batch: int = 8  # requests prefilled together (side-cache rows)
     length_step: int = 256  # cache-length bucket granularity
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     use_graphs: Optional[bool] = None  # None: on CUDA
@@ -53,6 +54,8 @@ class EngineConfig:
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
+    codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.build.runtime_codec)
+    engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
 
 
 class _Seq:
@@ -61,6 +64,7 @@ class _Seq:
         self.prompt = self.settings = None
         self.offset = 0  # prefill progress
         self.slot = -1  # current slot (slots move when others leave)
+        self.side_row = -1  # side-cache row while prefilling
         self.pos = 0  # tokens in its cache (host copy of the device value)
         self.done = False
 
@@ -88,7 +92,7 @@ class EngineRunner:
         self.table = SlotTable.allocate(n, tc.hidden_size, tc.vocab_size, tc.num_code_groups,
                                         self.cfg.max_text_rows, self.device, dtype)
         self.cache = talker.new_cache(n, self.cfg.max_context, self.device, dtype)
-        self.side = talker.new_cache(1, self.cfg.max_context, self.device, dtype)
+        self.side = talker.new_cache(self.cfg.prefill_batch, self.cfg.max_context, self.device, dtype)
         with torch.no_grad():
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
@@ -97,12 +101,15 @@ class EngineRunner:
         compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv)
         self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
-        self.codec = CodecStreams(engine.decoder, n, self.cfg.first_chunk_frames, self.cfg.max_chunk_frames,
-                                  engine.sample_rate, use_graphs=self.use_graphs)
+        from engines.build import runtime_codec
+
+        self.codec = CodecStreams(runtime_codec(engine, n, self.cfg.codec_backend, self.cfg.engine_cache), n,
+                                  self.cfg.first_chunk_frames, self.cfg.max_chunk_frames, engine.sample_rate,
+                                  use_graphs=self.use_graphs)
         self.codec.before_capture = self._drain
         self.slots = SlotMap(n)
         self.queue = AdmissionQueue(self.cfg.max_queue)
-        self.prefilling: Optional[_Seq] = None
+        self.prefilling: list[_Seq] = []  # the prefill group, each with its side-cache row
         self.graphs: dict = {}
         self._pool = None
         self.overlap = self.cfg.overlap
@@ -190,22 +197,27 @@ class EngineRunner:
         self._codec_and_retire()
 
     def _admit(self) -> None:
-        budget = self.cfg.prefill_chunk
-        while budget > 0 and (self.prefilling or (len(self.queue) and self.slots.has_room())):
-            if self.prefilling is None:
-                with self._cv:
-                    seq = self.queue.pop()
-                if seq is None or seq.handle.cancelled:
-                    if seq is not None:
-                        seq.handle.finish()
-                    continue
-                try:
-                    self._prepare(seq)
-                except TTSError as exc:
-                    seq.handle.fail(exc)
-                    continue
-                self.prefilling = seq
-            budget -= self._prefill_chunk(self.prefilling, budget)
+        """Take queued requests into the prefill group (up to `prefill_batch`, while slots remain), then
+        prefill one chunk of every request in the group together."""
+        group = self.prefilling
+        while (len(group) < self.cfg.prefill_batch and len(self.queue)
+               and self.slots.n_active + len(group) < self.cfg.max_slots):
+            with self._cv:
+                seq = self.queue.pop()
+            if seq is None or seq.handle.cancelled:
+                if seq is not None:
+                    seq.handle.finish()
+                continue
+            try:
+                self._prepare(seq)
+            except TTSError as exc:
+                seq.handle.fail(exc)
+                continue
+            used = {s.side_row for s in group}
+            seq.side_row = min(set(range(self.cfg.prefill_batch)) - used)
+            group.append(seq)
+        if group:
+            self._prefill_chunk(group)
 
     def _prepare(self, seq: _Seq) -> None:
         eng = self.engine
@@ -220,23 +232,37 @@ class EngineRunner:
                                "split it into shorter segments")
         seq.ref_codes = ref_codes
 
-    def _prefill_chunk(self, seq: _Seq, budget: int) -> int:
-        x = seq.prompt.prefill
-        end = min(x.shape[0], seq.offset + budget)
-        pos = torch.arange(seq.offset, end, device=self.device)[None]
-        hidden = self.fast.prefill(x[None, seq.offset:end], pos, self.side)
-        used, seq.offset = end - seq.offset, end
-        if end == x.shape[0]:
+    def _prefill_chunk(self, group: list) -> None:
+        """Up to `prefill_chunk` prompt rows of every request in `group`, as one batch over side-cache rows
+        [0, b) (shorter rows are padded; their padding lands beyond their own length, which is never
+        attended to nor copied). Requests whose prompt is complete move into a slot."""
+        b = max(seq.side_row for seq in group) + 1
+        t = min(self.cfg.prefill_chunk, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))
+        dev, cap = self.device, self.cfg.max_context - 1
+        x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=dev, dtype=self.table.hidden.dtype)
+        pos = torch.full((b, t), cap, device=dev, dtype=torch.long)  # idle rows write only the never-used last slot
+        last = torch.zeros(b, dtype=torch.long, device=dev)
+        for seq in group:
+            rows = seq.prompt.prefill[seq.offset:seq.offset + t]
+            x[seq.side_row, :rows.shape[0]] = rows
+            pos[seq.side_row] = torch.arange(seq.offset, seq.offset + t, device=dev).clamp(max=cap)
+            last[seq.side_row] = rows.shape[0] - 1
+        side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+        hidden = self.fast.prefill(x, pos, side, last)  # [b, H]
+        for seq in list(group):
+            seq.offset = min(seq.offset + t, seq.prompt.prefill.shape[0])
+            if seq.offset < seq.prompt.prefill.shape[0]:
+                continue
+            group.remove(seq)
+            end, row = seq.offset, seq.side_row
             slot = seq.slot = self.slots.add(seq)
             seq.pos = end
             for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
-                k[slot, :, :end].copy_(k_side[0, :, :end])
+                k[slot, :, :end].copy_(k_side[row, :, :end])
                 # masked positions still enter attention as 0 * value: clear what a free slot left there
                 k[slot, :, end:].zero_()
-            self.table.load(slot, seq.prompt, hidden[0], seq.settings)
+            self.table.load(slot, seq.prompt, hidden[row], seq.settings)
             self.codec.start(slot, seq.ref_codes)
-            self.prefilling = None
-        return used
 
     def _drain(self) -> None:
         """Finish the step in flight before a graph capture: no copy or event may be pending then."""
@@ -355,7 +381,7 @@ class EngineRunner:
         self.slots.seqs.clear()
         self._inflight = None
         self.table.done.fill_(True)
-        if self.prefilling:
-            self.prefilling.handle.fail(TTSError(message))
-            self.prefilling = None
+        for seq in self.prefilling:
+            seq.handle.fail(TTSError(message))
+        self.prefilling.clear()
         self.codec.reset_all()
