@@ -65,6 +65,10 @@ else
 fi
 if [ -n "$MODEL" ]; then  # the model was asked for: failing to set it up is an error
   SETUP_SYSTEMD=$SYSTEMD systemd/setup.sh install "$VENV" "$MODEL"
+  if [ -d "$MODEL" ]; then  # device engines for this machine; the daemon falls back to torch without them
+    "$VENV/bin/tts-appliance" build-engines --model "$MODEL" \
+      || echo "install.sh: warning: build-engines failed; the daemon will use the torch codec" >&2
+  fi
 elif [ "$SYSTEMD" = 1 ]; then  # the venv works without it: warn only
   SETUP_SYSTEMD=1 systemd/setup.sh install "$VENV" || echo "install.sh: warning: systemd set-up failed (see above)" >&2
 fi
