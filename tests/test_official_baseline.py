@@ -2,7 +2,7 @@
 benchmarks/dummy_checkpoint.py (engine weights -> checkpoint folder in the official layout).
 
 The official-package tests run only where `qwen_tts` is importable: by this interpreter, or by the one
-named in QWEN_TTS_PYTHON (e.g. QWEN_TTS_PYTHON=/work/venvs/oracle/bin/python). CI does not install it.
+named in QWEN_TTS_PYTHON (e.g. QWEN_TTS_PYTHON=/path/to/oracle-venv/bin/python). CI does not install it.
 """
 from __future__ import annotations
 
