@@ -44,15 +44,11 @@ TINY = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny"
 
 
 def tiny_codec_dir() -> Path:
-    meta = TINY / "golden" / "codec.json"
-    if meta.is_file():
-        d = TINY / json.loads(meta.read_text())["codec_dir"]
-        if (d / "model.safetensors").is_file():
-            return d
-    found = sorted(TINY.glob("*/speech_tokenizer/model.safetensors"))
-    if not found:
+    """The tiny test codec, where tests/fixtures/build_fixtures.py writes it (shared by the tiny checkpoints)."""
+    d = TINY / "codec"
+    if not (d / "model.safetensors").is_file():
         raise SystemExit(f"no tiny codec under {TINY} (build the test fixtures first)")
-    return found[0].parent
+    return d
 
 
 def load_decoder(which: str, device: str, dtype: torch.dtype):

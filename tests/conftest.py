@@ -42,6 +42,25 @@ def tiny_codec_dir() -> Path | None:
 
 
 @pytest.fixture(scope="module")
+def codec_dir() -> Path:
+    """The tiny codec folder; skips the test when the fixtures are not built."""
+    d = tiny_codec_dir()
+    if d is None:
+        pytest.skip("tiny codec fixture missing (tests/data/tiny/*/speech_tokenizer)")
+    return d
+
+
+@pytest.fixture(scope="module")
+def decoder(codec_dir):
+    """The tiny codec decoder, fp32 on the CPU (one per test module)."""
+    import torch
+
+    from engines.model.codec_decoder import load_codec_decoder
+
+    return load_codec_decoder(codec_dir, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors: one intra-op thread is fastest and immune to CPU contention on shared runners."""
     import torch

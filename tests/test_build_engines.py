@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from engines import build as B
 from engines.backends.codec_torch import TorchCodec
 from engines.backends.detect import detect_platform
-from conftest import tiny_codec_dir
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ONNX = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
@@ -25,68 +24,60 @@ needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="onnx / onnxruntime not ins
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    d = tiny_codec_dir()
-    if d is None:
-        pytest.skip("tiny checkpoint fixture missing")
-    return d
-
-
 def _fake_speed(make, decoder, **kw):  # deterministic ranking: ORT "faster" than torch
     return {"audio_s_per_s": 2.0 if make(1).name == "onnxruntime" else 1.0, "chunk_frames": 4, "batch": 1}
 
 
 @pytest.fixture(scope="module")
-def built(model_dir, tmp_path_factory):
+def built(codec_dir, tmp_path_factory):
     """One CPU build of the tiny codec, shared by the tests that only read it."""
     cache = tmp_path_factory.mktemp("engines")
     mp = pytest.MonkeyPatch()
     mp.setattr(B, "speed", _fake_speed)
     try:
-        manifest = B.build_engines(model_dir, cache, device="cpu", max_batch=4, chunk_frames=(1, 4))
+        manifest = B.build_engines(codec_dir, cache, device="cpu", max_batch=4, chunk_frames=(1, 4))
     finally:
         mp.undo()
     return cache, manifest
 
 
-def test_manifest_written_and_matched(model_dir, built):
+def test_manifest_written_and_matched(codec_dir, built):
     cache, manifest = built
     on_disk = json.loads((cache / B.MANIFEST).read_text())
     assert on_disk == manifest and manifest["format"] == B.FORMAT
-    assert manifest["model"] == B.model_identity(model_dir)
+    assert manifest["model"] == B.model_identity(codec_dir)
     plat = manifest["platform"]
     for key in ("device", "device_name", "capability", "driver", "torch", "onnxruntime", "tensorrt", "cpu"):
         assert key in plat
     assert plat["device"] == "cpu" and manifest["options"]["chunk_frames"] == [1, 4]
-    assert B.stale_reasons(manifest, detect_platform("cpu"), B.model_identity(model_dir)) == []
+    assert B.stale_reasons(manifest, detect_platform("cpu"), B.model_identity(codec_dir)) == []
     assert manifest["ranking"][-1] in ("torch", "onnxruntime") and "torch" in manifest["ranking"]
     # up to date: a second build returns the same manifest without rebuilding
-    assert B.build_engines(model_dir, cache, device="cpu", max_batch=4)["created"] == manifest["created"]
+    assert B.build_engines(codec_dir, cache, device="cpu", max_batch=4)["created"] == manifest["created"]
 
 
 @needs_onnx
-def test_onnx_engine_built_checked_and_loaded(model_dir, built):
+def test_onnx_engine_built_checked_and_loaded(codec_dir, built):
     cache, manifest = built
     ort = next(e for e in manifest["engines"] if e["backend"] == "onnxruntime")
     assert (cache / ort["file"]).is_file() and ort["parity_ok"] and ort["parity_max_abs"] < 1e-4
     assert manifest["ranking"] == ["onnxruntime", "torch"]  # from the (faked) CPU speed figures
-    codec = B.load_built_codec(model_dir, cache, "cpu", batch_size=2, rebuild=False)
+    codec = B.load_built_codec(codec_dir, cache, "cpu", batch_size=2, rebuild=False)
     assert codec.name == "onnxruntime" and codec.batch_size == 2
-    ref = TorchCodec(codec_decoder(model_dir), 2)
+    ref = TorchCodec(codec_decoder(codec_dir), 2)
     codes = torch.randint(0, 16, (2, 16, 5))
     assert float((codec.push(codes) - ref.push(codes)).abs().max()) < 1e-4
 
 
-def codec_decoder(model_dir):
+def codec_decoder(codec_dir):
     from engines.model.codec_decoder import load_codec_decoder
 
-    return load_codec_decoder(B.codec_dir(model_dir), "cpu", torch.float32)
+    return load_codec_decoder(B.codec_dir(codec_dir), "cpu", torch.float32)
 
 
-def test_stale_reasons_name_the_cause(model_dir, built):
+def test_stale_reasons_name_the_cause(codec_dir, built):
     _, manifest = built
-    ident = B.model_identity(model_dir)
+    ident = B.model_identity(codec_dir)
     gpu = dict(manifest["platform"], device="cuda", device_name="NVIDIA A100", capability="8.0",
                driver="535.1", tensorrt="10.0.1")
     m = dict(manifest, platform=gpu, engines=manifest["engines"] + [{"backend": "tensorrt", "file": "x.plan"}])
@@ -99,22 +90,22 @@ def test_stale_reasons_name_the_cause(model_dir, built):
     assert B.stale_reasons(None, gpu, ident) == ["no engines built yet"]
 
 
-def test_model_change_triggers_rebuild_with_reason(model_dir, tmp_path, caplog, monkeypatch):
+def test_model_change_triggers_rebuild_with_reason(codec_dir, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(B, "speed", _fake_speed)
-    B.build_engines(model_dir, tmp_path, device="cpu", max_batch=2, chunk_frames=(2,), backends=())
+    B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, chunk_frames=(2,), backends=())
     m = json.loads((tmp_path / B.MANIFEST).read_text())
     m["model"]["codec_weights"] = "deadbeefdeadbeef"
     (tmp_path / B.MANIFEST).write_text(json.dumps(m))
     with caplog.at_level(logging.WARNING, logger="engines.build"):
-        codec = B.load_built_codec(model_dir, tmp_path, "cpu")
+        codec = B.load_built_codec(codec_dir, tmp_path, "cpu")
     assert "must be rebuilt: new model (codec weights deadbeefdeadbeef" in caplog.text
     rebuilt = B.read_manifest(tmp_path)
-    assert rebuilt["model"] == B.model_identity(model_dir) and rebuilt["options"]["chunk_frames"] == [2]
+    assert rebuilt["model"] == B.model_identity(codec_dir) and rebuilt["options"]["chunk_frames"] == [2]
     assert codec.name == "torch"  # backends=() was kept: torch only
 
 
-def test_stale_without_rebuild_falls_back_to_torch(model_dir, tmp_path, caplog):
-    engine = SimpleNamespace(root=model_dir, decoder=codec_decoder(model_dir), device=torch.device("cpu"))
+def test_stale_without_rebuild_falls_back_to_torch(codec_dir, tmp_path, caplog):
+    engine = SimpleNamespace(root=codec_dir, decoder=codec_decoder(codec_dir), device=torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="engines.build"):
         codec = B.load_built_codec(engine, tmp_path, rebuild=False)
     assert isinstance(codec, TorchCodec) and codec.decoder is engine.decoder
@@ -122,12 +113,12 @@ def test_stale_without_rebuild_falls_back_to_torch(model_dir, tmp_path, caplog):
 
 
 @needs_onnx
-def test_missing_library_falls_back_with_reason(model_dir, built, monkeypatch, caplog):
+def test_missing_library_falls_back_with_reason(codec_dir, built, monkeypatch, caplog):
     cache, _ = built
     real = B.detect_platform
     monkeypatch.setattr(B, "detect_platform", lambda dev="auto": dict(real(dev), onnxruntime=None))
     with caplog.at_level(logging.WARNING, logger="engines.build"):
-        codec = B.load_built_codec(model_dir, cache, "cpu", rebuild=False)
+        codec = B.load_built_codec(codec_dir, cache, "cpu", rebuild=False)
     assert codec.name == "torch"
     assert "codec engine onnxruntime not used: missing library: onnxruntime is not installed" in caplog.text
 
@@ -141,16 +132,16 @@ def test_cli_help_lists_options():
         assert opt in res.output
 
 
-def test_cli_builds_tiny_checkpoint(model_dir, tmp_path):
+def test_cli_builds_tiny_checkpoint(codec_dir, tmp_path):
     from appliance.cli import cli
 
-    res = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--cache", str(tmp_path),
+    res = CliRunner().invoke(cli, ["build-engines", "--model", str(codec_dir), "--cache", str(tmp_path),
                                    "--device", "cpu", "--max-batch", "2", "--chunk-frames", "4,1",
                                    "--no-benchmark"])
     assert res.exit_code == 0, res.output
     assert "order of use:" in res.output and (tmp_path / B.MANIFEST).is_file()
     assert B.read_manifest(tmp_path)["options"]["chunk_frames"] == [1, 4]
-    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--chunk-frames", "x"])
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(codec_dir), "--chunk-frames", "x"])
     assert bad.exit_code != 0 and "comma-separated frame counts" in bad.output
 
 
@@ -161,15 +152,15 @@ def test_default_backends_per_device():
     assert B.default_compile_dtypes("cuda") == ("float32", "bfloat16") and B.default_compile_dtypes("cpu") == ("float32",)
 
 
-def test_cli_rejects_unknown_backends_and_dtypes(model_dir):
+def test_cli_rejects_unknown_backends_and_dtypes(codec_dir):
     from appliance.cli import cli
 
-    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--backends", "onnxruntime,magic"])
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(codec_dir), "--backends", "onnxruntime,magic"])
     assert bad.exit_code != 0 and "unknown backends ['magic']" in bad.output and "torch-compiled" in bad.output
-    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(model_dir), "--compile-dtypes", "float8"])
+    bad = CliRunner().invoke(cli, ["build-engines", "--model", str(codec_dir), "--compile-dtypes", "float8"])
     assert bad.exit_code != 0 and "--compile-dtypes" in bad.output
     with pytest.raises(ValueError, match="compile dtypes must be among"):
-        B.build_engines(model_dir, None, device="cpu", compile_dtypes=("int8",))
+        B.build_engines(codec_dir, None, device="cpu", compile_dtypes=("int8",))
 
 
 def test_gpu_ranking_puts_a_slower_compiled_codec_after_eager():

@@ -12,9 +12,7 @@ import torch
 
 from engines import build as B
 from engines.backends.codec_torch import TorchCodec
-from engines.model.codec_decoder import load_codec_decoder
 from engines.runtime.stream import CodecStreams
-from conftest import tiny_codec_dir
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ORT = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
@@ -22,14 +20,6 @@ needs_ort = pytest.mark.skipif(not HAS_ORT, reason="onnx / onnxruntime not insta
 TOL = 1e-4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def decoder():
-    d = tiny_codec_dir()
-    if d is None:
-        pytest.skip("tiny codec fixture missing")
-    return load_codec_decoder(d, "cpu", torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -22,26 +22,12 @@ from engines.backends.codec_torch import TorchCodec
 from engines.backends.parity import RAGGED, ragged_parity
 from engines.model.codec_decoder import load_codec_decoder
 from engines.runtime.stream import CodecStreams
-from conftest import tiny_codec_dir
 
 NO_COMPILE = cc.unavailable_reason("cpu")
 needs_compiler = pytest.mark.skipif(bool(NO_COMPILE), reason=f"inductor cannot compile here: {NO_COMPILE}")
 TOL = 1e-4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    d = tiny_codec_dir()
-    if d is None:
-        pytest.skip("tiny codec fixture missing")
-    return d
-
-
-@pytest.fixture(scope="module")
-def decoder(model_dir):
-    return load_codec_decoder(model_dir, "cpu", torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +98,12 @@ def test_codec_streams_with_the_compiled_codec_and_graphs(decoder, compiled):
 
 
 @needs_compiler
-def test_build_engines_compiles_into_the_cache_and_loads(model_dir, engine_cache, compiled, monkeypatch):
+def test_build_engines_compiles_into_the_cache_and_loads(codec_dir, engine_cache, compiled, monkeypatch):
     def fake_speed(make, dec, **kw):  # deterministic ranking: compiled "faster" than eager
         return {"audio_s_per_s": 3.0 if make(1).name == B.COMPILED else 1.0}
 
     monkeypatch.setattr(B, "speed", fake_speed)
-    m = B.build_engines(model_dir, engine_cache, device="cpu", max_batch=2, chunk_frames=(1, 4),
+    m = B.build_engines(codec_dir, engine_cache, device="cpu", max_batch=2, chunk_frames=(1, 4),
                         backends=(B.COMPILED,))
     entry = next(e for e in m["engines"] if e["backend"] == B.COMPILED)
     assert entry["cache"] == B.INDUCTOR_DIR and entry["torch"] == torch.__version__
@@ -125,21 +111,21 @@ def test_build_engines_compiles_into_the_cache_and_loads(model_dir, engine_cache
     assert entry["cpu_speed"]["audio_s_per_s"] == 3.0 and entry["eager_cpu_speed"]["audio_s_per_s"] == 1.0
     assert any((engine_cache / B.INDUCTOR_DIR).rglob("*")), "nothing written to the inductor cache"
     assert m["ranking"] == [B.COMPILED, "torch"] and m["options"]["compile_dtypes"] == ["float32"]
-    codec = B.load_built_codec(model_dir, engine_cache, "cpu", batch_size=2, rebuild=False)
+    codec = B.load_built_codec(codec_dir, engine_cache, "cpu", batch_size=2, rebuild=False)
     assert codec.name == B.COMPILED and codec.fallback_reason is None
     # a new torch version invalidates the check (not the code: inductor keys its cache itself)
     plat = dict(m["platform"], torch="9.9.9")
-    assert any(w.startswith("new torch") for w in B.stale_reasons(m, plat, B.model_identity(model_dir)))
+    assert any(w.startswith("new torch") for w in B.stale_reasons(m, plat, B.model_identity(codec_dir)))
 
 
-def test_no_compiler_is_skipped_with_the_reason(model_dir, tmp_path, monkeypatch, caplog):
+def test_no_compiler_is_skipped_with_the_reason(codec_dir, tmp_path, monkeypatch, caplog):
     why = "missing compiler: inductor needs a C++ compiler on the CPU (apt install g++)"
     monkeypatch.setattr(cc, "unavailable_reason", lambda device: why)
     with caplog.at_level(logging.WARNING, logger="engines.build"):
-        m = B.build_engines(model_dir, tmp_path, device="cpu", max_batch=2, backends=(B.COMPILED,), benchmark=False)
+        m = B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, backends=(B.COMPILED,), benchmark=False)
     assert m["skipped"][B.COMPILED] == why and m["ranking"] == ["torch"]
     assert "compiled torch codec not built: missing compiler" in caplog.text
-    dec = load_codec_decoder(model_dir, "cpu", torch.float32)
+    dec = load_codec_decoder(codec_dir, "cpu", torch.float32)
     with pytest.raises(RuntimeError, match="cannot compile the codec: missing compiler"):
         TorchCodec(dec, 2, compile=True)
 
@@ -197,7 +183,7 @@ def test_codec_benchmark_runs_on_cpu_at_tiny_size(modes, engine_cache, tmp_path,
 
 
 @pytest.mark.gpu
-def test_compiled_codec_in_cuda_graphs_matches_eager(model_dir, tmp_path):  # pragma: no cover - needs a GPU
+def test_compiled_codec_in_cuda_graphs_matches_eager(codec_dir, tmp_path):  # pragma: no cover - needs a GPU
     """On CUDA: CodecStreams captures the compiled push per bucket; fp32 audio equals the eager codec's
     (TF32 off, so both sides compute in true fp32)."""
     why = cc.unavailable_reason("cuda")
@@ -206,7 +192,7 @@ def test_compiled_codec_in_cuda_graphs_matches_eager(model_dir, tmp_path):  # pr
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        dec = load_codec_decoder(model_dir, "cuda", torch.float32)
+        dec = load_codec_decoder(codec_dir, "cuda", torch.float32)
         codec = TorchCodec(dec, 4, compile=True, cache_dir=tmp_path)
         codec.warm()
         assert codec.fallback_reason is None, codec.fallback_reason

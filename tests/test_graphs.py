@@ -3,8 +3,6 @@ device namespace, NPU detection without torch_npu, and a real CUDA graph where a
 from __future__ import annotations
 
 import contextlib
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +10,6 @@ import torch
 from engines.backends.graphs import CudaGraph, EagerGraph, StreamGraph, make_graph
 from engines.backends.npu import npu_available, npu_info
 
-TINY = Path(__file__).parent / "data" / "tiny"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,15 +121,11 @@ def test_npu_absent_is_reported_cleanly():
         make_graph("npu")
 
 
-def test_eager_graph_drives_the_streaming_codec():
+def test_eager_graph_drives_the_streaming_codec(decoder):
     """The decode-loop pattern on CPU: static codes / n_valid buffers, push captured once, replayed."""
     from engines.backends.codec_torch import TorchCodec
-    from engines.model.codec_decoder import load_codec_decoder
 
-    meta = TINY / "golden" / "codec.json"
-    if not meta.is_file():
-        pytest.skip("tiny codec fixture missing")
-    dec = load_codec_decoder(TINY / json.loads(meta.read_text())["codec_dir"], "cpu", torch.float32)
+    dec = decoder
     k, cbs = dec.config.num_quantizers, dec.config.codebook_size
     codes = torch.randint(0, cbs, (2, k, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

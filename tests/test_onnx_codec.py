@@ -31,14 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def decoder():
-    d = tiny_codec_dir()
-    if d is None:
-        pytest.skip("tiny codec fixture missing (tests/data/tiny/*/speech_tokenizer)")
-    return load_codec_decoder(d, "cpu", torch.float32)
-
-
-@pytest.fixture(scope="module")
 def step_path(decoder, tmp_path_factory):
     return export_step(decoder, tmp_path_factory.mktemp("onnx") / "step.onnx")
 

@@ -15,7 +15,6 @@ from engines.backends import codec_trt
 from engines.backends.codec_export import STATE_IN, state_specs, step_input_names
 from engines.backends.codec_trt import build_plan, pick_bucket, profile_shapes
 from engines.model.config import CodecConfig, CodecDecoderConfig
-from conftest import tiny_codec_dir
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
@@ -28,17 +27,9 @@ needs_trt = pytest.mark.skipif(not HAS_TRT, reason="tensorrt not installed (NVID
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    d = tiny_codec_dir()
-    if d is None:
-        pytest.skip("tiny codec fixture missing")
-    return d
-
-
 @pytest.mark.parametrize("which", ["tiny", "real"])
-def test_profile_shapes_cover_every_input(which, tiny_dir):
-    cfg = CodecConfig.from_dir(tiny_dir).decoder if which == "tiny" else CodecDecoderConfig()
+def test_profile_shapes_cover_every_input(which, codec_dir):
+    cfg = CodecConfig.from_dir(codec_dir).decoder if which == "tiny" else CodecDecoderConfig()
     profiles = profile_shapes(cfg, max_batch=6, chunk_frames=(4, 1, 2, 4))
     assert len(profiles) == 3  # one per distinct chunk size
     names = step_input_names(cfg)
@@ -80,7 +71,7 @@ def test_without_tensorrt_build_and_runtime_say_so(tmp_path):
 
 
 @no_trt
-def test_cuda_machine_without_tensorrt_builds_torch_only(tiny_dir, tmp_path, monkeypatch):
+def test_cuda_machine_without_tensorrt_builds_torch_only(codec_dir, tmp_path, monkeypatch):
     """On an NVIDIA machine without TensorRT the build records why and ranks the torch codec."""
     real = B.detect_platform
 
@@ -90,7 +81,7 @@ def test_cuda_machine_without_tensorrt_builds_torch_only(tiny_dir, tmp_path, mon
 
     monkeypatch.setattr(B, "detect_platform", fake_gpu)
     monkeypatch.setattr(B, "resolve_device", lambda dev="auto": "cuda")
-    m = B.build_engines(tiny_dir, tmp_path, device="cuda", max_batch=2, chunk_frames=(1, 4), backends=("tensorrt",))
+    m = B.build_engines(codec_dir, tmp_path, device="cuda", max_batch=2, chunk_frames=(1, 4), backends=("tensorrt",))
     assert m["ranking"] == ["torch"] and "tensorrt" in m["skipped"]
     assert m["skipped"]["tensorrt"] == "missing library: tensorrt is not installed"
     assert m["platform"]["driver"] == "550.54.15" and m["platform"]["capability"] == "9.0"
@@ -98,13 +89,13 @@ def test_cuda_machine_without_tensorrt_builds_torch_only(tiny_dir, tmp_path, mon
 
 @needs_trt
 @pytest.mark.gpu
-def test_trt_plan_matches_torch_codec(tiny_dir, tmp_path):  # pragma: no cover - needs TensorRT + GPU
+def test_trt_plan_matches_torch_codec(codec_dir, tmp_path):  # pragma: no cover - needs TensorRT + GPU
     from engines.backends.codec_export import export_step
     from engines.backends.codec_trt import TrtCodec
     from engines.backends.parity import stream_parity
     from engines.model.codec_decoder import load_codec_decoder
 
-    dec = load_codec_decoder(tiny_dir, "cpu", torch.float32)
+    dec = load_codec_decoder(codec_dir, "cpu", torch.float32)
     onnx_path = export_step(dec, tmp_path / "step.onnx")
     build_plan(onnx_path, tmp_path / "step.plan", dec.config, 4, (1, 2, 4, 8), "fp32")
     err = stream_parity(lambda b: TrtCodec(tmp_path / "step.plan", b, dec.samples_per_frame, "cuda"), dec,
