@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from .audio_out import pcm16, wav_header
+from appliance.audio_out import pcm16, wav_header
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`tts-appliance build-engines`: install-time codec engine builds (see engines.build).
+"""`tts-appliance build-engines`: install-time codec engine builds (see engines.codec.build).
 
 `register(cli_group)` adds the command to the main `tts-appliance` group.
 """
@@ -48,7 +48,7 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
                       force, as_json):
     """Build the codec engines this machine can run (ONNX Runtime on CPU; TensorRT and the compiled
     torch codec on NVIDIA GPUs)."""
-    from engines.build import COMPILED, DTYPES, build_engines, default_cache_dir
+    from engines.codec.build import COMPILED, DTYPES, build_engines, default_cache_dir
 
     if not model:
         raise click.UsageError("no model: pass --model PATH or set $TTS_APPLIANCE_MODEL")

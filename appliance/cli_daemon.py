@@ -22,8 +22,8 @@ def register(cli_group: click.Group) -> None:
         Works the same under systemd (Type=notify, watchdog, socket activation) and by hand.
         SIGTERM stops cleanly, SIGHUP reloads the configuration.
         """
-        from .config import ConfigError, as_dict, load_config
-        from .daemon import main as daemon_main
+        from appliance.config import ConfigError, as_dict, load_config
+        from appliance.daemon import main as daemon_main
 
         if print_config:
             try:

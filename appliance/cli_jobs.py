@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from jobs.queue import TERMINAL, Queue, QueueError
+from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, HOME_ENV, JobSpec, configured_model, resolve_home
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,13 @@ def _fail(msg: str):
 
 def _remote(home):
     """The running daemon's API client when one serves this spool folder, else None (work in-process)."""
-    from .client import daemon_client
+    from appliance.client import daemon_client
 
     return daemon_client(home)
 
 
 def _via(remote, fn, *args):
-    from .client import DaemonError
+    from appliance.client import DaemonError
 
     try:
         return fn(*args)
@@ -92,10 +93,11 @@ def load_engine(paths, opts: dict):
 
 def make_runner(paths, queue, engine, opts: dict):
     """A Runner from the engine options (batch_size, guard, lease_seconds, model)."""
-    from jobs.runner import GuardSettings, Runner
+    from jobs.guard import GuardSettings
+    from jobs.worker import Worker
 
     explicit_model = opts["model"]
-    return Runner(queue, engine, paths, batch_size=opts["batch_size"], guard=GuardSettings(enabled=opts["guard"]),
+    return Worker(queue, engine, paths, batch_size=opts["batch_size"], guard=GuardSettings(enabled=opts["guard"]),
                   lease_s=opts["lease_seconds"],
                   model=str(Path(explicit_model).resolve()) if explicit_model else None)
 
@@ -119,26 +121,6 @@ def run_until_finished(queue: Queue, runner, job_ids: list[str], progress: bool 
             runner.close()
 
 
-def _job_summary(queue: Queue, job: dict) -> dict:
-    counts = queue.counts(job["id"])
-    return {"id": job["id"], "state": job["state"], "priority": job["priority"], "title": job["title"],
-            "progress": {"done": counts["done"], "total": sum(counts.values()), **counts},
-            "error": job["error"], "output_dir": job["output_dir"], "sources": json.loads(job["sources"] or "[]"),
-            "created_at": job["created_at"], "finished_at": job["finished_at"]}
-
-
-def _describe(s: dict) -> str:
-    p = s["progress"]
-    line = f"{s['id']}  {s['state']:<9}  {p['done']}/{p['total']} segments  {s['title'] or ''}"
-    if p["failed"]:
-        line += f"  ({p['failed']} failed)"
-    if s["error"]:
-        line += f"\n    error: {s['error']}"
-    if s["output_dir"] and s["state"] in ("done", "partial"):
-        line += f"\n    output: {s['output_dir']}"
-    return line
-
-
 def register(cli_group: click.Group) -> None:
     """Add the job commands to `cli_group`."""
 
@@ -160,7 +142,7 @@ def register(cli_group: click.Group) -> None:
     def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, wait,
                home, as_json, **eng):
         """Queue FILES (one job per file) and print the job ids."""
-        from jobs.runner import SubmitError, check_voice, submit_file
+        from jobs.submit import SubmitError, check_voice, submit_file
 
         engine, model = None, eng["model"]
         remote = None if wait or model else _remote(home)  # a running daemon takes the files
@@ -195,10 +177,10 @@ def register(cli_group: click.Group) -> None:
             run_until_finished(queue, runner, ok, progress=not as_json)
             for r in results:
                 if not r["error"]:
-                    s = _job_summary(queue, queue.job(r["job_id"]))
+                    s = job_summary(queue, r["job_id"])
                     r.update(state=s["state"], error=s["error"], output_dir=s["output_dir"])
                     if not as_json:
-                        click.echo(_describe(s))
+                        click.echo(describe(s))
         if as_json:
             click.echo(json.dumps(results, indent=2))
         if any(r["state"] not in ("queued", "done") for r in results):
@@ -215,10 +197,8 @@ def register(cli_group: click.Group) -> None:
             s = _via(remote, remote.job, job_id)
         else:
             _, queue = _open(home)
-            s = _job_summary(queue, _get(queue, job_id))
-            s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
-                                    for g in queue.segments(job_id) if g["state"] == "failed"]
-        text = _describe(s) + "".join(f"\n    segment {f['index']}: {f['error']}" for f in s["failed_segments"])
+            s = _call(job_summary, queue, job_id)
+        text = describe(s) + "".join(f"\n    segment {f['index']}: {f['error']}" for f in s["failed_segments"])
         _emit(as_json, s, text)
 
     @cli_group.command("list")
@@ -233,8 +213,8 @@ def register(cli_group: click.Group) -> None:
             rows = _via(remote, remote.jobs, states)
         else:
             _, queue = _open(home)
-            rows = [_job_summary(queue, j) for j in queue.jobs(states or None)]
-        _emit(as_json, rows, "\n".join(_describe(s) for s in rows) or "no jobs")
+            rows = [job_summary(queue, j["id"], failed_segments=False) for j in queue.jobs(states or None)]
+        _emit(as_json, rows, "\n".join(describe(s) for s in rows) or "no jobs")
 
     @cli_group.command()
     @click.argument("job_id")
@@ -264,8 +244,8 @@ def register(cli_group: click.Group) -> None:
             engine = load_engine(paths, eng)
             run_until_finished(queue, make_runner(paths, queue, engine, eng),
                                [job_id], progress=not as_json)
-        s = _job_summary(queue, queue.job(job_id))
-        _emit(as_json, {**s, "requeued": n}, f"{n} segments requeued\n{_describe(s)}")
+        s = job_summary(queue, job_id)
+        _emit(as_json, {**s, "requeued": n}, f"{n} segments requeued\n{describe(s)}")
 
     @cli_group.command()
     @click.argument("job_id")
@@ -284,8 +264,8 @@ def register(cli_group: click.Group) -> None:
             engine = load_engine(paths, eng)
             run_until_finished(queue, make_runner(paths, queue, engine, eng),
                                [job_id], progress=not as_json)
-        s = _job_summary(queue, queue.job(job_id))
-        _emit(as_json, {**s, "segment": index, "seed": seed}, f"segment {index} seed {seed}\n{_describe(s)}")
+        s = job_summary(queue, job_id)
+        _emit(as_json, {**s, "segment": index, "seed": seed}, f"segment {index} seed {seed}\n{describe(s)}")
 
     @cli_group.command()
     @click.argument("job_id")

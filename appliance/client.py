@@ -62,8 +62,8 @@ class DaemonClient:
 
     # -- what the CLI needs ----------------------------------------------------------------------
     def submit_file(self, path, spec) -> tuple[str, Optional[str]]:
-        """Upload one file as a job; returns (job id, error or None) like jobs.runner.submit_file."""
-        from jobs.runner import SubmitError
+        """Upload one file as a job; returns (job id, error or None) like jobs.worker.submit_file."""
+        from jobs.submit import SubmitError
 
         p = Path(path)
         if not p.is_file():

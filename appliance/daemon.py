@@ -21,10 +21,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from .config import Config, ConfigError, load_config
-from .engine_host import BatchSynthesizer, EngineHost
-from .metrics import Metrics
-from .sdnotify import Notifier
+from appliance.config import Config, ConfigError, load_config
+from appliance.engine_host import BatchSynthesizer, EngineHost
+from appliance.metrics import Metrics
+from appliance.sdnotify import Notifier
 
 log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
@@ -78,13 +78,14 @@ class Daemon:
 
     def _start_workers(self) -> None:
         from jobs.queue import Queue
-        from jobs.runner import GuardSettings, Runner
+        from jobs.guard import GuardSettings
+        from jobs.worker import Worker
 
         j = self.cfg.jobs
         if j.enabled:
             model = str(Path(self.cfg.model.path).resolve())
             for i in range(max(1, j.workers)):
-                worker = Runner(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
+                worker = Worker(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
                                 batch_size=j.batch_size, lease_s=j.lease_s, guard=GuardSettings(enabled=j.guard),
                                 model=model, should_yield=self.host.streams_waiting)
                 t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
@@ -124,7 +125,7 @@ class Daemon:
         return 0
 
     async def _serve(self) -> None:
-        from .servers import Servers
+        from appliance.servers import Servers
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -220,7 +221,7 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
     setup_logging(cfg.service.log_level)
     if instance:
         cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
-        from .engine_host import pick_device
+        from appliance.engine_host import pick_device
 
         dev = pick_device(cfg.model.device)
         cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"

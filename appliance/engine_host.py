@@ -2,7 +2,7 @@
 
 All synthesis goes through one `EngineRunner` (continuous batching). Streaming requests (HTTP,
 Wyoming) are submitted with `STREAM_PRIORITY`; the batch queue worker reaches the runner through
-`BatchSynthesizer`, which has the `synthesize(list)` shape `jobs.runner.Runner` expects and
+`BatchSynthesizer`, which has the `synthesize(list)` shape `jobs.worker.Runner` expects and
 submits at `BATCH_PRIORITY`, so batch segments only fill capacity streams leave free. The jobs
 worker also yields (claims nothing) while streams are waiting (`streams_waiting`).
 """
@@ -154,7 +154,7 @@ class EngineHost:
 
 
 class BatchSynthesizer:
-    """`synthesize(list)` for `jobs.runner.Runner`, executed by the shared runner at batch priority."""
+    """`synthesize(list)` for `jobs.worker.Runner`, executed by the shared runner at batch priority."""
 
     def __init__(self, host: EngineHost, busy_wait_s: float = 0.2):
         self.host, self.busy_wait_s = host, busy_wait_s

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from engines.model.errors import TTSError
 
-from .engine_host import EngineBusy
+from appliance.engine_host import EngineBusy
 
 log = logging.getLogger(__name__)
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -173,8 +173,8 @@ async def metrics(request):
 
 
 def make_app(ctx) -> web.Application:
-    from .http_jobs import add_routes as add_job_routes
-    from .http_speech import speech
+    from appliance.http_jobs import add_routes as add_job_routes
+    from appliance.http_speech import speech
 
     app = web.Application(middlewares=[json_errors], client_max_size=ctx.cfg.http.max_body_bytes)
     app[CTX] = ctx

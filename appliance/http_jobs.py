@@ -23,9 +23,10 @@ from pathlib import Path
 from aiohttp import web
 
 from jobs.queue import TERMINAL, Queue, QueueError
+from jobs.report import job_summary
 from jobs.settings import JobSpec
 
-from .http_api import CTX, ApiError, read_json
+from appliance.http_api import CTX, ApiError, read_json
 
 SPEC_FIELDS = {"voice": str, "language": str, "format": str, "title": str, "author": str, "priority": int,
                "instruct": str, "seed": int, "max_new_tokens": int}
@@ -46,15 +47,6 @@ async def _q(ctx, fn, *args):
     except QueueError as exc:
         status = 404 if "no job" in str(exc) else 409
         raise ApiError(status, str(exc), "not_found" if status == 404 else "conflict") from None
-
-
-def summary(q: Queue, job_id: str) -> dict:
-    from .cli_jobs import _job_summary
-
-    s = _job_summary(q, q.job(job_id))
-    s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
-                            for g in q.segments(job_id) if g["state"] == "failed"]
-    return s
 
 
 def _spec(fields: dict) -> JobSpec:
@@ -129,13 +121,13 @@ async def submit(request):
     spec = _spec(fields)
 
     def do(q):
-        from jobs.runner import SubmitError, submit_file
+        from jobs.submit import SubmitError, submit_file
 
         try:
             job_id, error = submit_file(q, ctx.paths, path, spec)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
-        return {**summary(q, job_id), "submit_error": error}
+        return {**job_summary(q, job_id), "submit_error": error}
 
     s = await _q(ctx, do)
     return web.json_response(s, status=422 if s["submit_error"] else 201)
@@ -143,16 +135,14 @@ async def submit(request):
 
 async def list_jobs(request):
     """GET /v1/jobs"""
-    from .cli_jobs import _job_summary
-
     states = request.query.getall("state", []) or None
-    rows = await _q(request.app[CTX], lambda q: [_job_summary(q, j) for j in q.jobs(states)])
+    rows = await _q(request.app[CTX], lambda q: [job_summary(q, j["id"], failed_segments=False) for j in q.jobs(states)])
     return web.json_response(rows)
 
 
 async def get_job(request):
     """GET /v1/jobs/{id}"""
-    return web.json_response(await _q(request.app[CTX], summary, request.match_info["id"]))
+    return web.json_response(await _q(request.app[CTX], job_summary, request.match_info["id"]))
 
 
 async def cancel_job(request):
@@ -166,7 +156,7 @@ async def retry_job(request):
     """POST /v1/jobs/{id}/retry"""
     ctx, job_id = request.app[CTX], request.match_info["id"]
     n = await _q(ctx, lambda q: q.retry(job_id))
-    return web.json_response({**await _q(ctx, summary, job_id), "requeued": n})
+    return web.json_response({**await _q(ctx, job_summary, job_id), "requeued": n})
 
 
 async def job_events(request):
@@ -178,7 +168,7 @@ async def job_events(request):
     last, seen = None, 0
 
     def poll(q):
-        return summary(q, job_id), q.events(job_id)
+        return job_summary(q, job_id), q.events(job_id)
 
     while True:
         s, events = await _q(ctx, poll)

@@ -19,10 +19,10 @@ from aiohttp import web
 
 from engines.model.errors import TTSError
 
-from .audio_out import FORMATS, encode
-from .audio_stream import EncoderUnavailable, StreamEncoder
-from .engine_host import EngineBusy
-from .http_api import CTX, ApiError, _field, decode_b64_audio, read_json
+from appliance.audio_out import FORMATS, encode
+from appliance.audio_stream import EncoderUnavailable, StreamEncoder
+from appliance.engine_host import EngineBusy
+from appliance.http_api import CTX, ApiError, _field, decode_b64_audio, read_json
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from .sdnotify import listen_fds, pick_activated
+from appliance.sdnotify import listen_fds, pick_activated
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Servers:
             path.unlink()  # a stale socket of an earlier run
 
     async def start(self) -> None:
-        from .http_api import make_app
+        from appliance.http_api import make_app
 
         fds = listen_fds()
         h = self.cfg.http
@@ -84,7 +84,7 @@ class Servers:
             s.close()
 
     async def _start_wyoming(self, fds, mode: int) -> None:
-        from .wyoming_server import client_connected
+        from appliance.wyoming_server import client_connected
 
         w = self.cfg.wyoming
         if not w.enabled:

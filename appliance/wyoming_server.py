@@ -27,8 +27,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engines.model.errors import TTSError
 
-from .audio_out import pcm16
-from .engine_host import EngineBusy
+from appliance.audio_out import pcm16
+from appliance.engine_host import EngineBusy
 
 log = logging.getLogger(__name__)
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"')\]]*\s+")

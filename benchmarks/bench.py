@@ -18,7 +18,7 @@ import time
 import torch
 
 from engines.api import SamplingParams, SynthesisRequest
-from engines.model.dummy import dummy_engine
+from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 
 FRAME_S = 0.08

@@ -55,7 +55,7 @@ def load(args, dtype):
         from engines.api import TTSEngine
 
         return TTSEngine.load(args.model, device=args.device, dtype=dtype)
-    from engines.model.dummy import dummy_engine
+    from benchmarks.dummy_engine import dummy_engine
 
     return dummy_engine(args.dummy, args.device, dtype)
 

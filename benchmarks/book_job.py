@@ -16,10 +16,12 @@ import threading
 import time
 from pathlib import Path
 
-from engines.model.dummy import dummy_engine
+from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 from jobs.queue import Queue
-from jobs.runner import GuardSettings, Runner, submit_file
+from jobs.guard import GuardSettings
+from jobs.submit import submit_file
+from jobs.worker import Worker
 from jobs.settings import JobSpec, Paths
 
 SENTENCES = ["The morning light fell across the valley and the river shone like a ribbon of glass.",
@@ -87,7 +89,7 @@ def main() -> None:
             return Queue(paths.db).job(job_id)["state"] in ("done", "failed", "partial")
 
         def work() -> None:  # each worker claims a batch and waits for it: two keep the engine fed
-            worker = Runner(Queue(paths.db), synth, paths, batch_size=args.batch,
+            worker = Worker(Queue(paths.db), synth, paths, batch_size=args.batch,
                             guard=GuardSettings(enabled=False), model=None)
             while not finished():
                 if not worker.run_once():

@@ -5,14 +5,14 @@
         --dtypes float32 --modes eager,compiled --reps 3                              # CPU smoke run
 
 `--codec real` (default) is the real-size Qwen3-TTS-Tokenizer-12Hz decoder with RANDOM weights
-(engines.backends.bench_codec.random_decoder: speed depends on shapes, not values); `tiny` is the
+(benchmarks.codec_cpu.random_decoder: speed depends on shapes, not values); `tiny` is the
 test fixture; a folder loads that speech_tokenizer. Every measurement pushes `chunk` frames on
 `batch` streams of `TorchCodec` (the backend the runtime's CodecStreams uses), continuing the same
 streams from call to call, as the runtime does. Modes:
 
     eager            TorchCodec.push as is
     graph            TorchCodec.push captured once in a device graph (CUDA graph), then replayed
-    compiled         the torch.compile'd step (engines.backends.codec_compile), no graph
+    compiled         the torch.compile'd step (engines.codec.backend_compiled), no graph
     compiled-graph   the compiled step captured in a CUDA graph (what the runtime does with
                      codec backend "torch-compiled" on a GPU)
 
@@ -52,8 +52,8 @@ def tiny_codec_dir() -> Path:
 
 
 def load_decoder(which: str, device: str, dtype: torch.dtype):
-    from engines.backends.bench_codec import random_decoder
-    from engines.model.codec_decoder import load_codec_decoder
+    from benchmarks.codec_cpu import random_decoder
+    from engines.codec.decoder import load_codec_decoder
 
     if which == "real":
         dec = random_decoder().to(device=device, dtype=dtype)
@@ -90,8 +90,8 @@ def time_calls(fn, device: torch.device, reps: int, max_seconds: float) -> list[
 def measure(dec, mode: str, batch: int, chunk: int, reps: int, warmup: int, max_seconds: float,
             cache_dir: str | None) -> dict:
     """One (mode, batch, chunk) point on fresh streams."""
-    from engines.backends.codec_torch import TorchCodec
-    from engines.backends.graphs import make_graph
+    from engines.codec.backend_torch import TorchCodec
+    from engines.device.graphs import make_graph
 
     device = next(dec.parameters()).device
     codec = TorchCodec(dec, batch, compile=mode.startswith("compiled"), cache_dir=cache_dir)
@@ -126,8 +126,8 @@ def measure(dec, mode: str, batch: int, chunk: int, reps: int, warmup: int, max_
 
 
 def compiled_parity(dec, cache_dir: str | None) -> float:
-    from engines.backends.codec_torch import TorchCodec
-    from engines.backends.parity import ragged_parity
+    from engines.codec.backend_torch import TorchCodec
+    from engines.codec.parity import ragged_parity
 
     return ragged_parity(lambda b: TorchCodec(dec, b), lambda b: TorchCodec(dec, b, compile=True, cache_dir=cache_dir),
                          dec)
@@ -142,7 +142,7 @@ def env_info(device: torch.device) -> dict:
         info["device_name"] = torch.cuda.get_device_name(device)
         info["capability"] = "%d.%d" % torch.cuda.get_device_capability(device)
     else:
-        from engines.backends.detect import cpu_name
+        from engines.device.detect import cpu_name
 
         info["device_name"] = f"{cpu_name()} ({os.cpu_count()} cores)"
     return info
@@ -202,7 +202,7 @@ def run(args) -> dict:
         res["params_m"] = round(sum(p.numel() for p in dec.parameters()) / 1e6, 1)
         res["samples_per_frame"] = dec.samples_per_frame
         if any(m.startswith("compiled") for m in modes):
-            from engines.backends.codec_torch import TorchCodec
+            from engines.codec.backend_torch import TorchCodec
 
             probe = TorchCodec(dec, 2, compile=True, cache_dir=cache)
             info = {"compile_s": round(probe.warm(), 1)}

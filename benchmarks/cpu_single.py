@@ -10,7 +10,7 @@ import time
 import torch
 
 from benchmarks.bench import request
-from engines.model.dummy import dummy_engine
+from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 
 

@@ -1,6 +1,6 @@
 """Write an engine's weights as a checkpoint folder in the official Qwen3-TTS layout.
 
-Used to hand the random real-shape weights of `engines.model.dummy.dummy_engine` to the official
+Used to hand the random real-shape weights of `benchmarks.dummy_engine.dummy_engine` to the official
 `qwen-tts` package (benchmarks/official_baseline.py), so both run the very same numbers:
 
     python -m benchmarks.dummy_checkpoint --dummy 0.6b --seed 0 --device cuda --out /tmp/dummy-0.6b
@@ -136,7 +136,7 @@ def write_dummy_checkpoint(shape: str, out: str | Path, device="cpu", dtype="bfl
     Returns (folder, engine). The random fill runs on `device`: CPU and CUDA generators give different
     numbers, so use the device the engine benchmark runs on to get its exact weights.
     """
-    from engines.model.dummy import TOKENIZER_DIR, dummy_engine
+    from benchmarks.dummy_engine import TOKENIZER_DIR, dummy_engine
 
     engine = dummy_engine(shape, device, dtype, seed)
     return write_checkpoint(engine, out, TOKENIZER_DIR), engine

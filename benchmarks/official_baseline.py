@@ -5,7 +5,7 @@
 
 Runs in the official package's environment (qwen-tts 0.1.1, transformers 4.57.3) with this repository
 importable (run from the repository root). `--dummy SHAPE --seed S` builds the random real-shape weights
-with the very function benchmarks/bench.py uses (`engines.model.dummy.dummy_engine(SHAPE, device, dtype,
+with the very function benchmarks/bench.py uses (`benchmarks.dummy_engine.dummy_engine(SHAPE, device, dtype,
 S)`), writes them as a checkpoint folder in the official layout (benchmarks/dummy_checkpoint.py) and loads
 that folder with `qwen_tts.Qwen3TTSModel.from_pretrained`; then every tensor the official model received
 is compared with ours (`weights_check` in the report). Use the benchmark's device: the random fill differs
@@ -295,7 +295,7 @@ def run(args) -> dict:
         _, engine = write_dummy_checkpoint(args.dummy, root, args.device, dtype, args.seed)  # as bench.py calls it
         ours = {**engine.weights.state_dict(), **{"decoder." + k: v for k, v in engine.decoder.state_dict().items()}}
         res["model"] = f"dummy-{args.dummy}"
-        res["weights_source"] = (f"engines.model.dummy.dummy_engine({args.dummy!r}, {args.device!r}, "
+        res["weights_source"] = (f"benchmarks.dummy_engine.dummy_engine({args.dummy!r}, {args.device!r}, "
                                  f"{res['dtype']!r}, seed={args.seed}) written by benchmarks.dummy_checkpoint")
         res["engine_model_id"] = engine.model_id
         del engine

@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench import request
-from engines.model.dummy import dummy_engine
+from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 
 

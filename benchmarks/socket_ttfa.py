@@ -122,7 +122,7 @@ def build_runner(args, slots: int):
     from engines.runtime.runner import EngineRunner
 
     if args.dummy:
-        from engines.model.dummy import dummy_engine
+        from benchmarks.dummy_engine import dummy_engine
 
         engine = dummy_engine(args.dummy, args.device, args.dtype)
     else:

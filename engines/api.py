@@ -64,7 +64,7 @@ class SynthesisResult:
 
 def __getattr__(name):  # `from engines.api import TTSEngine` without an import cycle
     if name == "TTSEngine":
-        from .engine import TTSEngine
+        from engines.engine import TTSEngine
 
         return TTSEngine
     raise AttributeError(name)

@@ -9,13 +9,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .api import SamplingParams, SynthesisRequest, SynthesisResult
-from .model.checkpoint import load_weights, resolve_dtype, weights_hash
-from .model.config import CodecConfig, GenerationDefaults
-from .model.errors import BadInput, LanguageNotSupported, UnsupportedMode, VoiceNotFound
-from .model.generate import RowSettings, generate
-from .model.prompt import PromptBuilder, PromptSpec
-from .model.text_tokenizer import TextTokenizer
+from engines.api import SamplingParams, SynthesisRequest, SynthesisResult
+from engines.model.checkpoint import load_weights, resolve_dtype, weights_hash
+from engines.model.config import CodecConfig, GenerationDefaults
+from engines.model.errors import BadInput, LanguageNotSupported, UnsupportedMode, VoiceNotFound
+from engines.model.generate import RowSettings, generate
+from engines.model.prompt import PromptBuilder, PromptSpec
+from engines.model.text import expected_seconds
+from engines.model.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,9 @@ FRAMES_PER_S = 12.5
 
 
 def runaway_frames(text: str, floor_s: float = 10.0, factor: float = 4.0) -> int:
-    """Frame limit for `text`: `factor` x its expected duration (15 characters/s, a CJK character counting
-    as 3), at least `floor_s` seconds, + 1 for the official max_new_tokens convention."""
-    units = sum(3 if "\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" else 1 for ch in text)
-    return int(FRAMES_PER_S * max(floor_s, factor * units / 15.0)) + 1
+    """Frame limit for `text`: `factor` x its expected duration (engines.model.text), at least `floor_s`
+    seconds, + 1 for the official max_new_tokens convention."""
+    return int(FRAMES_PER_S * max(floor_s, factor * expected_seconds(text))) + 1
 
 
 class TTSEngine:
@@ -50,7 +50,7 @@ class TTSEngine:
     @classmethod
     def load(cls, model_path, device: str = "cpu", dtype="float32", voices_dir=None) -> "TTSEngine":
         """Load a checkpoint folder in the official layout onto `device` in `dtype`."""
-        from .model.codec_decoder import load_codec_decoder
+        from engines.codec.decoder import load_codec_decoder
 
         root, dt, dev = Path(model_path), resolve_dtype(dtype), torch.device(device)
         cfg, weights = load_weights(root, dev, dt)
@@ -90,14 +90,14 @@ class TTSEngine:
     # ----- voice cloning ---------------------------------------------------------------------
     def _codec_encoder(self):
         if self._encoder is None:
-            from .model.codec_encoder import load_codec_encoder
+            from engines.codec.encoder import load_codec_encoder
 
             self._encoder = load_codec_encoder(self.root / "speech_tokenizer", self.device, torch.float32)
         return self._encoder
 
     def make_voice(self, ref_audio, ref_text: Optional[str] = None, x_vector_only: bool = False):
         """Clone a voice from reference audio (Base checkpoints). Returns a ClonedVoice (save() it to reuse)."""
-        from .model.voice import make_cloned_voice
+        from engines.model.voice import make_cloned_voice
 
         if self.model_type != "base":
             raise UnsupportedMode(f"reference audio needs a Base checkpoint; this one is {self.model_type}")
@@ -107,7 +107,7 @@ class TTSEngine:
                                  ref_audio, ref_text=ref_text, x_vector_only=x_vector_only, model_config=self.cfg)
 
     def _load_voice(self, name: str):
-        from .model.voice import ClonedVoice
+        from engines.model.voice import ClonedVoice
 
         path = Path(name)
         if not path.is_file() and self.voices_dir:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .assemble import ChapterOut, write_bytes_atomic
+from jobs.assemble import ChapterOut, write_bytes_atomic
 
 MANIFEST_VERSION = 1
 

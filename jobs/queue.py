@@ -23,7 +23,7 @@ from typing import Iterable, Optional, Sequence
 
 import sqlite_utils
 
-from .settings import JobSpec
+from jobs.settings import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from typing import Optional
 
 from jobs.document import Document, SegmentText
 from jobs.normalize import CJK, Lexicon, cleanup, language_code, normalize
-from jobs.segment_split import hard_split, is_cjk_text, split_clauses, split_sentences, split_words
+from engines.model.text import is_cjk_text
+from jobs.segment_split import hard_split, split_clauses, split_sentences, split_words
 
 log = logging.getLogger(__name__)
 

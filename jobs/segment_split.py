@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+from engines.model.text import CJK_RE
+
 NON_TERMINAL = {
     # English titles and abbreviations that do not end a sentence
     "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "mt", "capt", "gen", "col", "lt", "sgt", "rev", "gov",
@@ -17,7 +19,6 @@ DE_ORDINAL_PREV = {"am", "vom", "zum", "bis", "ab", "seit", "dem", "den", "im", 
 DE_MONTHS = {"januar", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober",
              "november", "dezember", "jahrhundert"}
 CLOSERS = "\"'”’»)]）」』】〉》›"
-CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 _CAND_RE = re.compile(rf"(?P<p>[.!?…]+|[。！？]+)(?P<c>[{re.escape(CLOSERS)}]*)")
 _CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=[—–]\s)|(?<=\s[—–])\s+|(?<=[，、；：])")
 _ASCII_RUN_RE = re.compile(r"[A-Za-z0-9\u00c0-\u024f'’.-]+|\s+|.", re.S)
@@ -91,7 +92,3 @@ def hard_split(token: str, size: int) -> list[str]:
     return [token[i : i + size] for i in range(0, len(token), size)]
 
 
-def is_cjk_text(text: str) -> bool:
-    sample = text[:2000]
-    letters = [c for c in sample if c.isalpha()]
-    return bool(letters) and sum(1 for c in letters if CJK_RE.match(c)) > 0.3 * len(letters)

@@ -24,8 +24,8 @@ from typing import Optional
 
 import yaml
 
-from .queue import Queue
-from .settings import JobSpec, Paths
+from jobs.queue import Queue
+from jobs.settings import JobSpec, Paths
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class InboxWatcher:
     # -- taking a file -------------------------------------------------------------------------
     def take(self, path: Path) -> Optional[str]:
         """Ingest one complete file; returns the job id (None when it went to failed/)."""
-        from .runner import submit_file
+        from jobs.submit import submit_file
 
         digest = sha256_file(path)
         side = sidecar_for(path)

@@ -55,7 +55,7 @@ def decoder(codec_dir):
     """The tiny codec decoder, fp32 on the CPU (one per test module)."""
     import torch
 
-    from engines.model.codec_decoder import load_codec_decoder
+    from engines.codec.decoder import load_codec_decoder
 
     return load_codec_decoder(codec_dir, "cpu", torch.float32)
 

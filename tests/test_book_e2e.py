@@ -19,7 +19,7 @@ import soundfile as sf
 
 from jobs.document import Chapter, Document, SegmentText
 from jobs.queue import Queue
-from jobs.runner import submit_document
+from jobs.submit import submit_document
 from jobs.settings import JobSpec, resolve_home
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def _book() -> Document:
 def _chapters(doc: Document):
     """Segmentation from jobs.segment when it is there; else one segment per paragraph."""
     try:
-        from jobs.runner import document_chapters
+        from jobs.submit import document_chapters
 
         return document_chapters(doc, JobSpec(**SPEC))
     except ImportError:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from engines import build as B
-from engines.backends.codec_torch import TorchCodec
-from engines.backends.detect import detect_platform
+from engines.codec import build as B
+from engines.codec.backend_torch import TorchCodec
+from engines.device.detect import detect_platform
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ONNX = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
@@ -70,7 +70,7 @@ def test_onnx_engine_built_checked_and_loaded(codec_dir, built):
 
 
 def codec_decoder(codec_dir):
-    from engines.model.codec_decoder import load_codec_decoder
+    from engines.codec.decoder import load_codec_decoder
 
     return load_codec_decoder(B.codec_dir(codec_dir), "cpu", torch.float32)
 
@@ -96,7 +96,7 @@ def test_model_change_triggers_rebuild_with_reason(codec_dir, tmp_path, caplog, 
     m = json.loads((tmp_path / B.MANIFEST).read_text())
     m["model"]["codec_weights"] = "deadbeefdeadbeef"
     (tmp_path / B.MANIFEST).write_text(json.dumps(m))
-    with caplog.at_level(logging.WARNING, logger="engines.build"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         codec = B.load_built_codec(codec_dir, tmp_path, "cpu")
     assert "must be rebuilt: new model (codec weights deadbeefdeadbeef" in caplog.text
     rebuilt = B.read_manifest(tmp_path)
@@ -106,7 +106,7 @@ def test_model_change_triggers_rebuild_with_reason(codec_dir, tmp_path, caplog, 
 
 def test_stale_without_rebuild_falls_back_to_torch(codec_dir, tmp_path, caplog):
     engine = SimpleNamespace(root=codec_dir, decoder=codec_decoder(codec_dir), device=torch.device("cpu"))
-    with caplog.at_level(logging.WARNING, logger="engines.build"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         codec = B.load_built_codec(engine, tmp_path, rebuild=False)
     assert isinstance(codec, TorchCodec) and codec.decoder is engine.decoder
     assert "do not fit (no engines built yet): using the torch codec" in caplog.text
@@ -117,7 +117,7 @@ def test_missing_library_falls_back_with_reason(codec_dir, built, monkeypatch, c
     cache, _ = built
     real = B.detect_platform
     monkeypatch.setattr(B, "detect_platform", lambda dev="auto": dict(real(dev), onnxruntime=None))
-    with caplog.at_level(logging.WARNING, logger="engines.build"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         codec = B.load_built_codec(codec_dir, cache, "cpu", rebuild=False)
     assert codec.name == "torch"
     assert "codec engine onnxruntime not used: missing library: onnxruntime is not installed" in caplog.text

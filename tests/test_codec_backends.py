@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from engines import build as B
-from engines.backends.codec_torch import TorchCodec
+from engines.codec import build as B
+from engines.codec.backend_torch import TorchCodec
 from engines.runtime.stream import CodecStreams
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def step_onnx(decoder, tmp_path_factory):
     if not HAS_ORT:
         pytest.skip("onnx / onnxruntime not installed")
-    from engines.backends.codec_export import export_step
+    from engines.codec.export import export_step
 
     return export_step(decoder, tmp_path_factory.mktemp("onnx") / "step.onnx")
 
@@ -46,7 +46,7 @@ def codes(decoder, b, n, seed=0):
 def makers(decoder, step_onnx=None):
     out = {"torch": lambda b: TorchCodec(decoder, b)}
     if step_onnx is not None:
-        from engines.backends.codec_onnx import OnnxCodec
+        from engines.codec.backend_onnx import OnnxCodec
 
         out["onnxruntime"] = lambda b: OnnxCodec(step_onnx, b, decoder.samples_per_frame, threads=1)
     return out
@@ -145,7 +145,7 @@ def test_runtime_codec_choices(decoder, tmp_path, caplog):
     assert isinstance(codec, TorchCodec) and codec.name == "torch" and codec.decoder is eng.decoder
     assert codec.batch_size == 3
     assert B.runtime_codec(eng, 3, "auto", cache_dir=tmp_path).name == "torch"  # nothing built there
-    with caplog.at_level(logging.WARNING, logger="engines.build"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         assert B.runtime_codec(eng, 3, "built", cache_dir=tmp_path).name == "torch"
     assert "do not fit (no engines built yet)" in caplog.text
     with pytest.raises(ValueError, match="codec backend must be one of"):
@@ -170,7 +170,7 @@ def test_runner_decodes_with_the_built_engine(tmp_path, monkeypatch):
             for i, t in enumerate(["Hello there.", "Guten Tag.", "A third one here.", "And a fourth."])]
     ref = [eng.decode(g.codes, r) for g, r in eng.generate_codes(reqs)]
     runner = EngineRunner(eng, max_slots=3, max_context=256)
-    # the hook the runner would use (engines.build.runtime_codec -> CodecStreams): set by hand here
+    # the hook the runner would use (engines.codec.build.runtime_codec -> CodecStreams): set by hand here
     runner.codec = CodecStreams(codec, 3, runner.cfg.first_chunk_frames, runner.cfg.max_chunk_frames,
                                 eng.sample_rate, use_graphs=runner.use_graphs)
     runner.codec.before_capture = runner._drain

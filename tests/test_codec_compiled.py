@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from engines import build as B
-from engines.backends import codec_compile as cc
-from engines.backends.codec_torch import TorchCodec
-from engines.backends.parity import RAGGED, ragged_parity
-from engines.model.codec_decoder import load_codec_decoder
+from engines.codec import build as B
+from engines.codec import backend_compiled as cc
+from engines.codec.backend_torch import TorchCodec
+from engines.codec.parity import RAGGED, ragged_parity
+from engines.codec.decoder import load_codec_decoder
 from engines.runtime.stream import CodecStreams
 
 NO_COMPILE = cc.unavailable_reason("cpu")
@@ -121,7 +121,7 @@ def test_build_engines_compiles_into_the_cache_and_loads(codec_dir, engine_cache
 def test_no_compiler_is_skipped_with_the_reason(codec_dir, tmp_path, monkeypatch, caplog):
     why = "missing compiler: inductor needs a C++ compiler on the CPU (apt install g++)"
     monkeypatch.setattr(cc, "unavailable_reason", lambda device: why)
-    with caplog.at_level(logging.WARNING, logger="engines.build"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         m = B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, backends=(B.COMPILED,), benchmark=False)
     assert m["skipped"][B.COMPILED] == why and m["ranking"] == ["torch"]
     assert "compiled torch codec not built: missing compiler" in caplog.text
@@ -141,7 +141,7 @@ def test_failed_compile_falls_back_to_eager_with_a_log_line(decoder, monkeypatch
     codec = TorchCodec(decoder, 2, compile=True)
     g = torch.Generator().manual_seed(6)
     c = torch.randint(0, decoder.config.codebook_size, (2, decoder.config.num_quantizers, 3), generator=g)
-    with caplog.at_level(logging.WARNING, logger="engines.backends.codec_torch"):
+    with caplog.at_level(logging.WARNING, logger="engines.codec.backend_torch"):
         out = codec.push(c)
     assert "torch.compile of the codec failed (RuntimeError: inductor exploded): using the eager torch codec" \
         in caplog.text

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from engines.model.codec_decoder import CodecDecoder, load_codec_decoder
+from engines.codec.decoder import CodecDecoder, load_codec_decoder
 from engines.model.errors import CheckpointError
-from engines.runtime.streaming_codec import StreamingCodecDecoder
+from engines.codec.streaming import StreamingCodecDecoder
 
 log = logging.getLogger(__name__)
 TINY = Path(__file__).parent / "data" / "tiny"

@@ -7,8 +7,8 @@ import contextlib
 import pytest
 import torch
 
-from engines.backends.graphs import CudaGraph, EagerGraph, StreamGraph, make_graph
-from engines.backends.npu import npu_available, npu_info
+from engines.device.graphs import CudaGraph, EagerGraph, StreamGraph, make_graph
+from engines.device.npu import npu_available, npu_info
 
 
 
@@ -123,7 +123,7 @@ def test_npu_absent_is_reported_cleanly():
 
 def test_eager_graph_drives_the_streaming_codec(decoder):
     """The decode-loop pattern on CPU: static codes / n_valid buffers, push captured once, replayed."""
-    from engines.backends.codec_torch import TorchCodec
+    from engines.codec.backend_torch import TorchCodec
 
     dec = decoder
     k, cbs = dec.config.num_quantizers, dec.config.codebook_size

@@ -13,11 +13,11 @@ import torch
 onnx = pytest.importorskip("onnx", reason="onnx not installed (pip install 'tts-appliance[onnx]')")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install 'tts-appliance[onnx]')")
 
-from engines.backends.codec_export import (  # noqa: E402
+from engines.codec.export import (  # noqa: E402
     STATE_IN, STATE_OUT, export_one_shot, export_step, state_specs, step_input_names, step_output_names)
-from engines.backends.codec_onnx import OnnxCodec, make_session  # noqa: E402
-from engines.backends.codec_torch import TorchCodec  # noqa: E402
-from engines.model.codec_decoder import load_codec_decoder  # noqa: E402
+from engines.codec.backend_onnx import OnnxCodec, make_session  # noqa: E402
+from engines.codec.backend_torch import TorchCodec  # noqa: E402
+from engines.codec.decoder import load_codec_decoder  # noqa: E402
 from conftest import tiny_codec_dir
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def test_ragged_rows_and_reset_match_torch_backend(decoder, step_path):
 
 
 def test_backends_share_the_interface(decoder, step_path):
-    from engines.backends.base import CodecBackend
+    from engines.codec.backend import CodecBackend
 
     for codec in (OnnxCodec(step_path, 2, decoder.samples_per_frame, threads=1), TorchCodec(decoder, 2)):
         assert isinstance(codec, CodecBackend) and codec.batch_size == 2 and codec.samples_per_frame == 1920

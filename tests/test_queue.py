@@ -14,7 +14,8 @@ import pytest
 
 from jobs.document import SegmentText
 from jobs.queue import Queue, QueueError
-from jobs.runner import GuardSettings, Heartbeat, Runner, check_audio
+from jobs.guard import GuardSettings, check_audio
+from jobs.worker import Heartbeat, Worker
 from jobs.settings import JobSpec, resolve_home
 
 
@@ -208,7 +209,7 @@ def test_runner_guard_retries_other_seed_then_fails(tmp_path):
     job = q.add_job(JobSpec(seed=5, format="wav"), [("One", [SegmentText("Fine words to say here.", "o", 100),
                                                              SegmentText("SILENT words here.", "s", 100)])])
     eng = ToneEngine()
-    runner = Runner(q, eng, paths, batch_size=4, heartbeat_s=0.2)
+    runner = Worker(q, eng, paths, batch_size=4, heartbeat_s=0.2)
     while runner.run_once():
         pass
     runner.close()
@@ -223,7 +224,7 @@ def test_runner_guard_retries_other_seed_then_fails(tmp_path):
     # a resubmission of the same text reuses the cached audio: no new synthesis
     n = len(eng.calls)
     job2 = q.add_job(JobSpec(seed=5, format="wav"), [("One", [SegmentText("Fine words to say here.", "o", 100)])])
-    runner = Runner(q, eng, paths, batch_size=4)
+    runner = Worker(q, eng, paths, batch_size=4)
     while runner.run_once():
         pass
     runner.close()

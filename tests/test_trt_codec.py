@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines import build as B
-from engines.backends import codec_trt
-from engines.backends.codec_export import STATE_IN, state_specs, step_input_names
-from engines.backends.codec_trt import build_plan, pick_bucket, profile_shapes
+from engines.codec import build as B
+from engines.codec import backend_trt as codec_trt
+from engines.codec.export import STATE_IN, state_specs, step_input_names
+from engines.codec.backend_trt import build_plan, pick_bucket, profile_shapes
 from engines.model.config import CodecConfig, CodecDecoderConfig
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -90,10 +90,10 @@ def test_cuda_machine_without_tensorrt_builds_torch_only(codec_dir, tmp_path, mo
 @needs_trt
 @pytest.mark.gpu
 def test_trt_plan_matches_torch_codec(codec_dir, tmp_path):  # pragma: no cover - needs TensorRT + GPU
-    from engines.backends.codec_export import export_step
-    from engines.backends.codec_trt import TrtCodec
-    from engines.backends.parity import stream_parity
-    from engines.model.codec_decoder import load_codec_decoder
+    from engines.codec.export import export_step
+    from engines.codec.backend_trt import TrtCodec
+    from engines.codec.parity import stream_parity
+    from engines.codec.decoder import load_codec_decoder
 
     dec = load_codec_decoder(codec_dir, "cpu", torch.float32)
     onnx_path = export_step(dec, tmp_path / "step.onnx")

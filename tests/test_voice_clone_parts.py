@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 
 from engines.model.audio import load_audio, read_audio, resample
-from engines.model.codec_encoder import MimiEncoderConfig, load_codec_encoder
+from engines.codec.encoder import MimiEncoderConfig, load_codec_encoder
 from engines.model.config import ModelConfig, SpeakerEncoderConfig
 from engines.model.errors import BadInput, UnsupportedMode
 from engines.model.speaker_encoder import MEL_ARGS, SpeakerEncoder, load_speaker_encoder, mel_filterbank, mel_spectrogram
@@ -105,7 +105,12 @@ def test_mel_parity(codec_golden, clip):
     ours = mel_spectrogram(torch.from_numpy(wav)[None], **MEL_ARGS)[0].numpy()  # [128, frames]
     ref = codec_golden[f"mel.{clip}"]
     assert ours.shape == ref.shape
-    assert np.abs(ours - ref).max() <= 1e-4
+    # fp32 FFT/GEMM sums in a CPU-dependent order; where the mel power is tiny, the log amplifies that
+    # rounding (1.6e-4 on one machine; the golden itself is 1.3e-4 from an fp64 computation). So: the
+    # power tightly relative to its peak (a wrong window or filterbank is off by > 1e-2), the log loosely.
+    assert np.abs(np.exp(ours) - np.exp(ref)).max() / np.exp(ref).max() <= 1e-5
+    assert np.abs(ours - ref).mean() <= 1e-5
+    assert np.abs(ours - ref).max() <= 1e-3
 
 
 # ---------------------------------------------------------------- speaker encoder --------------

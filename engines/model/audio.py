@@ -16,7 +16,7 @@ from typing import BinaryIO, Tuple, Union
 
 import numpy as np
 
-from .errors import BadInput
+from engines.model.errors import BadInput
 
 log = logging.getLogger(__name__)
 

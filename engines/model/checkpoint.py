@@ -18,8 +18,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from .config import ModelConfig
-from .errors import CheckpointError
+from engines.model.config import ModelConfig
+from engines.model.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,11 @@ class Qwen3TTSWeights(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from .talker import Talker
+        from engines.model.talker import Talker
 
         self.talker = Talker(cfg.talker)
         if cfg.tts_model_type == "base":
-            from .speaker_encoder import SpeakerEncoder
+            from engines.model.speaker_encoder import SpeakerEncoder
 
             self.speaker_encoder = SpeakerEncoder(cfg.speaker_encoder)
         else:

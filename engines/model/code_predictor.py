@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import CodePredictorConfig
-from .layers import DecoderStack, KVCache
+from engines.model.config import CodePredictorConfig
+from engines.model.layers import DecoderStack, KVCache
 
 
 class _PredictorBody(DecoderStack):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import CheckpointError
+from engines.model.errors import CheckpointError
 
 
 def _pick(cls, raw: Mapping[str, Any], **overrides):
@@ -184,7 +184,7 @@ class CodecConfig:
     """Config of the `speech_tokenizer/` folder (Qwen3-TTS-Tokenizer-12Hz)."""
 
     decoder: CodecDecoderConfig
-    encoder: Mapping[str, Any]  # Mimi encoder settings, read by engines.model.codec_encoder
+    encoder: Mapping[str, Any]  # Mimi encoder settings, read by engines.codec.encoder
     encoder_valid_num_quantizers: int = 16
     input_sample_rate: int = 24000
     output_sample_rate: int = 24000

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .prompt import Prompt
-from .sampling import SamplingTensors, apply_repetition_penalty, draw
-from .talker import Talker
+from engines.model.prompt import Prompt
+from engines.model.sampling import SamplingTensors, apply_repetition_penalty, draw
+from engines.model.talker import Talker
 
 
 @dataclass(frozen=True)

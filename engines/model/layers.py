@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecoderStackConfig
+from engines.model.config import DecoderStackConfig
 
 
 class RMSNorm(nn.Module):

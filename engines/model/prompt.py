@@ -17,9 +17,9 @@ from typing import Optional
 
 import torch
 
-from .config import ModelConfig
-from .talker import Talker
-from .text_tokenizer import TextTokenizer
+from engines.model.config import ModelConfig
+from engines.model.talker import Talker
+from engines.model.tokenizer import TextTokenizer
 
 
 def assistant_text(text: str) -> str:

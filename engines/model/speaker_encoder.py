@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import SpeakerEncoderConfig
-from .errors import BadInput, CheckpointError
+from engines.model.config import SpeakerEncoderConfig
+from engines.model.errors import BadInput, CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def mel_spectrogram(wav: torch.Tensor, n_fft: int = 1024, num_mels: int = 128, s
     lo, hi = float(wav.min()), float(wav.max())
     if lo < -1.0 or hi > 1.0:
         log.warning("waveform outside [-1, 1] (min %.3f, max %.3f)", lo, hi)
-    basis = torch.from_numpy(mel_filterbank(sampling_rate, n_fft, num_mels, fmin, fmax).copy()).to(wav.device)
-    window = torch.hann_window(win_size, device=wav.device)
+    basis = torch.from_numpy(mel_filterbank(sampling_rate, n_fft, num_mels, fmin, fmax).copy()).to(wav.device, wav.dtype)
+    window = torch.hann_window(win_size, device=wav.device, dtype=wav.dtype)
     pad = (n_fft - hop_size) // 2
     wav = F.pad(wav[:, None], (pad, pad), mode="reflect")[:, 0]  # [B, S + 2 * pad]
     spec = torch.stft(wav, n_fft, hop_length=hop_size, win_length=win_size, window=window, center=center,
@@ -201,7 +201,7 @@ def load_speaker_encoder(path: str | Path, device: str | torch.device = "cpu",
     """Build the speaker encoder from a checkpoint folder (config.json + model.safetensors `speaker_encoder.*`)."""
     from safetensors import safe_open
 
-    from .config import ModelConfig
+    from engines.model.config import ModelConfig
 
     path = Path(path)
     cfg = cfg or ModelConfig.from_dir(path).speaker_encoder

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .code_predictor import CodePredictor
-from .config import TalkerConfig
-from .layers import DecoderStack, KVCache
+from engines.model.code_predictor import CodePredictor
+from engines.model.config import TalkerConfig
+from engines.model.layers import DecoderStack, KVCache
 
 
 class _TalkerBody(DecoderStack):

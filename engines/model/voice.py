@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import torch
 
-from .audio import AudioSource, load_audio
-from .errors import BadInput, UnsupportedMode
+from engines.model.audio import AudioSource, load_audio
+from engines.model.errors import BadInput, UnsupportedMode
 
 log = logging.getLogger(__name__)
 

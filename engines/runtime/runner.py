@@ -25,10 +25,10 @@ from engines.model.errors import TTSError
 from engines.model.generate import control_mask
 from engines.model.layers import KVCache
 
-from .scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
-from .fast import FastStep
-from .step import SlotTable
-from .stream import CodecStreams, StreamHandle
+from engines.runtime.scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
+from engines.runtime.decode_step import FastStep
+from engines.runtime.slots import SlotTable
+from engines.runtime.stream import CodecStreams, StreamHandle
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class EngineConfig:
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
     first_chunk_frames: int = 1
     max_chunk_frames: int = 16
-    codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.build.runtime_codec)
+    codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
 
 
@@ -101,7 +101,7 @@ class EngineRunner:
         compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv)
         self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
-        from engines.build import runtime_codec
+        from engines.codec.build import runtime_codec
 
         self.codec = CodecStreams(runtime_codec(engine, n, self.cfg.codec_backend, self.cfg.engine_cache), n,
                                   self.cfg.first_chunk_frames, self.cfg.max_chunk_frames, engine.sample_rate,
@@ -124,6 +124,22 @@ class EngineRunner:
         self.frames = 0
 
     # ----- public API --------------------------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        return self.engine.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return self.engine.voices
+
+    @property
+    def languages(self) -> list[str]:
+        return self.engine.languages
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
     def submit(self, request: SynthesisRequest, priority: int = 0) -> StreamHandle:
         """Queue a request; streams (priority 0) go before batch work (higher numbers)."""
         with self._cv:
@@ -334,7 +350,7 @@ class EngineRunner:
             return
         graph = self.graphs.get((b, length))
         if graph is None:
-            from engines.backends.graphs import make_graph
+            from engines.device.graphs import make_graph
 
             self.fast(*args)  # this iteration's real step, also the warm-up (and compilation) before capture
             if self._pool is None and self.device.type == "cuda":

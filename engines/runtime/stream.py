@@ -11,7 +11,7 @@ import torch
 
 from engines.api import SynthesisResult
 
-from .scheduler import pick_bucket
+from engines.runtime.scheduler import pick_bucket
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -95,16 +95,16 @@ class CodecStreams:
     context and their audio dropped, as the official package does.
 
     `codec` is a CodecDecoder (decoded by the eager torch codec, the default) or a codec backend
-    with the interface of engines.backends.base (torch, torch-compiled, ONNX Runtime, TensorRT;
-    see engines.build.runtime_codec) holding at least `n_slots` streams. A call pushes the first
+    with the interface of engines.codec.backend (torch, torch-compiled, ONNX Runtime, TensorRT;
+    see engines.codec.build.runtime_codec) holding at least `n_slots` streams. A call pushes the first
     b rows, b the batch bucket of the active slots. With `use_graphs` and a graphable backend, each
     (batch, frames) bucket is captured once in a device graph and replayed after.
     """
 
     def __init__(self, codec, n_slots: int, first_chunk: int, max_chunk: int, sample_rate: int,
                  use_graphs: bool = False):
-        from engines.backends.codec_torch import TorchCodec
-        from engines.model.codec_decoder import CodecDecoder
+        from engines.codec.backend_torch import TorchCodec
+        from engines.codec.decoder import CodecDecoder
 
         if isinstance(codec, CodecDecoder):
             codec = TorchCodec(codec, n_slots)
@@ -191,7 +191,7 @@ class CodecStreams:
         key = (b, codes.shape[-1])
         entry = self.graphs.get(key)
         if entry is None:  # first use of this bucket: run it for real, then capture it for the next calls
-            from engines.backends.graphs import make_graph
+            from engines.device.graphs import make_graph
 
             codes_in, valid_in = codes.to(dev), valid.to(dev)
             wav = self.codec.push(codes_in, valid_in)[:, 0].float().cpu().numpy()

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import CodecConfig
-from .errors import CheckpointError
-from .layers import apply_rope, rope_cos_sin
+from engines.model.config import CodecConfig
+from engines.model.errors import CheckpointError
+from engines.model.layers import apply_rope, rope_cos_sin
 
 log = logging.getLogger(__name__)
 

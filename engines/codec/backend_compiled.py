@@ -1,6 +1,6 @@
 """torch.compile (inductor) of the streaming codec step: one fused graph for every (batch, frames).
 
-The streaming step (`engines.runtime.streaming_codec.stream_step`) runs ~20 small elementwise
+The streaming step (`engines.codec.streaming.stream_step`) runs ~20 small elementwise
 kernels per residual unit in eager mode (SnakeBeta's exp / sin / pow / add, the residual adds, the
 ConvNeXt norm and GELU, the RMSNorms, RoPE and layer scales of the transformer, the state-tail
 gathers). Inductor fuses them around the convolutions and GEMMs (which stay cuDNN / cuBLAS /
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from engines.runtime.streaming_codec import stream_step
+from engines.codec.streaming import stream_step
 
 log = logging.getLogger(__name__)
 

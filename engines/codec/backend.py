@@ -14,7 +14,7 @@ row r consumes only its first n_valid[r] frames (0 = idle row, its state is unch
 output is the first n_valid[r] * samples_per_frame samples.
 
 `name` says which backend it is (one of BACKENDS); `device` where its output tensors live;
-`graphable` whether `push` may be captured in a device graph (engines.backends.graphs): it then
+`graphable` whether `push` may be captured in a device graph (engines.device.graphs): it then
 only runs sync-free device work on its own static state.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engines.model.codec_decoder import CodecDecoder
+from engines.codec.decoder import CodecDecoder
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tens
     place; row r consumes its first n_valid[r] frames. Returns wav [b, 1, n * samples_per_frame].
 
     Sync-free and shape-static for a given (b, n): the function the CUDA graphs capture and the
-    one torch.compile fuses (engines.backends.codec_compile)."""
+    one torch.compile fuses (engines.codec.backend_compiled)."""
     st = StreamState(bufs, pos, n_valid=n_valid)
     wav = decoder(codes, st)
     pos.add_(n_valid)

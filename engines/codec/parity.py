@@ -1,6 +1,6 @@
 """Checks shared by the engine build and the benchmarks: streaming parity and decode speed.
 
-`make(batch)` is any factory returning a codec backend (engines.backends.base) for `batch` streams;
+`make(batch)` is any factory returning a codec backend (engines.codec.backend) for `batch` streams;
 `decoder` is the fp32 torch CodecDecoder the backend was built from (the reference).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Device-resident decode state: every per-request value of the slots as device tensors.
 
-One decode step (engines.runtime.fast.FastStep) = sample codebook 0 from the talker state + 15
+One decode step (engines.runtime.decode_step.FastStep) = sample codebook 0 from the talker state + 15
 code-predictor steps + next input embedding + one talker step, for rows [0, B) of this table. No host
 synchronisation happens inside, so the step can be captured as one device graph per (batch bucket B,
 cache-length bucket L) and replayed.

@@ -2,14 +2,14 @@
 
 NOT RUN ON HARDWARE: no Ascend machine was available; the calls follow torch_npu's documented API
 (`torch_npu.npu.NPUGraph`, the `torch_npu.npu.graph(g, pool=, stream=)` context manager, streams
-mirroring torch.cuda). The capture logic itself is shared with CudaGraph (engines.backends.graphs)
+mirroring torch.cuda). The capture logic itself is shared with CudaGraph (engines.device.graphs)
 and tested on CPU with a stand-in namespace. `import torch_npu` is attempted only when asked for.
 """
 from __future__ import annotations
 
 import logging
 
-from .graphs import StreamGraph
+from engines.device.graphs import StreamGraph
 
 log = logging.getLogger(__name__)
 

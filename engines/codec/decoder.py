@@ -6,7 +6,7 @@ residual units) -> SnakeBeta -> causal conv -> clamp to [-1, 1].
 
 Module and parameter names mirror the official state dict under its `decoder.` prefix, so weights
 load with a strict `load_state_dict`. Every stateful layer can also run in streaming mode: given a
-stream state `st` (engines.runtime.streaming_codec.StreamState; `st.roll(key, x)` prepends the
+stream state `st` (engines.codec.streaming.StreamState; `st.roll(key, x)` prepends the
 layer's saved left context and stores the new one) it continues where the previous call stopped, so
 feeding frames in pieces reproduces the one-shot output.
 """
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import CodecConfig, CodecDecoderConfig
-from .errors import CheckpointError
+from engines.model.config import CodecConfig, CodecDecoderConfig
+from engines.model.errors import CheckpointError
 
 if TYPE_CHECKING:  # the runtime owns the state object; layers only call st.roll / st.rate / st.pos
-    from engines.runtime.streaming_codec import StreamState
+    from engines.codec.streaming import StreamState
 
 log = logging.getLogger(__name__)
 _ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -288,7 +288,7 @@ class CodecDecoder(nn.Module):
     """Codes [B, num_quantizers, T] (int64) -> waveform [B, 1, T * samples_per_frame] in [-1, 1].
 
     `forward(codes)` decodes in one shot with full left context. `forward(codes, st)` continues the
-    streams held in `st` (see engines.runtime.streaming_codec). `chunked_decode` reproduces the
+    streams held in `st` (see engines.codec.streaming). `chunked_decode` reproduces the
     reference tokenizer's decode (chunks of 300 frames, each re-decoded with 25 frames of context).
     """
 

@@ -10,7 +10,7 @@ machines with TensorRT, the inductor cache of the compiled torch codec (`inducto
 library versions, precision, profile shapes, parity errors, speeds and the backend ranking. The
 loader rebuilds when the manifest no longer matches (new model, different GPU, new driver, torch or
 TensorRT) and falls back, with a log line saying why, to the next engine and finally to the eager
-torch codec. Backends: engines.backends.codec_{torch,onnx,trt}, engines.backends.codec_compile.
+torch codec. Backends: engines.codec.backend_{torch,compiled,onnx,trt}.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .backends.detect import detect_platform, resolve_device
-from .backends.parity import speed, stream_parity
+from engines.device.detect import detect_platform, resolve_device
+from engines.codec.parity import speed, stream_parity
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def default_cache_dir(model_dir: str | Path) -> Path:
 
 
 def model_identity(model_dir: str | Path) -> dict:
-    from .model.checkpoint import weights_hash
+    from engines.model.checkpoint import weights_hash
 
     tok = codec_dir(model_dir)
     cfg = hashlib.sha256((tok / "config.json").read_bytes()).hexdigest()[:16]
@@ -114,7 +114,7 @@ def unusable_reason(entry: dict, plat: dict, cache_dir: Path) -> str | None:
     if b == "tensorrt" and not plat["tensorrt"]:
         return "missing library: tensorrt is not installed"
     if b == COMPILED:
-        from .backends.codec_compile import unavailable_reason
+        from engines.codec.backend_compiled import unavailable_reason
 
         why = unavailable_reason(plat["device"])
         if why:
@@ -129,14 +129,14 @@ def unusable_reason(entry: dict, plat: dict, cache_dir: Path) -> str | None:
 def _make(entry: dict, cache_dir: Path, decoder, batch_size: int, device: str, threads: int = 0):
     spf = decoder.samples_per_frame
     if entry["backend"] == "onnxruntime":
-        from .backends.codec_onnx import OnnxCodec
+        from engines.codec.backend_onnx import OnnxCodec
 
         return OnnxCodec(cache_dir / entry["file"], batch_size, spf, threads=threads)
     if entry["backend"] == "tensorrt":
-        from .backends.codec_trt import TrtCodec
+        from engines.codec.backend_trt import TrtCodec
 
         return TrtCodec(cache_dir / entry["file"], batch_size, spf, device)
-    from .backends.codec_torch import TorchCodec
+    from engines.codec.backend_torch import TorchCodec
 
     if entry["backend"] == COMPILED:
         return TorchCodec(decoder, batch_size, compile=True, cache_dir=cache_dir / entry.get("cache", INDUCTOR_DIR))
@@ -168,10 +168,10 @@ def _build_compiled(model_dir, cache: Path, dev: str, dtypes, benchmark: bool) -
     """Compile the torch codec step for `dev` in each of `dtypes` into cache/inductor (the compile
     is what install time is for: a later process finds the generated code there) and check it
     against the eager torch codec on the same device and dtype. Raises when a compile fails."""
-    from .backends.codec_compile import MIN_ROWS
-    from .backends.codec_torch import TorchCodec
-    from .backends.parity import ragged_parity
-    from .model.codec_decoder import load_codec_decoder
+    from engines.codec.backend_compiled import MIN_ROWS
+    from engines.codec.backend_torch import TorchCodec
+    from engines.codec.parity import ragged_parity
+    from engines.codec.decoder import load_codec_decoder
 
     entry = {"backend": COMPILED, "cache": INDUCTOR_DIR, "precision": "model dtype",
              "mode": "inductor, whole step, dynamic batch and frames (pushes padded to >= 2)",
@@ -221,7 +221,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
     'auto' = fp16 for TensorRT, fp32 elsewhere. `compile_dtypes`: the dtypes the compiled torch
     codec is built for (None: float32 and bfloat16 on CUDA, float32 on the CPU).
     """
-    from .model.codec_decoder import load_codec_decoder
+    from engines.codec.decoder import load_codec_decoder
 
     t0 = time.time()
     cache = Path(cache_dir) if cache_dir else default_cache_dir(model_dir)
@@ -245,7 +245,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
     use_trt = "tensorrt" in want and dev.startswith("cuda")
     onnx_ok = bool(plat["onnx"]) and ((use_ort and plat["onnxruntime"]) or (use_trt and plat["tensorrt"]))
     if onnx_ok:
-        from .backends.codec_export import export_step, step_input_names, step_output_names
+        from engines.codec.export import export_step, step_input_names, step_output_names
 
         export_step(ref, cache / STEP_ONNX)
         io = {"inputs": step_input_names(ref), "outputs": step_output_names(ref)}
@@ -262,7 +262,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
         if not plat["tensorrt"]:
             skipped["tensorrt"] = "missing library: tensorrt is not installed"
         elif onnx_ok:
-            from .backends.codec_trt import build_plan
+            from engines.codec.backend_trt import build_plan
 
             prec = "fp16" if precision == "auto" else precision
             plan = f"codec_step.{prec}.plan"
@@ -273,7 +273,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                 log.warning("TensorRT build failed, the torch codec will be used on this GPU: %s", exc)
                 skipped["tensorrt"] = f"build failed: {exc}"
     if COMPILED in want:
-        from .backends.codec_compile import unavailable_reason
+        from engines.codec.backend_compiled import unavailable_reason
 
         why = unavailable_reason(dev)
         if why:
@@ -286,7 +286,7 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                 log.warning("compiled torch codec failed to build (%s): the eager torch codec will be used", exc)
                 skipped[COMPILED] = f"build failed: {exc}"
     if dev.startswith("npu"):
-        skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.backends.npu)"
+        skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.device.npu)"
     for e in engines:  # parity of every engine against the fp32 torch codec, and CPU speed
         if e["backend"] in ("torch", COMPILED):  # the compiled codec was checked against eager above
             continue
@@ -342,7 +342,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
     `engine_or_model_dir`: a TTSEngine (its `.root` and `.decoder` are used) or a checkpoint folder.
     Falls back to the torch codec (logged with the reason) when nothing else can run.
     """
-    from .backends.codec_torch import TorchCodec
+    from engines.codec.backend_torch import TorchCodec
 
     engine = None if isinstance(engine_or_model_dir, (str, Path)) else engine_or_model_dir
     model_dir = Path(engine.root if engine is not None else engine_or_model_dir)
@@ -351,7 +351,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
     if engine is not None:
         decoder = engine.decoder
     else:
-        from .model.codec_decoder import load_codec_decoder
+        from engines.codec.decoder import load_codec_decoder
 
         decoder = load_codec_decoder(codec_dir(model_dir), dev, torch.float32)
     plat, ident = detect_platform(dev), model_identity(model_dir)
@@ -411,7 +411,7 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
     - "auto": "built" when a manifest exists in the cache folder, else "torch".
     `cache_dir`: the engine cache folder (default: `default_cache_dir(engine.root)`).
     """
-    from .backends.codec_torch import TorchCodec
+    from engines.codec.backend_torch import TorchCodec
 
     if choice not in RUNTIME_CHOICES:
         raise ValueError(f"codec backend must be one of {', '.join(RUNTIME_CHOICES)}, got {choice!r}")

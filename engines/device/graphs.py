@@ -143,7 +143,7 @@ class CudaGraph(StreamGraph):
 def make_graph(device: str | torch.device, pool=None) -> DeviceGraph:
     """CudaGraph on CUDA, NPUGraph on Ascend (needs torch_npu), EagerGraph elsewhere."""
     if str(device).startswith("npu"):  # checked first: "npu" is only a torch device once torch_npu is loaded
-        from .npu import NPUGraph
+        from engines.device.npu import NPUGraph
 
         return NPUGraph(device, pool)
     dev = torch.device(device)

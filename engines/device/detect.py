@@ -1,7 +1,7 @@
 """What this machine offers for the codec engines: accelerator, driver and library versions.
 
 `detect_platform(device)` returns a flat JSON-able dict that the build manifest records and that
-`engines.build` compares against at load time. Every probe is guarded: a missing or broken library
+`engines.codec.build` compares against at load time. Every probe is guarded: a missing or broken library
 shows up as None, never as an exception.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def resolve_device(device: str | None = "auto") -> str:
         return str(device)
     if torch.cuda.is_available():
         return "cuda"
-    from .npu import npu_available
+    from engines.device.npu import npu_available
 
     return "npu" if npu_available() else "cpu"
 
@@ -91,7 +91,7 @@ def detect_platform(device: str = "auto") -> dict:
         info["capability"] = "%d.%d" % torch.cuda.get_device_capability(idx)
         info["driver"] = nvidia_driver()
     elif info["device"] == "npu":
-        from .npu import npu_info
+        from engines.device.npu import npu_info
 
         npu = npu_info()
         info["device_name"], info["torch_npu"] = npu.get("device_name"), npu.get("torch_npu")

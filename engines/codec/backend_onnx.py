@@ -1,4 +1,4 @@
-"""ONNX Runtime codec backend: runs the exported streaming step (engines.backends.codec_export).
+"""ONNX Runtime codec backend: runs the exported streaming step (engines.codec.export).
 
 The stream state lives here as numpy arrays, one row per stream; each `push` feeds them to the
 step graph and keeps the returned `new_state.*` tensors for the next call. Meant for CPU machines
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import check_move, check_push, row_mask
-from .codec_export import STATE_IN, STATE_OUT
+from engines.codec.backend import check_move, check_push, row_mask
+from engines.codec.export import STATE_IN, STATE_OUT
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def make_session(path: str | Path, threads: int = 0, providers: list[str] | None
 
 
 class OnnxCodec:
-    """Streaming codec on ONNX Runtime with the interface of engines.backends.base.CodecBackend.
+    """Streaming codec on ONNX Runtime with the interface of engines.codec.backend.CodecBackend.
 
     `path` is a streaming-step ONNX file. Output wav tensors are float32 on the CPU.
     """

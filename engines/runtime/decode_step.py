@@ -151,7 +151,7 @@ def _stack_layer(stack: DecoderStack, gemv: bool):
 
 
 class FastStep:
-    """The whole decode step (see engines.runtime.step.decode_step for its semantics) over fused regions."""
+    """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True):
         self.talker = talker

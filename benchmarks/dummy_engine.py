@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Qwen3TTSWeights, resolve_dtype
-from .config import CodecConfig, CodecDecoderConfig, GenerationDefaults, ModelConfig, TalkerConfig
-from .text_tokenizer import TextTokenizer
+from engines.model.checkpoint import Qwen3TTSWeights, resolve_dtype
+from engines.model.config import CodecConfig, CodecDecoderConfig, GenerationDefaults, ModelConfig, TalkerConfig
+from engines.model.tokenizer import TextTokenizer
 
 SHAPES = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072, size="0b6"),
     "1.7b": dict(hidden_size=2048, intermediate_size=6144, size="1b7"),
 }
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "tiny" / "cv_small"
+TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny" / "cv_small"
 SPEAKERS = {"vivian": 3065, "serena": 3066, "uncle_fu": 3010, "ryan": 3061, "aiden": 2861}
 LANGS = {"english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055, "japanese": 2058, "french": 2061,
          "korean": 2064, "russian": 2069, "italian": 2070, "portuguese": 2071}
@@ -60,8 +60,8 @@ def _random_module(build, device, dtype, seed: int) -> torch.nn.Module:
 
 def dummy_engine(shape: str, device="cuda", dtype="bfloat16", seed: int = 0):
     """A TTSEngine of the real `shape` ('0.6b' or '1.7b') with random weights (CustomVoice type)."""
-    from ..engine import TTSEngine
-    from .codec_decoder import CodecDecoder
+    from engines.engine import TTSEngine
+    from engines.codec.decoder import CodecDecoder
 
     dt, dev = resolve_dtype(dtype), torch.device(device)
     tok = TextTokenizer.from_dir(TOKENIZER_DIR)

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from engines.model.config import CodecDecoderConfig
 
-from .base import check_move, check_push, row_mask
-from .codec_export import STATE_IN, STATE_OUT, state_specs
+from engines.codec.backend import check_move, check_push, row_mask
+from engines.codec.export import STATE_IN, STATE_OUT, state_specs
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -1,7 +1,7 @@
 """Benchmark the streaming codec backends on this machine: torch vs ONNX Runtime (CPU).
 
-    python -m engines.backends.bench_codec --codec real --threads 1 --chunks 1,4,12
-    python -m engines.backends.bench_codec --codec tests/data/tiny/cv_small/speech_tokenizer
+    python -m benchmarks.codec_cpu --codec real --threads 1 --chunks 1,4,12
+    python -m benchmarks.codec_cpu --codec tests/data/tiny/cv_small/speech_tokenizer
 
 `--codec real` builds the real-size Qwen3-TTS-Tokenizer-12Hz decoder from the config defaults
 (hidden 1024, 8 layers, 16 heads, latent 1024, decoder_dim 1536, codebook_dim 512, upsampling
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from engines.model.codec_decoder import CodecDecoder, load_codec_decoder
+from engines.codec.decoder import CodecDecoder, load_codec_decoder
 from engines.model.config import CodecDecoderConfig
 
-from .codec_export import export_step
-from .codec_onnx import OnnxCodec
-from .codec_torch import TorchCodec
-from .detect import cpu_name
-from .parity import speed, stream_parity
+from engines.codec.export import export_step
+from engines.codec.backend_onnx import OnnxCodec
+from engines.codec.backend_torch import TorchCodec
+from engines.device.detect import cpu_name
+from engines.codec.parity import speed, stream_parity
 
 log = logging.getLogger(__name__)
 

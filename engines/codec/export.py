@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from engines.model.codec_decoder import CodecDecoder
+from engines.codec.decoder import CodecDecoder
 from engines.model.config import CodecDecoderConfig
-from engines.runtime.streaming_codec import StreamState
+from engines.codec.streaming import StreamState
 
 log = logging.getLogger(__name__)
 

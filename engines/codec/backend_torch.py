@@ -2,7 +2,7 @@
 
 `TorchCodec(decoder, batch)` is the reference and the fallback everywhere (CPU, CUDA, Ascend NPU).
 `TorchCodec(decoder, batch, compile=True, cache_dir=...)` runs the same streaming step through
-torch.compile (engines.backends.codec_compile): name "torch-compiled". Both are graphable: the
+torch.compile (engines.codec.backend_compiled): name "torch-compiled". Both are graphable: the
 runtime (engines.runtime.stream.CodecStreams) captures their `push` per (batch, frames) bucket in
 CUDA graphs, the compiled kernels inside the captured graph.
 """
@@ -15,28 +15,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engines.model.codec_decoder import CodecDecoder
-from engines.runtime.streaming_codec import StreamingCodecDecoder, stream_step
+from engines.codec.decoder import CodecDecoder
+from engines.codec.streaming import StreamingCodecDecoder, stream_step
 
-from .base import check_move, check_push, row_mask
+from engines.codec.backend import check_move, check_push, row_mask
 
 log = logging.getLogger(__name__)
 
 
 class TorchCodec:
-    """Streaming codec on the decoder's own device and dtype (see engines.backends.base).
+    """Streaming codec on the decoder's own device and dtype (see engines.codec.backend).
 
     With `compile=True` the step is compiled by inductor, its on-disk cache in `cache_dir` (None:
     inductor's default). Compilation happens at the first push or at `warm()`; when it fails (no
     compiler, an inductor error) the codec logs why and runs eagerly from then on (`name` becomes
     "torch", `fallback_reason` says why). Raises RuntimeError at once when compiling cannot work
-    on this device (engines.backends.codec_compile.unavailable_reason).
+    on this device (engines.codec.backend_compiled.unavailable_reason).
     """
 
     graphable = True
 
     def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None):
-        from . import codec_compile as cc
+        from engines.codec import backend_compiled as cc
 
         self.decoder, self.batch_size, self.compiled = decoder, batch_size, compile
         p = next(decoder.parameters())
@@ -68,7 +68,7 @@ class TorchCodec:
 
     @torch.inference_mode()
     def _push_compiled(self, codes: Tensor, n_valid: Tensor | None) -> Tensor:
-        from .codec_compile import MIN_FRAMES, MIN_ROWS
+        from engines.codec.backend_compiled import MIN_FRAMES, MIN_ROWS
 
         b, n = codes.shape[0], codes.shape[-1]
         # fresh inference tensors every call: the same kind of inputs as the warm-up trace
@@ -84,7 +84,7 @@ class TorchCodec:
         return wav if (rows, frames) == (b, n) else wav[:b, :, :n * self.samples_per_frame]
 
     def _run(self, codes: Tensor, nv: Tensor, pos: Tensor, bufs: dict) -> Tensor:
-        from .codec_compile import inductor_cache, mark_dynamic
+        from engines.codec.backend_compiled import inductor_cache, mark_dynamic
 
         if self._fn is None:
             self.warm()
@@ -107,7 +107,7 @@ class TorchCodec:
         one `build-engines` cached). On failure the codec falls back to eager (logged)."""
         if not self.compiled or self._fn is not None:
             return 0.0
-        from .codec_compile import WARM_FRAMES, WARM_ROWS, compiled_step, inductor_cache, mark_dynamic
+        from engines.codec.backend_compiled import WARM_FRAMES, WARM_ROWS, compiled_step, inductor_cache, mark_dynamic
 
         t0 = time.perf_counter()
         fn = compiled_step()

@@ -1,1 +1,0 @@
-"""engines.backends package."""

@@ -1,0 +1,215 @@
+"""The queue worker: claim segments, synthesize them in full batches, store audio, assemble books.
+
+    worker = Worker(Queue(paths.db), engine, paths, batch_size=8)
+    worker.run_forever(stop_event)        # or worker.run_once() in a loop of your own
+
+The engine is anything with the `Synthesizer` shape (`engines.runtime.runner.EngineRunner`).
+Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
+counts as done, so a worker killed at any moment loses only the segments it had in flight.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from jobs.assemble import JoinSettings, write_segment_audio
+from jobs.book import assemble_job
+from jobs.guard import GuardSettings, attempt_seed, check_audio
+from jobs.queue import Queue
+from jobs.settings import JobSpec, Paths, segment_key
+
+log = logging.getLogger(__name__)
+
+
+class Synthesizer(Protocol):
+    """What the worker needs from an engine (engines.runtime.runner.EngineRunner has this shape)."""
+
+    sample_rate: int
+    voices: Sequence[str]
+    languages: Sequence[str]
+    model_id: str
+
+    def synthesize(self, requests: list) -> list: ...
+
+
+class Heartbeat(threading.Thread):
+    """Renews this worker's leases every `interval_s` on its own connection."""
+
+    def __init__(self, db_path: Path, worker_id: str, lease_s: float, interval_s: float):
+        super().__init__(name=f"heartbeat-{worker_id}", daemon=True)
+        self.db_path, self.worker_id, self.lease_s, self.interval_s = db_path, worker_id, lease_s, interval_s
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+
+    def hold(self, ids) -> None:
+        with self._lock:
+            self._held.update(ids)
+
+    def drop(self, ids) -> None:
+        with self._lock:
+            self._held.difference_update(ids)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        q = Queue(self.db_path)
+        try:
+            while not self._halt.wait(self.interval_s):
+                with self._lock:
+                    ids = sorted(self._held)
+                try:
+                    q.renew(self.worker_id, ids, self.lease_s)
+                except Exception:  # a busy database must not kill the heartbeat
+                    log.exception("heartbeat: renewing leases failed; will retry")
+        finally:
+            q.close()
+
+
+JOB_LEVEL_ERRORS = ("VoiceNotFound", "LanguageNotSupported", "UnsupportedMode")
+
+
+class Worker:
+    """Drains the queue with one engine. `should_yield()` returning True makes `run_once` claim
+    nothing (hook for serving streaming requests first)."""
+
+    def __init__(self, queue: Queue, engine: Synthesizer, paths: Paths, *, batch_size: int = 8,
+                 lease_s: float = 120.0, heartbeat_s: float = 10.0, guard: GuardSettings = GuardSettings(),
+                 join: JoinSettings = JoinSettings(), model: Optional[str] = None,
+                 worker_id: Optional[str] = None, should_yield: Optional[Callable[[], bool]] = None):
+        self.queue, self.engine, self.paths = queue, engine, paths.ensure()
+        self.batch_size, self.lease_s, self.guard, self.join = int(batch_size), lease_s, guard, join
+        self.model = model
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.should_yield = should_yield
+        self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, min(heartbeat_s, lease_s / 3))
+        self.heartbeat.start()
+
+    def close(self) -> None:
+        self.heartbeat.stop()
+
+    def release_held(self) -> int:
+        """Return the segments this worker holds to the queue (shutdown past its deadline)."""
+        held = sorted(self.heartbeat._held)
+        if held:
+            self.queue.release(self.worker_id, held)
+        return len(held)
+
+    # -- loop ------------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """Claim and process one batch, then assemble finished jobs. Returns work done (0: idle)."""
+        if self.should_yield and self.should_yield():
+            return 0
+        rows = self.queue.claim(self.worker_id, self.batch_size, self.lease_s, model=self.model)
+        if rows:
+            ids = [r["id"] for r in rows]
+            self.heartbeat.hold(ids)
+            try:
+                self._process(rows)
+            finally:
+                self.heartbeat.drop(ids)
+        return len(rows) + self.assemble_ready()
+
+    def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
+        """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do."""
+        try:
+            while not stop_event.is_set():
+                if self.run_once() == 0:
+                    stop_event.wait(idle_sleep_s)
+        finally:
+            self.close()
+
+    # -- segments --------------------------------------------------------------------------
+    def _audio_path(self, key: str) -> Path:
+        return self.paths.audio / key[:2] / f"{key}.wav"
+
+    def _process(self, rows: list[dict]) -> None:
+        groups: dict[str, list[dict]] = {}
+        for row in rows:
+            row["_spec"] = JobSpec.from_dict(json.loads(row["spec"]))
+            key = segment_key(row["text"], row["_spec"], row["seed"], self.engine.model_id)
+            hit = self.queue.cached(key)
+            if hit:
+                self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
+            else:
+                groups.setdefault(key, []).append(row)
+        if not groups:
+            return
+        keys = list(groups)
+        firsts = [groups[k][0] for k in keys]
+        log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
+        results = self._synthesize([self._request(r) for r in firsts])
+        for key, log_id, res in zip(keys, log_ids, results):
+            self._finish(key, groups[key], res, log_id)
+
+    def _request(self, row: dict):
+        from engines.api import SamplingParams, SynthesisRequest
+
+        spec: JobSpec = row["_spec"]
+        row["_seed"] = attempt_seed(row["seed"], row["guard_failures"])
+        sampling = SamplingParams(**{**spec.sampling, "seed": row["_seed"]})
+        return SynthesisRequest(text=row["text"], voice=spec.voice, language=spec.language, instruct=spec.instruct,
+                                ref_audio=spec.ref_audio, ref_text=spec.ref_text, sampling=sampling)
+
+    def _synthesize(self, requests: list) -> list:
+        """One batched call; if it raises, each request alone so one bad segment fails alone."""
+        try:
+            return list(self.engine.synthesize(requests))
+        except Exception as exc:
+            if len(requests) == 1:
+                return [exc]
+            log.warning("batch of %d failed (%s); retrying one by one", len(requests), exc)
+        out = []
+        for req in requests:
+            try:
+                out.append(self.engine.synthesize([req])[0])
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _finish(self, key: str, rows: list[dict], res, log_id: int) -> None:
+        first = rows[0]
+        if isinstance(res, Exception):
+            name = type(res).__name__
+            if name in JOB_LEVEL_ERRORS:
+                self.queue.fail_job(first["job_id"], str(res))
+                return
+            retry = name != "BadInput"
+            for r in rows:
+                state = self.queue.fail(r["id"], f"{name}: {res}", retry=retry)
+                self.queue.event(r["job_id"], f"segment {r['idx']} {name}: {res} -> {state}", "warning", r["idx"])
+            return
+        audio = np.asarray(res.audio, dtype=np.float32).reshape(-1)
+        sr = int(getattr(res, "sample_rate", None) or self.engine.sample_rate)
+        reason = check_audio(audio, sr, first["text"], first["_spec"].language, self.guard)
+        if reason:
+            for r in rows:
+                state = self.queue.fail(r["id"], reason, retry=True, guard=True)
+                self.queue.event(r["job_id"], f"segment {r['idx']} (seed {first['_seed']}): {reason} -> {state}",
+                                 "warning", r["idx"])
+            return
+        path = self._audio_path(key)
+        write_segment_audio(path, audio, sr)
+        for r in rows:
+            self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"])
+        self.queue.synth_finished([log_id])
+
+    # -- assembly --------------------------------------------------------------------------
+    def assemble_ready(self) -> int:
+        """Assemble every job whose segments are all finished; returns how many were handled."""
+        n = 0
+        for job_id in self.queue.ready_jobs():
+            if self.queue.begin_assembly(job_id, self.worker_id, self.lease_s):
+                assemble_job(self.queue, self.paths, job_id, self.join)
+                n += 1
+        return n
+
