@@ -27,7 +27,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engines.model.config import CodecConfig, GenerationDefaults, ModelConfig
+from engines.model.config import CodecConfig, ModelConfig
+from engines.model.sampling import OFFICIAL_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CODEC = REPO / "tests" / "data" / "tiny" / "codec"  # placeholder encoder weights + config
@@ -111,7 +112,7 @@ def write_checkpoint(engine, out: str | Path, tokenizer_dir: str | Path,
     out, tokenizer_dir, encoder_source = Path(out), Path(tokenizer_dir), Path(encoder_source)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "config.json", model_config_json(engine.cfg, engine.dtype))
-    _write_json(out / "generation_config.json", _fields(engine.defaults or GenerationDefaults()))
+    _write_json(out / "generation_config.json", (engine.defaults or OFFICIAL_DEFAULTS).to_dict())
     save_file(_host(engine.weights.state_dict()), str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, out / name)

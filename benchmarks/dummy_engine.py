@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from engines.model.checkpoint import Qwen3TTSWeights, resolve_dtype
-from engines.model.config import CodecConfig, CodecDecoderConfig, GenerationDefaults, ModelConfig, TalkerConfig
+from engines.model.config import CodecConfig, CodecDecoderConfig, ModelConfig, TalkerConfig
+from engines.model.sampling import OFFICIAL_DEFAULTS
 from engines.model.tokenizer import TextTokenizer
 
 SHAPES = {
@@ -69,5 +70,5 @@ def dummy_engine(shape: str, device="cuda", dtype="bfloat16", seed: int = 0):
     weights = _random_module(lambda: Qwen3TTSWeights(cfg), dev, dt, seed)
     codec_cfg = CodecConfig(decoder=CodecDecoderConfig(), encoder={})
     decoder = _random_module(lambda: CodecDecoder(codec_cfg.decoder), dev, dt, seed + 1)
-    return TTSEngine(None, cfg, weights, tok, codec_cfg, decoder, GenerationDefaults(), dev, dt,
+    return TTSEngine(None, cfg, weights, tok, codec_cfg, decoder, OFFICIAL_DEFAULTS, dev, dt,
                      model_id=f"dummy-{shape}:{seed}:{str(dt).split('.')[-1]}")

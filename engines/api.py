@@ -11,27 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling settings (official names and defaults)."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    seed: Optional[int] = None
-    min_new_tokens: int = 2
-    max_new_tokens: Optional[int] = None  # None: generation_config.json's value
-
-    @staticmethod
-    def greedy(**kw) -> "SamplingParams":
-        return SamplingParams(do_sample=False, subtalker_dosample=False, **kw)
+from engines.model.sampling import SamplingParams  # noqa: F401 - part of the public API
 
 
 @dataclass(frozen=True)
@@ -39,13 +19,13 @@ class SynthesisRequest:
     """One piece of text to speak.
 
     voice: a CustomVoice speaker name, a saved cloned voice (a `.voice` file, or a name in the voices
-    folder), or None.
+    folder), a `ClonedVoice` already made (engines.model.voice; cloned once, reused per request), or None.
     instruct: VoiceDesign description or 1.7B CustomVoice style instruction.
     ref_audio / ref_text: Base voice cloning (ref_text given -> ICL mode, else x-vector only).
     """
 
     text: str
-    voice: Optional[str] = None
+    voice: Optional[object] = None  # str | ClonedVoice
     language: str = "auto"
     instruct: Optional[str] = None
     ref_audio: Optional[str] = None

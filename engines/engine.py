@@ -9,11 +9,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from engines.api import SamplingParams, SynthesisRequest, SynthesisResult
+from engines.api import SynthesisRequest, SynthesisResult
+from engines.model.sampling import SamplingParams
 from engines.model.checkpoint import load_weights, resolve_dtype, weights_hash
-from engines.model.config import CodecConfig, GenerationDefaults
+from engines.model.config import CodecConfig
 from engines.model.errors import BadInput, LanguageNotSupported, UnsupportedMode, VoiceNotFound
-from engines.model.generate import RowSettings, generate
+from engines.model.generate import generate
 from engines.model.prompt import PromptBuilder, PromptSpec
 from engines.model.text import expected_seconds
 from engines.model.tokenizer import TextTokenizer
@@ -43,6 +44,7 @@ class TTSEngine:
         self.cfg, self.weights, self.talker = cfg, weights, weights.talker
         self.tokenizer, self.codec_cfg, self.decoder, self.defaults = tokenizer, codec_cfg, decoder, defaults
         self._encoder = None
+        self._saved_voices: dict = {}  # path -> ((mtime_ns, size), ClonedVoice)
         self.prompts = PromptBuilder(self.cfg, self.tokenizer, self.talker)
         self.voices_dir = voices_dir
         self.model_id = model_id
@@ -56,7 +58,7 @@ class TTSEngine:
         cfg, weights = load_weights(root, dev, dt)
         model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dt).split('.')[-1]}"
         return cls(root, cfg, weights, TextTokenizer.from_dir(root), CodecConfig.from_dir(root / "speech_tokenizer"),
-                   load_codec_decoder(root / "speech_tokenizer", dev, dt), GenerationDefaults.from_dir(root),
+                   load_codec_decoder(root / "speech_tokenizer", dev, dt), SamplingParams.from_generation_config(root),
                    dev, dt, Path(voices_dir) if voices_dir else None, model_id)
 
     # ----- what this checkpoint offers -------------------------------------------------------
@@ -107,6 +109,7 @@ class TTSEngine:
                                  ref_audio, ref_text=ref_text, x_vector_only=x_vector_only, model_config=self.cfg)
 
     def _load_voice(self, name: str):
+        """A saved voice by file path or name in the voices folder; read once per file version."""
         from engines.model.voice import ClonedVoice
 
         path = Path(name)
@@ -114,10 +117,19 @@ class TTSEngine:
             path = self.voices_dir / f"{name}{VOICE_SUFFIX}"
         if not path.is_file():
             raise VoiceNotFound(name, self.voices)
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        hit = self._saved_voices.get(str(path))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
         voice = ClonedVoice.load(path)
-        voice.check_fits(self.cfg.talker.hidden_size, self.model_type, self.cfg.talker.num_code_groups,
-                         self.cfg.tts_model_size, name=str(name))
+        self._check_voice(voice, str(name))
+        self._saved_voices[str(path)] = (stamp, voice)
         return voice
+
+    def _check_voice(self, voice, name: str) -> None:
+        voice.check_fits(self.cfg.talker.hidden_size, self.model_type, self.cfg.talker.num_code_groups,
+                         self.cfg.tts_model_size, name=name)
 
     # ----- request resolution ----------------------------------------------------------------
     def _language_id(self, language: Optional[str]) -> Optional[int]:
@@ -158,6 +170,9 @@ class TTSEngine:
         else:
             if req.ref_audio:
                 voice = self.make_voice(req.ref_audio, req.ref_text)
+            elif req.voice is not None and not isinstance(req.voice, str):  # a ClonedVoice made earlier
+                voice = req.voice
+                self._check_voice(voice, "the given voice")
             elif req.voice:
                 voice = self._load_voice(req.voice)
             else:
@@ -168,17 +183,14 @@ class TTSEngine:
                 spec.ref_text, spec.ref_codes = voice.ref_text, voice.ref_codes
         return spec, spec.ref_codes
 
-    def row_settings(self, sp: SamplingParams, text: str = "") -> RowSettings:
-        """Device-side settings of one request; without an explicit max_new_tokens the frame limit is the
-        runaway guard for `text` (enforced even if EOS never comes)."""
-        d = self.defaults
+    def sampling(self, sp: SamplingParams, text: str = "") -> SamplingParams:
+        """Every setting of one request resolved: the request's, else the checkpoint's (generation_config.json);
+        a random seed when none is given; without an explicit max_new_tokens the frame limit is the
+        runaway guard for `text` (enforced on the device even if EOS never comes)."""
+        r = sp.over(self.defaults)
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        limit = sp.max_new_tokens or min(d.max_new_tokens, runaway_frames(text))
-        return RowSettings(seed=seed, max_new_tokens=limit,
-                           min_new_tokens=sp.min_new_tokens, do_sample=sp.do_sample, temperature=sp.temperature,
-                           top_k=sp.top_k, top_p=sp.top_p, repetition_penalty=sp.repetition_penalty,
-                           sub_do_sample=sp.subtalker_dosample, sub_temperature=sp.subtalker_temperature,
-                           sub_top_k=sp.subtalker_top_k, sub_top_p=sp.subtalker_top_p)
+        limit = sp.max_new_tokens or min(self.defaults.max_new_tokens, runaway_frames(text))
+        return SamplingParams(**{**r.to_dict(), "seed": seed, "max_new_tokens": limit})
 
     # ----- synthesis ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -186,7 +198,7 @@ class TTSEngine:
         """Codes only: list of (Generated, reference codes or None)."""
         resolved = [self.resolve(r) for r in requests]
         prompts = [self.prompts.build(spec) for spec, _ in resolved]
-        outs = generate(self.talker, prompts, [self.row_settings(r.sampling, r.text) for r in requests])
+        outs = generate(self.talker, prompts, [self.sampling(r.sampling, r.text) for r in requests])
         return [(o, ref) for o, (_, ref) in zip(outs, resolved)]
 
     @torch.no_grad()

@@ -130,24 +130,30 @@ class JobSpec:
         return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
 
 
-def _file_digest(path: Optional[str]) -> Optional[str]:
+def file_digest(path: Optional[str]) -> Optional[str]:
+    """sha256 of a file's content (the path itself when it is not a readable file; None for None)."""
     if not path or not Path(path).is_file():
         return path
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def segment_key(text: str, spec: JobSpec, seed: int, model_id: str) -> str:
+def segment_key(text: str, spec: JobSpec, seed: int, model_id: str, ref_digest: Optional[str] = None) -> str:
     """Content key of one segment's audio: same inputs -> same key -> cached audio is reused.
 
     Covers the normalized text, voice, language, instruction, reference audio (by content) and
-    text, all sampling settings including the seed, and the engine's model id.
+    text, all sampling settings including the seed, and the engine's model id. `ref_digest`: the
+    reference audio's `file_digest`, when the caller already has it (else it is computed here).
     """
     payload = {
         "text": text,
         "voice": spec.voice,
         "language": spec.language,
         "instruct": spec.instruct,
-        "ref_audio": _file_digest(spec.ref_audio),
+        "ref_audio": ref_digest if ref_digest is not None else file_digest(spec.ref_audio),
         "ref_text": spec.ref_text,
         "sampling": dict(sorted((spec.sampling or {}).items())),
         "seed": int(seed),

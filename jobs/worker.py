@@ -16,7 +16,8 @@ import socket
 import threading
 import uuid
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from jobs.assemble import JoinSettings, write_segment_audio
 from jobs.book import assemble_job
 from jobs.guard import GuardSettings, attempt_seed, check_audio
 from jobs.queue import Queue
-from jobs.settings import JobSpec, Paths, segment_key
+from jobs.settings import JobSpec, Paths, file_digest, segment_key
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,16 @@ class Synthesizer(Protocol):
     model_id: str
 
     def synthesize(self, requests: list) -> list: ...
+
+
+@dataclass
+class JobContext:
+    """What every segment of one job shares, worked out once per job by the worker."""
+
+    spec: JobSpec
+    ref_digest: Optional[str] = None  # sha256 of the reference audio (part of each segment's audio key)
+    voice: Any = None  # the voice cloned from the reference audio
+    error: Optional[Exception] = None  # the job cannot be synthesized (e.g. unusable reference audio)
 
 
 class Heartbeat(threading.Thread):
@@ -93,6 +104,7 @@ class Worker:
         self.should_yield = should_yield
         self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, min(heartbeat_s, lease_s / 3))
         self.heartbeat.start()
+        self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
 
     def close(self) -> None:
         self.heartbeat.stop()
@@ -132,11 +144,32 @@ class Worker:
     def _audio_path(self, key: str) -> Path:
         return self.paths.audio / key[:2] / f"{key}.wav"
 
+    def _job(self, row: dict) -> "JobContext":
+        """The job of a claimed segment, resolved once per job: spec parsed, reference audio hashed and
+        its voice cloned (when the engine can clone: `clone_voice`)."""
+        ctx = self._jobs.get(row["job_id"])
+        if ctx is None:
+            spec = JobSpec.from_dict(json.loads(row["spec"]))
+            ctx = JobContext(spec, ref_digest=file_digest(spec.ref_audio))
+            clone = getattr(self.engine, "clone_voice", None)
+            if spec.ref_audio and clone is not None:
+                try:
+                    ctx.voice = clone(spec.ref_audio, spec.ref_text)
+                except Exception as exc:  # unreadable / unusable reference audio: the whole job fails
+                    ctx.error = exc
+            if len(self._jobs) >= 64:
+                self._jobs.pop(next(iter(self._jobs)))
+            self._jobs[row["job_id"]] = ctx
+        return ctx
+
     def _process(self, rows: list[dict]) -> None:
         groups: dict[str, list[dict]] = {}
         for row in rows:
-            row["_spec"] = JobSpec.from_dict(json.loads(row["spec"]))
-            key = segment_key(row["text"], row["_spec"], row["seed"], self.engine.model_id)
+            ctx = row["_job"] = self._job(row)
+            if ctx.error is not None:
+                self.queue.fail_job(row["job_id"], f"the reference audio cannot be used: {ctx.error}")
+                continue
+            key = segment_key(row["text"], ctx.spec, row["seed"], self.engine.model_id, ctx.ref_digest)
             hit = self.queue.cached(key)
             if hit:
                 self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
@@ -154,9 +187,13 @@ class Worker:
     def _request(self, row: dict):
         from engines.api import SamplingParams, SynthesisRequest
 
-        spec: JobSpec = row["_spec"]
+        ctx: JobContext = row["_job"]
+        spec = ctx.spec
         row["_seed"] = attempt_seed(row["seed"], row["guard_failures"])
         sampling = SamplingParams(**{**spec.sampling, "seed": row["_seed"]})
+        if ctx.voice is not None:  # cloned once for the job
+            return SynthesisRequest(text=row["text"], voice=ctx.voice, language=spec.language,
+                                    instruct=spec.instruct, sampling=sampling)
         return SynthesisRequest(text=row["text"], voice=spec.voice, language=spec.language, instruct=spec.instruct,
                                 ref_audio=spec.ref_audio, ref_text=spec.ref_text, sampling=sampling)
 
@@ -190,7 +227,7 @@ class Worker:
             return
         audio = np.asarray(res.audio, dtype=np.float32).reshape(-1)
         sr = int(getattr(res, "sample_rate", None) or self.engine.sample_rate)
-        reason = check_audio(audio, sr, first["text"], first["_spec"].language, self.guard)
+        reason = check_audio(audio, sr, first["text"], first["_job"].spec.language, self.guard)
         if reason:
             for r in rows:
                 state = self.queue.fail(r["id"], reason, retry=True, guard=True)

@@ -188,12 +188,12 @@ def test_runaway_guard_limits_frames_by_text_length():
     from engines.engine import runaway_frames
 
     eng = engine()
-    short = eng.row_settings(SamplingParams(), "Hi.").max_new_tokens
-    long = eng.row_settings(SamplingParams(), "word " * 200).max_new_tokens
+    short = eng.sampling(SamplingParams(), "Hi.").max_new_tokens
+    long = eng.sampling(SamplingParams(), "word " * 200).max_new_tokens
     assert short == runaway_frames("Hi.") == 126  # the 10 s floor
     assert long == int(12.5 * 4 * 800 / 15) + 1 and long < eng.defaults.max_new_tokens  # spaces not counted
     assert runaway_frames("你好" * 30) > runaway_frames("ab" * 30)  # CJK characters weigh more
-    assert eng.row_settings(SamplingParams(max_new_tokens=7), "word " * 200).max_new_tokens == 7
+    assert eng.sampling(SamplingParams(max_new_tokens=7), "word " * 200).max_new_tokens == 7
     # enforced on the device: a request that never samples EOS stops at its limit
     [res] = EngineRunner(eng, max_slots=1, max_context=256).synthesize(
         [SynthesisRequest(text="Hi.", voice="vivian", sampling=SamplingParams(min_new_tokens=10**6, seed=1))])

@@ -197,24 +197,3 @@ class CodecConfig:
         raw = read_json(path)
         return _pick(CodecConfig, raw, decoder=CodecDecoderConfig.from_dict(raw.get("decoder_config") or {}),
                      encoder=dict(raw.get("encoder_config") or {}))
-
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """Sampling defaults from `generation_config.json` (official names)."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    max_new_tokens: int = 8192
-
-    @staticmethod
-    def from_dir(path: str | Path) -> "GenerationDefaults":
-        p = Path(path) / "generation_config.json"
-        return _pick(GenerationDefaults, read_json(p)) if p.is_file() else GenerationDefaults()

@@ -15,26 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from engines.model.prompt import Prompt
-from engines.model.sampling import SamplingTensors, apply_repetition_penalty, draw
+from engines.model.sampling import SamplingParams, SamplingTensors, apply_repetition_penalty, draw
 from engines.model.talker import Talker
-
-
-@dataclass(frozen=True)
-class RowSettings:
-    """Resolved sampling settings of one row (see engines.api.SamplingParams)."""
-
-    seed: int
-    max_new_tokens: int
-    min_new_tokens: int = 2
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    sub_do_sample: bool = True
-    sub_temperature: float = 0.9
-    sub_top_k: int = 50
-    sub_top_p: float = 1.0
 
 
 @dataclass
@@ -76,8 +58,8 @@ def predict_residuals(talker: Talker, hidden, code0, sub: SamplingTensors, seed,
 
 
 @torch.no_grad()
-def generate(talker: Talker, prompts: list[Prompt], rows: list[RowSettings]) -> list[Generated]:
-    """Generate codes for a batch of prompts with per-row settings."""
+def generate(talker: Talker, prompts: list[Prompt], rows: list[SamplingParams]) -> list[Generated]:
+    """Generate codes for a batch of prompts with per-row settings (resolved: every field set)."""
     dev = talker.codec_head.weight.device
     b = len(prompts)
     cfg = talker.cfg
@@ -93,7 +75,7 @@ def generate(talker: Talker, prompts: list[Prompt], rows: list[RowSettings]) -> 
         hidden[i:i + 1], logits[i:i + 1] = talker(p.prefill[None], pos, view)
 
     main = SamplingTensors.build([(r.do_sample, r.temperature, r.top_k, r.top_p) for r in rows], dev)
-    sub = SamplingTensors.build([(r.sub_do_sample, r.sub_temperature, r.sub_top_k, r.sub_top_p) for r in rows], dev)
+    sub = SamplingTensors.build([(r.subtalker_dosample, r.subtalker_temperature, r.subtalker_top_k, r.subtalker_top_p) for r in rows], dev)
     seed = torch.tensor([r.seed & 0xFFFFFFFF for r in rows], device=dev)
     penalty = torch.tensor([r.repetition_penalty for r in rows], device=dev)
     min_new = torch.tensor([r.min_new_tokens for r in rows], device=dev)

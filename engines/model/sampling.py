@@ -9,11 +9,65 @@ which requests join, on any device, and the whole thing can be captured in a dev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Optional
 
 import torch
 
 _MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is sampled (the official package's names). A field left None takes the
+    checkpoint's default: `generation_config.json`, read by `from_generation_config`, falling back to
+    the official package's values for keys the file lacks. `over(defaults)` fills the gaps; the
+    engine resolves every request that way (plus a seed and the runaway frame limit) before decoding.
+    """
+
+    do_sample: Optional[bool] = None
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None  # talker only, as in the official package
+    subtalker_dosample: Optional[bool] = None
+    subtalker_temperature: Optional[float] = None
+    subtalker_top_k: Optional[int] = None
+    subtalker_top_p: Optional[float] = None
+    seed: Optional[int] = None  # None: a random seed per request
+    min_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = None  # None: the checkpoint's, capped by the runaway limit for the text
+
+    @staticmethod
+    def greedy(**kw) -> "SamplingParams":
+        """Argmax for both the talker and the code predictor."""
+        return SamplingParams(do_sample=False, subtalker_dosample=False, **kw)
+
+    def over(self, defaults: "SamplingParams") -> "SamplingParams":
+        """These settings where given, `defaults` elsewhere."""
+        return replace(defaults, **{f.name: getattr(self, f.name) for f in fields(self)
+                                    if getattr(self, f.name) is not None})
+
+    @staticmethod
+    def from_generation_config(folder: str | Path) -> "SamplingParams":
+        """A checkpoint's defaults: its `generation_config.json` over the official package's values."""
+        path = Path(folder) / "generation_config.json"
+        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        names = {f.name for f in fields(SamplingParams)} - {"seed"}
+        given = {k: v for k, v in raw.items() if k in names and v is not None}
+        return SamplingParams(**given).over(OFFICIAL_DEFAULTS)
+
+    def to_dict(self) -> dict:
+        """The settings that are set (JSON-able), e.g. to write a generation_config.json."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+# the official package's sampling defaults (used where generation_config.json is silent)
+OFFICIAL_DEFAULTS = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
+                                   subtalker_dosample=True, subtalker_temperature=0.9, subtalker_top_k=50,
+                                   subtalker_top_p=1.0, min_new_tokens=2, max_new_tokens=8192)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

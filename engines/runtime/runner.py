@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -25,7 +26,7 @@ from engines.model.errors import TTSError
 from engines.model.generate import control_mask
 from engines.model.layers import KVCache
 
-from engines.runtime.scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
+from engines.runtime.scheduler import Scheduler, length_bucket, pick_bucket
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
 from engines.runtime.stream import CodecStreams, StreamHandle
@@ -107,9 +108,8 @@ class EngineRunner:
                                   self.cfg.first_chunk_frames, self.cfg.max_chunk_frames, engine.sample_rate,
                                   use_graphs=self.use_graphs)
         self.codec.before_capture = self._drain
-        self.slots = SlotMap(n)
-        self.queue = AdmissionQueue(self.cfg.max_queue)
-        self.prefilling: list[_Seq] = []  # the prefill group, each with its side-cache row
+        self.sched = Scheduler(n, self.cfg.max_queue, self.cfg.prefill_batch)
+        self.slots = self.sched.slots
         self.graphs: dict = {}
         self._pool = None
         self.overlap = self.cfg.overlap
@@ -143,20 +143,44 @@ class EngineRunner:
     def submit(self, request: SynthesisRequest, priority: int = 0) -> StreamHandle:
         """Queue a request; streams (priority 0) go before batch work (higher numbers)."""
         with self._cv:
-            if self.queue.full(priority):
-                raise EngineBusy(f"busy: {len(self.queue)} requests already waiting; retry shortly")
+            if self.sched.full(priority):
+                raise EngineBusy(f"busy: {len(self.sched.queue)} requests already waiting; retry shortly")
             handle = StreamHandle(self, self.engine.sample_rate)
-            self.queue.push(_Seq(handle, request), priority)
+            self.sched.push(_Seq(handle, request), priority)
             self._cv.notify()
         return handle
 
     def synthesize(self, requests: list[SynthesisRequest], priority: int = 1) -> list[SynthesisResult]:
-        """Whole-audio results for a batch (runs the loop here when no background thread runs)."""
-        handles = [self.submit(r, priority) for r in requests]
+        """Whole-audio results for a batch (batch priority by default). Waits for room when the admission
+        queue is full; runs the loop in this thread when no background thread runs. Raises the first
+        request's error, if any (after all have ended)."""
+        handles = []
+        for req in requests:
+            while True:
+                try:
+                    handles.append(self.submit(req, priority))
+                    break
+                except EngineBusy:  # streams come first: wait for room (or make it, without a thread)
+                    if self._thread is None:
+                        self.step_once()
+                    else:
+                        time.sleep(0.02)
         if self._thread is None:
             while not all(h.done for h in handles):
                 self.step_once()
-        return [h.result() for h in handles]
+        results, error = [], None
+        for h in handles:
+            try:
+                results.append(h.result())
+            except Exception as exc:  # noqa: BLE001 - reported after every handle has ended
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
+    def clone_voice(self, ref_audio, ref_text: Optional[str] = None):
+        """A voice cloned once from reference audio, to pass as `SynthesisRequest.voice` (Base checkpoints)."""
+        return self.engine.make_voice(ref_audio, ref_text)
 
     def start(self) -> None:
         if self._thread is None:
@@ -177,7 +201,7 @@ class EngineRunner:
             self._cv.notify()
 
     def stats(self) -> dict:
-        return {"active_slots": self.slots.n_active, "queued": len(self.queue), "steps": self.steps,
+        return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
                 "frames": self.frames, "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
 
     # ----- loop ------------------------------------------------------------------------------------
@@ -195,7 +219,7 @@ class EngineRunner:
                 self._fail_all("internal engine error (see the daemon log)")
 
     def _has_work(self) -> bool:
-        return bool(len(self.queue) or self.slots.n_active or self.prefilling or self._inflight)
+        return self.sched.has_work or self._inflight is not None
 
     @torch.no_grad()
     def step_once(self) -> None:
@@ -213,25 +237,8 @@ class EngineRunner:
         self._codec_and_retire()
 
     def _admit(self) -> None:
-        """Take queued requests into the prefill group (up to `prefill_batch`, while slots remain), then
-        prefill one chunk of every request in the group together."""
-        group = self.prefilling
-        while (len(group) < self.cfg.prefill_batch and len(self.queue)
-               and self.slots.n_active + len(group) < self.cfg.max_slots):
-            with self._cv:
-                seq = self.queue.pop()
-            if seq is None or seq.handle.cancelled:
-                if seq is not None:
-                    seq.handle.finish()
-                continue
-            try:
-                self._prepare(seq)
-            except TTSError as exc:
-                seq.handle.fail(exc)
-                continue
-            used = {s.side_row for s in group}
-            seq.side_row = min(set(range(self.cfg.prefill_batch)) - used)
-            group.append(seq)
+        """Let the scheduler fill the prefill group, then prefill one chunk of every request in it."""
+        group = self.sched.admit(self._cv, self._prepare, TTSError)
         if group:
             self._prefill_chunk(group)
 
@@ -239,7 +246,7 @@ class EngineRunner:
         eng = self.engine
         spec, ref_codes = eng.resolve(seq.request)
         seq.prompt = eng.prompts.build(spec)
-        seq.settings = eng.row_settings(seq.request.sampling, seq.request.text)
+        seq.settings = eng.sampling(seq.request.sampling, seq.request.text)
         need = seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1
         if need > self.cfg.max_context:
             seq.settings = replace(seq.settings, max_new_tokens=self.cfg.max_context - seq.prompt.prefill.shape[0] - 1)
@@ -269,9 +276,8 @@ class EngineRunner:
             seq.offset = min(seq.offset + t, seq.prompt.prefill.shape[0])
             if seq.offset < seq.prompt.prefill.shape[0]:
                 continue
-            group.remove(seq)
             end, row = seq.offset, seq.side_row
-            slot = seq.slot = self.slots.add(seq)
+            slot = self.sched.prefilled(seq)
             seq.pos = end
             for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
                 k[slot, :, :end].copy_(k_side[row, :, :end])
@@ -392,12 +398,8 @@ class EngineRunner:
         self.codec.move(src, dst)
 
     def _fail_all(self, message: str) -> None:
-        for seq in self.slots.seqs:
+        for seq in self.sched.drop_all():
             seq.handle.fail(TTSError(message))
-        self.slots.seqs.clear()
         self._inflight = None
         self.table.done.fill_(True)
-        for seq in self.prefilling:
-            seq.handle.fail(TTSError(message))
-        self.prefilling.clear()
         self.codec.reset_all()

@@ -1,7 +1,10 @@
-"""Slot bookkeeping and bucket choice for continuous batching (plain Python, no tensors).
+"""Who runs when: the waiting queue, admission into the prefill group, slots and buckets (plain Python).
 
-Active sequences always occupy slots [0, n_active): when one leaves, the last active slot moves into
-its place, so one decode step over the first B slots (B = the batch bucket) covers every live request.
+Streams (priority 0) are admitted before batch work (higher numbers), FIFO within a priority. A
+request is admitted into the prefill group while the group has room (`prefill_batch` side-cache rows)
+and slots remain for it. Active sequences always occupy slots [0, n_active): when one leaves, the last
+active slot moves into its place, so one decode step over the first B slots (B = the batch bucket)
+covers every live request.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import bisect
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -89,3 +92,62 @@ class SlotMap:
             return None
         self.seqs[slot] = self.seqs.pop()
         return last, slot
+
+
+class Scheduler:
+    """Owns admission: the waiting queue, the prefill group (with its side-cache rows) and the slot map.
+
+    Sequences need `.handle` (with `.cancelled` and `.finish()`), `.side_row` and `.slot`; `prepare(seq)`
+    is called on admission and may raise `reject` (the sequence is then failed, not admitted).
+    """
+
+    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int):
+        self.max_slots, self.prefill_batch = max_slots, prefill_batch
+        self.queue = AdmissionQueue(max_queue)
+        self.slots = SlotMap(max_slots)
+        self.prefilling: list = []  # the prefill group, each with its side-cache row
+
+    def full(self, priority: int) -> bool:
+        return self.queue.full(priority)
+
+    def push(self, seq: Any, priority: int) -> None:
+        self.queue.push(seq, priority)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(len(self.queue) or self.slots.n_active or self.prefilling)
+
+    def admit(self, pop_lock, prepare: Callable[[Any], None], reject: type) -> list:
+        """Move waiting sequences into the prefill group while it and the slots have room; returns the group.
+        `pop_lock` guards the queue against submitters on other threads."""
+        group = self.prefilling
+        while (len(group) < self.prefill_batch and len(self.queue)
+               and self.slots.n_active + len(group) < self.max_slots):
+            with pop_lock:
+                seq = self.queue.pop()
+            if seq is None or seq.handle.cancelled:
+                if seq is not None:
+                    seq.handle.finish()
+                continue
+            try:
+                prepare(seq)
+            except reject as exc:
+                seq.handle.fail(exc)
+                continue
+            used = {s.side_row for s in group}
+            seq.side_row = min(set(range(self.prefill_batch)) - used)
+            group.append(seq)
+        return group
+
+    def prefilled(self, seq: Any) -> int:
+        """`seq` finished its prefill: it leaves the group and takes a slot (returned)."""
+        self.prefilling.remove(seq)
+        seq.slot = self.slots.add(seq)
+        return seq.slot
+
+    def drop_all(self) -> list:
+        """Forget every admitted sequence (engine failure); returns them."""
+        out = list(self.slots.seqs) + list(self.prefilling)
+        self.slots.seqs.clear()
+        self.prefilling.clear()
+        return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engines.model.generate import RowSettings
+from engines.model.sampling import SamplingParams
 from engines.model.prompt import Prompt
 
 
@@ -69,7 +69,7 @@ class SlotTable:
             t = getattr(self, f.name)
             t[dst].copy_(t[src])
 
-    def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: RowSettings) -> None:
+    def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams) -> None:
         """Set slot `slot` for a request whose prompt has just been prefilled."""
         n = prompt.trailing.shape[0]
         if n > self.trailing.shape[1]:
@@ -86,6 +86,7 @@ class SlotTable:
         for name, value in (("seed", r.seed & 0xFFFFFFFF), ("penalty", r.repetition_penalty),
                             ("min_new", r.min_new_tokens), ("limit", r.max_new_tokens),
                             ("m_do", r.do_sample), ("m_temp", max(r.temperature, 1e-5)), ("m_topk", r.top_k),
-                            ("m_topp", r.top_p), ("s_do", r.sub_do_sample), ("s_temp", max(r.sub_temperature, 1e-5)),
-                            ("s_topk", r.sub_top_k), ("s_topp", r.sub_top_p)):
+                            ("m_topp", r.top_p), ("s_do", r.subtalker_dosample),
+                            ("s_temp", max(r.subtalker_temperature, 1e-5)), ("s_topk", r.subtalker_top_k),
+                            ("s_topp", r.subtalker_top_p)):
             getattr(self, name)[slot] = value
