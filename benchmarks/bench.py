@@ -14,12 +14,14 @@ import logging
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from engines.api import SamplingParams, SynthesisRequest
 from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
+from engines.runtime.scheduler import pick_bucket
 
 FRAME_S = 0.08
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
@@ -31,13 +33,14 @@ def request(frames: int, seed: int) -> SynthesisRequest:
     return SynthesisRequest(text=TEXT, voice="vivian", language="english", sampling=sp)
 
 
-def closed_loop(runner: EngineRunner, concurrency: int, total: int, frames: int) -> dict:
-    """Keep `concurrency` requests in flight until `total` are done; returns audio s/s and TTFAs."""
+def closed_loop(runner: EngineRunner, concurrency: int, total: int, frames: int, priority: int = 0) -> dict:
+    """Keep `concurrency` requests in flight until `total` are done; returns audio s/s and TTFAs.
+    priority 0: streams (small first codec chunk); 1: batch work (large codec chunks)."""
     lock, done_evt = threading.Lock(), threading.Event()
     state = {"submitted": 0, "done": 0, "handles": []}
 
     def submit_one():
-        h = runner.submit(request(frames, seed=state["submitted"]))
+        h = runner.submit(request(frames, seed=state["submitted"]), priority)
         state["submitted"] += 1
         state["handles"].append(h)
         h.on_done = on_done
@@ -61,7 +64,7 @@ def closed_loop(runner: EngineRunner, concurrency: int, total: int, frames: int)
     errors = [h.error for h in state["handles"] if h.error]
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed: {errors[0]}")
-    return {"concurrency": concurrency, "requests": total, "wall_s": wall, "audio_s": audio,
+    return {"concurrency": concurrency, "requests": total, "priority": priority, "wall_s": wall, "audio_s": audio,
             "audio_s_per_s": audio / wall, "ttfa_p50_ms": 1e3 * statistics.median(ttfa),
             "ttfa_p95_ms": 1e3 * ttfa[min(len(ttfa) - 1, int(0.95 * len(ttfa)))]}
 
@@ -81,82 +84,101 @@ def step_breakdown(runner: EngineRunner, frames: int, batch: int) -> dict:
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
-    codec_times = []
-    for _ in range(3):
-        for i in range(n):
-            for _ in range(8):
-                runner.codec.push_frame(i, torch.zeros(16, dtype=torch.long))
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        runner.codec.run(n, [True] * n)
-        codec_times.append(1e3 * (time.perf_counter() - t0))
     for h in handles:
         h.cancel()
-    while runner.slots.n_active or len(runner.queue):
+    while runner.slots.n_active or len(runner.sched.queue) or any(l.members for l in runner.lanes.values()):
         runner.step_once()
-    return {"batch": batch, "decode_step_ms": statistics.median(times),
-            "codec_8_frames_ms": statistics.median(codec_times)}
+    codec = {}
+    for lane_name, frames in (("stream", 8), ("batch", runner.lanes["batch"].chunk_cap(pick_bucket(batch, runner.lanes["batch"].buckets)))):
+        lane = runner.lanes[lane_name]
+        b = pick_bucket(batch, lane.buckets)
+        lane.bench_call(b, frames)  # capture
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            lane.bench_call(b, frames)
+            times.append(1e3 * (time.perf_counter() - t0))
+        codec[lane_name] = {"rows": b, "frames": frames, "ms": statistics.median(times),
+                            "audio_s_per_s": b * frames * FRAME_S / (statistics.median(times) / 1e3)}
+    return {"batch": batch, "decode_step_ms": statistics.median(times), "codec": codec}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dummy", choices=["0.6b", "1.7b"], required=True)
+    ap.add_argument("--dummy", choices=["0.6b", "1.7b"], help="random weights of a real shape")
+    ap.add_argument("--model", help="a checkpoint folder instead (e.g. the tiny test model, to try the script)")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--frames", type=int, default=150)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--concurrency", default="1,8,32,64,128,256")
+    ap.add_argument("--concurrency", default="1,8,32,64,128,256", help="aggregate phase: requests in flight")
     ap.add_argument("--ttfa-requests", type=int, default=50)
-    ap.add_argument("--slots", type=int, default=256)
-    ap.add_argument("--no-codec-graphs", action="store_true", help="run the codec eagerly (diagnosis)")
-    ap.add_argument("--sync", action="store_true", help="synchronise after every step (diagnosis)")
+    ap.add_argument("--slots", type=int, default=0, help="slots (0: auto, sized by free GPU memory)")
+    ap.add_argument("--max-context", type=int, default=0, help="cache positions per slot (0: frames + 100, rounded up)")
     ap.add_argument("--no-gemv", action="store_true", help="batch-1 matmuls as library kernels (A/B)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
+    ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on", help="cuDNN autotuning of the codec convs")
+    ap.add_argument("--batch-chunk", type=int, default=64, help="batch work: frames per codec chunk")
     ap.add_argument("--phases", default="single,ttfa1,ttfa32,aggregate,breakdown",
                     help="comma list of single, ttfa1, ttfa32, aggregate, breakdown")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
 
-    eng = dummy_engine(args.dummy, "cuda", args.dtype)
+    t_load = time.perf_counter()
+    if args.model:
+        from engines.api import TTSEngine
+
+        eng = TTSEngine.load(args.model, device=args.device, dtype=args.dtype)
+    else:
+        eng = dummy_engine(args.dummy or "0.6b", args.device, args.dtype)
+    cuda = eng.device.type == "cuda"
     conc = [int(c) for c in args.concurrency.split(",")]
-    runner = EngineRunner(eng, max_slots=max(args.slots, max(conc)), max_context=256 * ((args.frames + 100) // 256 + 1),
-                          max_queue=4096, gemv=not args.no_gemv, overlap=not args.no_overlap,
-                          codec_backend=args.codec)
-    if args.no_codec_graphs:
-        runner.codec.use_graphs = False
-    if args.sync:
-        step = runner.step_once
+    ctx = args.max_context or 256 * ((args.frames + 100) // 256 + 1)
+    plan = None
+    if not args.slots:
+        from engines.runtime.memory import auto_slots
 
-        def synced():
-            step()
-            torch.cuda.synchronize()
-        runner.step_once = synced
-    t0 = time.perf_counter()
-    for c in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512} & set(range(1, max(conc) + 1))):  # capture graphs
-        runner.synthesize([request(4, i) for i in range(c)])
-    warm = time.perf_counter() - t0
+        plan = auto_slots(eng, ctx)
+        logging.info("auto slots: %s", plan.describe())
+    slots = args.slots or plan.slots
+    conc = [c for c in conc if c <= slots] or [slots]
+    runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, gemv=not args.no_gemv,
+                          overlap=not args.no_overlap, codec_backend=args.codec, batch_chunk_frames=args.batch_chunk)
+    t_prep = time.perf_counter()
+    prep = runner.prepare()  # every graph captured (and every region compiled) before any request
+    runner.synthesize([request(4, i) for i in range(2)])  # touch the host paths once
+    warm = time.perf_counter() - t_prep
     runner.start()
-    res = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype,
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+           "model": Path(args.model).name if args.model else f"dummy-{args.dummy}", "dtype": args.dtype,
            "gemv": not args.no_gemv, "overlap": not args.no_overlap, "codec": args.codec,
-           "frames": args.frames, "warmup_s": warm, "graphs": len(runner.graphs)}
+           "cudnn_benchmark": args.cudnn_benchmark, "batch_chunk": args.batch_chunk, "slots": slots,
+           "slots_auto": plan.describe() if plan else None, "max_context": ctx, "frames": args.frames,
+           "load_s": t_prep - t_load, "startup_s": warm, "prepare": prep, "graphs": len(runner.graphs)}
     phases = args.phases.split(",")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     if "single" in phases:
         singles = [closed_loop(runner, 1, 1, args.frames)["wall_s"] for _ in range(3)]
         wall = statistics.median(singles)
         res["single"] = {"x_realtime": args.frames * FRAME_S / wall, "ms_per_frame": 1e3 * wall / args.frames}
     if "ttfa1" in phases:
         res["ttfa_c1"] = closed_loop(runner, 1, args.ttfa_requests, 20)
-    if "ttfa32" in phases:
+    if "ttfa32" in phases and slots >= 32:
         res["ttfa_c32"] = closed_loop(runner, 32, max(args.ttfa_requests, 64), args.frames)
     if "aggregate" in phases:
-        res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames) for c in conc]
+        res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames, priority=1) for c in conc]
     runner.stop()
-    if "breakdown" in phases:
-        sizes = sorted({1, 32, min(128, max(conc))} & set(range(1, runner.cfg.max_slots + 1)))
+    if "breakdown" in phases and cuda:
+        sizes = sorted({1, 32, min(128, slots), slots} & set(range(1, slots + 1)))
         res["breakdown"] = [step_breakdown(runner, 400, b) for b in sizes]
-    res["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    res["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    res["reserved_gpu_mem_gb"] = torch.cuda.memory_reserved() / 2**30 if cuda else 0.0
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:
@@ -168,8 +190,9 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"### {r['model']} {r['dtype']} on {r['device']} ({r['frames']} frames per request)", "",
-             "| metric | value |", "|---|---|"]
+    lines = [f"### {r['model']} {r['dtype']} on {r['device']} ({r['frames']} frames per request, "
+             f"{r['slots']} slots, codec {r['codec']})", "", "| metric | value |", "|---|---|",
+             f"| start-up (graphs captured, regions compiled) | {r['startup_s']:.1f} s |"]
     if "single" in r:
         lines.append(f"| single stream | {r['single']['x_realtime']:.1f}x realtime, "
                      f"{r['single']['ms_per_frame']:.2f} ms/frame |")
@@ -177,10 +200,13 @@ def markdown(r: dict) -> str:
         if key in r:
             lines.append(f"| {label} | p50 {r[key]['ttfa_p50_ms']:.1f} ms, p95 {r[key]['ttfa_p95_ms']:.1f} ms |")
     for a in r.get("aggregate", []):
-        lines.append(f"| aggregate c={a['concurrency']} | {a['audio_s_per_s']:.0f} audio-s/s |")
+        lines.append(f"| aggregate (batch work) c={a['concurrency']} | {a['audio_s_per_s']:.0f} audio-s/s |")
     for b in r.get("breakdown", []):
-        lines.append(f"| step at batch {b['batch']} | decode {b['decode_step_ms']:.2f} ms, "
-                     f"codec (8 frames/row) {b['codec_8_frames_ms']:.1f} ms |")
+        c = b["codec"]
+        lines.append(f"| step at batch {b['batch']} | decode {b['decode_step_ms']:.2f} ms; codec stream lane "
+                     f"{c['stream']['rows']}x{c['stream']['frames']} {c['stream']['ms']:.1f} ms, batch lane "
+                     f"{c['batch']['rows']}x{c['batch']['frames']} {c['batch']['ms']:.1f} ms "
+                     f"({c['batch']['audio_s_per_s']:.0f} audio-s/s) |")
     lines.append(f"| peak GPU memory | {r['peak_gpu_mem_gb']:.1f} GiB |")
     return "\n".join(lines) + "\n"
 

@@ -38,17 +38,24 @@ def main() -> None:
         print(f"\n== decode step, batch {b}: {count} kernels, {total / 1e3:.2f} ms of kernel time")
         for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
             print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
-        for i in range(b):
-            for _ in range(8):
-                runner.codec.push_frame(i, torch.zeros(16, dtype=torch.long))
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner.codec.run(b, [True] * b)
+        for h in list(runner.slots.seqs):
+            h.handle.cancel()
+        while runner.slots.n_active or any(l.members for l in runner.lanes.values()):
+            runner.step_once()
+        for lane in runner.lanes.values():
+            lane.use_graphs = False  # eager: the profiler sees every kernel
+            frames = 8 if lane.name == "stream" else lane.chunk_cap(b)
+            lane.bench_call(b, frames)
             torch.cuda.synchronize()
-        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-        total = sum(e.self_device_time_total for e in events)
-        print(f"== codec 8 frames x {b} rows: {sum(e.count for e in events)} kernels, {total / 1e3:.2f} ms")
-        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
-            print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                lane.bench_call(b, frames)
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+            total = sum(e.self_device_time_total for e in events)
+            print(f"== codec ({lane.name} lane) {frames} frames x {b} rows: {sum(e.count for e in events)} kernels, "
+                  f"{total / 1e3:.2f} ms")
+            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
+                print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Codec backends in the runtime: pushes of the leading rows, row moves, CodecStreams over any backend
+"""Codec backends in the runtime: pushes of the leading rows, row moves, codec lanes over any backend
 (torch, ONNX Runtime) and the runner decoding with what `build-engines` built (all on CPU)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from engines.codec import build as B
 from engines.codec.backend_torch import TorchCodec
-from engines.runtime.stream import CodecStreams
+from engines.runtime.stream import CodecLane, FrameStore
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ORT = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
@@ -101,30 +101,38 @@ def test_move_copies_a_stream(decoder, backend, request):
         codec.move(0, 3)
 
 
-def _drive(streams: CodecStreams, frames: torch.Tensor, plan) -> list[np.ndarray]:
-    """Feed frames [S, T, 16] to slots following `plan` (frames per slot per round), as the runner does."""
-    s = frames.shape[0]
-    for i in range(s):
-        streams.start(i, None)
+def _drive(codec, frames: torch.Tensor, plan, first: int = 1, max_chunk: int = 4) -> list[np.ndarray]:
+    """Feed frames [S, T, 16] through a codec lane following `plan` (frames per request per round), as
+    the runner does: frames written to the request's FrameStore row, the lane told how many there are."""
+    s, t_max = frames.shape[0], frames.shape[1]
+    store = FrameStore(s, t_max, frames.shape[2], "cpu")
+    lane = CodecLane("test", codec, store, first, max_chunk, 4096, use_graphs=False)
+    members = [lane.add(i, store.take(), 0) for i in range(s)]
     audio, pos = [[] for _ in range(s)], [0] * s
     for rnd in plan:
         for i, k in enumerate(rnd):
-            for _ in range(k):
-                streams.push_frame(i, frames[i, pos[i]])
-                pos[i] += 1
-        finished = [pos[i] == frames.shape[1] for i in range(s)]
-        for slot, a in streams.run(s, finished):
-            audio[slot].append(a)
+            store.codes[members[i].frame_row, pos[i]:pos[i] + k] = frames[i, pos[i]:pos[i] + k].int()
+            pos[i] += k
+            members[i].emitted = pos[i]
+            members[i].finished = pos[i] == t_max
+        out, _ = lane.run()
+        for m, a in out:
+            audio[m.seq].append(a)
+    for _ in range(t_max):  # one call per loop iteration, as in the runner, until every request is complete
+        out, _ = lane.run()
+        for m, a in out:
+            audio[m.seq].append(a)
+    assert not lane.members
     return [np.concatenate(a) for a in audio]
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_codec_streams_over_a_backend_equal_the_default(decoder, backend, request):
+def test_codec_lane_over_a_backend_equals_the_one_shot_decode(decoder, backend, request):
     onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
     frames = codes(decoder, 3, 12, seed=3).transpose(1, 2)  # [S, T, K]
     plan = [(1, 1, 0), (2, 1, 1), (3, 4, 2), (6, 6, 9)]
-    ref = _drive(CodecStreams(decoder, 3, 1, 4, 24000), frames, plan)
-    got = _drive(CodecStreams(makers(decoder, onnx)[backend](4), 3, 1, 4, 24000), frames, plan)
+    ref = _drive(TorchCodec(decoder, 3), frames, plan)
+    got = _drive(makers(decoder, onnx)[backend](4), frames, plan)
     with torch.inference_mode():
         one_shot = decoder(frames.transpose(1, 2))[:, 0].numpy()
     for r, g, o in zip(ref, got, one_shot):
@@ -132,11 +140,48 @@ def test_codec_streams_over_a_backend_equal_the_default(decoder, backend, reques
         assert np.abs(r - g).max() <= TOL and np.abs(r - o).max() <= TOL
 
 
-def test_codec_streams_default_is_the_eager_torch_codec(decoder):
-    s = CodecStreams(decoder, 2, 1, 16, 24000, use_graphs=True)
-    assert isinstance(s.codec, TorchCodec) and s.codec.name == "torch" and s.codec.batch_size == 2 and s.graphed
-    with pytest.raises(ValueError, match="holds 1 streams, the runner has 2 slots"):
-        CodecStreams(TorchCodec(decoder, 1), 2, 1, 16, 24000)
+def test_codec_lane_big_chunks_equal_small_chunks(decoder):
+    """Batch work decodes in large chunks, streams in small growing ones: the same audio."""
+    frames = codes(decoder, 3, 20, seed=5).transpose(1, 2)
+    plan = [(3, 5, 1), (7, 5, 9), (10, 10, 10)]
+    small = _drive(TorchCodec(decoder, 3), frames, plan, first=1, max_chunk=2)
+    big = _drive(TorchCodec(decoder, 3), frames, plan, first=16, max_chunk=16)
+    for s, b in zip(small, big):
+        assert s.shape == b.shape and np.abs(s - b).max() <= TOL
+
+
+def test_codec_lane_member_leaving_keeps_the_others_exact(decoder):
+    """A request that ends early leaves its lane (the last member moves into its row); the others' audio
+    still equals their one-shot decode."""
+    frames = codes(decoder, 3, 8, seed=7).transpose(1, 2)
+    store = FrameStore(3, 8, frames.shape[2], "cpu")
+    lane = CodecLane("test", TorchCodec(decoder, 3), store, 1, 4, 4096, use_graphs=False)
+    members = [lane.add(i, store.take(), 0) for i in range(3)]
+    audio = [[] for _ in range(3)]
+
+    def feed(i, a, b):
+        store.codes[members[i].frame_row, a:b] = frames[i, a:b].int()
+        members[i].emitted = b
+
+    for i in range(3):
+        feed(i, 0, 3)
+    members[0].dropped = members[0].finished = True  # cancelled
+    out, done = lane.run()
+    assert done == [members[0]] and len(lane.members) == 2
+    for m, a in out:
+        audio[m.seq].append(a)
+    for i in (1, 2):
+        feed(i, 3, 8)
+        members[i].finished = True
+    for _ in range(4):
+        out, _ = lane.run()
+        for m, a in out:
+            audio[m.seq].append(a)
+    with torch.inference_mode():
+        one_shot = decoder(frames.transpose(1, 2))[:, 0].numpy()
+    for i in (1, 2):
+        got = np.concatenate(audio[i])
+        assert got.shape == one_shot[i].shape and np.abs(got - one_shot[i]).max() <= TOL
 
 
 def test_runtime_codec_choices(decoder, tmp_path, caplog):
@@ -169,11 +214,8 @@ def test_runner_decodes_with_the_built_engine(tmp_path, monkeypatch):
                              sampling=SamplingParams.greedy(max_new_tokens=10 + 3 * i, seed=i))
             for i, t in enumerate(["Hello there.", "Guten Tag.", "A third one here.", "And a fourth."])]
     ref = [eng.decode(g.codes, r) for g, r in eng.generate_codes(reqs)]
-    runner = EngineRunner(eng, max_slots=3, max_context=256)
-    # the hook the runner would use (engines.codec.build.runtime_codec -> CodecStreams): set by hand here
-    runner.codec = CodecStreams(codec, 3, runner.cfg.first_chunk_frames, runner.cfg.max_chunk_frames,
-                                eng.sample_rate, use_graphs=runner.use_graphs)
-    runner.codec.before_capture = runner._drain
+    runner = EngineRunner(eng, max_slots=3, max_context=256, codec_backend="auto", engine_cache=str(tmp_path))
+    assert {lane.codec.name for lane in runner.lanes.values()} == {"onnxruntime"}
     for res, wav in zip(runner.synthesize(reqs), ref):
         assert res.audio.shape == wav.shape
         assert np.abs(res.audio - wav).max() <= TOL

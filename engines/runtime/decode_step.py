@@ -161,6 +161,7 @@ class FastStep:
         self.pw = StackWeights.of(cp.model, cp.cfg.num_code_groups + 1)
         self.eps_t, self.eps_p = talker.cfg.rms_norm_eps, cp.cfg.rms_norm_eps
         self.n_sub = cp.num_steps
+        self.codebook = cp.cfg.vocab_size  # codes of codebooks 1..15 (and valid codebook-0 codes) are below this
         self.pcache = cp.new_cache(n_slots, dev, dtype)
         # predictor positions: [0, 1] for the first call of a frame, then j+1; one allocation each (aligned inputs)
         self.ppos = [torch.tensor([[0, 1]], device=dev).expand(n_slots, 2).contiguous()]
@@ -209,10 +210,13 @@ class FastStep:
         return x if proj is None else F.linear(x, *proj)
 
     def _next_input(self, codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos,
-                    max_len: int):
+                    max_len: int, frames, frame_row, n_frames, bad, codebook: int):
         codes = torch.stack(codes, dim=1)  # [B, 16]
         out_codes.copy_(codes)
         emit.copy_(~done)
+        bad.copy_(emit & ((codes < 0) | (codes >= codebook)).any(1))
+        frames[frame_row, n_frames.clamp(max=frames.shape[1] - 1)] = codes.to(frames.dtype)  # free rows: scratch
+        n_frames.add_(emit.long())
         emb = torch.stack([F.embedding(codes[:, i], tab) for i, tab in enumerate(tables)], dim=1).sum(1)
         rows = torch.arange(codes.shape[0], device=codes.device)
         text = trailing[rows, gen_step.clamp(max=trailing.shape[1] - 1)]  # [B, H]
@@ -237,8 +241,9 @@ class FastStep:
         out = self.talker_pass(x, pos, cache)
         return self.r_norm(out[torch.arange(out.shape[0], device=out.device), last], self.tw.norm, self.eps_t)
 
-    def __call__(self, t, cache, pad, suppress) -> None:
-        """One frame for every row of the slot table view `t` over the talker cache view `cache`. In place."""
+    def __call__(self, t, cache, pad, suppress, frames) -> None:
+        """One frame for every row of the slot table view `t` over the talker cache view `cache`; each
+        emitted frame is also written to its row of `frames` (FrameStore.codes). In place."""
         b = t.hidden.shape[0]
         talker = self.talker
         code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
@@ -256,6 +261,7 @@ class FastStep:
                 x = self.r_embed(code, self.sub_tables[j], self.proj)
         x_in, pos = self.r_next(codes, t.codes, t.emit, t.done,
                                 [talker.model.codec_embedding.weight] + self.sub_tables, t.trailing, t.trailing_len,
-                                t.gen_step, pad, t.pos, cache.max_len)
+                                t.gen_step, pad, t.pos, cache.max_len, frames, t.frame_row, t.n_frames, t.bad,
+                                self.codebook)
         x = self.talker_pass(x_in, pos, cache)
         self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step)

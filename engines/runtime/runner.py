@@ -6,10 +6,12 @@
     h.cancel()                                      # frees the slot at the next step
 
 The loop is schedule -> run -> postprocess: admit queued requests (prefill in chunks, up to
-`prefill_batch` requests together, into side-cache rows then copied into free slots), run one decode step for every
-active slot (a captured device graph per (batch bucket, cache-length bucket) on CUDA, the same code
-eagerly elsewhere), hand frames to the streaming codec (batched over slots; a small first chunk,
-growing after), and retire finished requests by moving the last slot into the hole.
+`prefill_batch` requests together, into side-cache rows then copied into free slots), run one decode
+step for every active slot (a captured device graph per (batch bucket, cache-length bucket) on CUDA,
+the same code eagerly elsewhere; each frame is written to the request's FrameStore row on the
+device), free the slot of a request as soon as its last frame is made (the last slot moves into the
+hole), and let the codec lanes turn stored frames into PCM (streams and batch work in separate lanes;
+see engines.runtime.stream).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from engines.model.layers import KVCache
 from engines.runtime.scheduler import Scheduler, length_bucket, pick_bucket
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
-from engines.runtime.stream import CodecStreams, StreamHandle
+from engines.runtime.stream import CodecLane, FrameStore, StreamHandle
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,10 @@ class EngineConfig:
     overlap: bool = True
     compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
-    first_chunk_frames: int = 1
+    first_chunk_frames: int = 1  # streams: frames in the first codec chunk (then doubling up to max_chunk_frames)
     max_chunk_frames: int = 16
+    batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
+    batch_call_frames: int = 4096  # batch work: rows x frames of one codec call (bounds its memory)
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
 
@@ -67,7 +71,11 @@ class _Seq:
         self.slot = -1  # current slot (slots move when others leave)
         self.side_row = -1  # side-cache row while prefilling
         self.pos = 0  # tokens in its cache (host copy of the device value)
-        self.done = False
+        self.done = False  # no more frames will be made (finished, cancelled)
+        self.priority = 0
+        self.ref_codes = None
+        self.frame_row = -1  # FrameStore row (from admission until its audio is decoded)
+        self.member = None  # its place in a codec lane
 
 
 @dataclass
@@ -76,7 +84,7 @@ class _Step:
 
     seqs: list  # the sequence in each row at launch time
     n: int
-    buf: tuple  # host codes, emit, done, eos
+    buf: torch.Tensor  # host flags [4, N]: emit, done, eos, bad
     event: Optional[object]
 
 
@@ -98,25 +106,36 @@ class EngineRunner:
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
         self.suppress = control_mask(talker, self.device)
-        self._codebook = engine.decoder.config.codebook_size
         compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv)
-        self.use_graphs = self.cfg.use_graphs if self.cfg.use_graphs is not None else self.device.type == "cuda"
+        # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
+        self.use_graphs = self.device.type != "cpu" and (self.cfg.use_graphs if self.cfg.use_graphs is not None
+                                                         else self.device.type == "cuda")
         from engines.codec.build import runtime_codec
 
-        self.codec = CodecStreams(runtime_codec(engine, n, self.cfg.codec_backend, self.cfg.engine_cache), n,
-                                  self.cfg.first_chunk_frames, self.cfg.max_chunk_frames, engine.sample_rate,
-                                  use_graphs=self.use_graphs)
-        self.codec.before_capture = self._drain
+        cfg = self.cfg
+        self.store = FrameStore(2 * n, cfg.max_context, tc.num_code_groups, self.device)
+        # one memory pool for every captured graph: they all replay on one stream, one at a time
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs and self.device.type == "cuda" else None
+        codec_pool = self._pool
+        self.lanes = {  # priority 0 (streams) and batch work
+            "stream": CodecLane("stream", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
+                                cfg.first_chunk_frames, cfg.max_chunk_frames, cfg.batch_call_frames, self.use_graphs,
+                                codec_pool),
+            "batch": CodecLane("batch", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
+                               cfg.batch_chunk_frames, cfg.batch_chunk_frames, cfg.batch_call_frames, self.use_graphs,
+                               codec_pool, lazy_finish=True),
+        }
+        for lane in self.lanes.values():
+            lane.before_capture = self._drain
         self.sched = Scheduler(n, self.cfg.max_queue, self.cfg.prefill_batch)
         self.slots = self.sched.slots
+        self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
         self.graphs: dict = {}
-        self._pool = None
         self.overlap = self.cfg.overlap
         self._inflight: Optional[_Step] = None
         pin = self.device.type == "cuda"
-        self._host = [(torch.empty(n, tc.num_code_groups, dtype=torch.long, pin_memory=pin),
-                       *(torch.empty(n, dtype=torch.bool, pin_memory=pin) for _ in range(3))) for _ in range(2)]
+        self._host = [torch.empty(4, n, dtype=torch.bool, pin_memory=pin) for _ in range(2)]
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = False
@@ -146,7 +165,9 @@ class EngineRunner:
             if self.sched.full(priority):
                 raise EngineBusy(f"busy: {len(self.sched.queue)} requests already waiting; retry shortly")
             handle = StreamHandle(self, self.engine.sample_rate)
-            self.sched.push(_Seq(handle, request), priority)
+            seq = _Seq(handle, request)
+            seq.priority = priority
+            self.sched.push(seq, priority)
             self._cv.notify()
         return handle
 
@@ -181,6 +202,39 @@ class EngineRunner:
     def clone_voice(self, ref_audio, ref_text: Optional[str] = None):
         """A voice cloned once from reference audio, to pass as `SynthesisRequest.voice` (Base checkpoints)."""
         return self.engine.make_voice(ref_audio, ref_text)
+
+    @torch.no_grad()
+    def prepare(self) -> dict:
+        """Capture, before any request, every device graph the loop can replay: the decode step for each
+        (batch bucket, cache-length bucket) and each codec lane call (batch, frames). Afterwards no
+        capture or compilation happens on the request path. Call while idle (start-up). Returns the
+        seconds spent and the graph counts (empty on the CPU, where nothing is captured)."""
+        if not self.use_graphs:
+            return {}
+        if self.slots.n_active or self.sched.prefilling or any(l.members for l in self.lanes.values()):
+            raise RuntimeError("prepare() captures graphs on idle slots: call it before submitting requests")
+        t0 = time.perf_counter()
+        step, cap = self.cfg.length_step, self.cfg.max_context
+        lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
+        for b in self.buckets:
+            for length in lengths:
+                if (b, length) not in self.graphs:
+                    cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
+                    args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes)
+                    self.fast(*args)  # warm-up (and compilation) on free rows: they write only scratch
+                    self._capture_step(b, length, args)
+        t1 = time.perf_counter()
+        for lane in self.lanes.values():
+            for b, n in lane.shapes():
+                if (b, n) not in lane.graphs:
+                    lane.capture(b, n)
+        self._drain()
+        t2 = time.perf_counter()
+        out = {"decode_graphs": len(self.graphs), "decode_capture_s": t1 - t0,
+               "codec_graphs": sum(len(l.graphs) for l in self.lanes.values()), "codec_capture_s": t2 - t1}
+        log.info("prepared %d decode graphs in %.1f s and %d codec graphs in %.1f s", out["decode_graphs"],
+                 out["decode_capture_s"], out["codec_graphs"], out["codec_capture_s"])
+        return out
 
     def start(self) -> None:
         if self._thread is None:
@@ -219,14 +273,14 @@ class EngineRunner:
                 self._fail_all("internal engine error (see the daemon log)")
 
     def _has_work(self) -> bool:
-        return self.sched.has_work or self._inflight is not None
+        return self.sched.has_work or self._inflight is not None or any(l.members for l in self.lanes.values())
 
     @torch.no_grad()
     def step_once(self) -> None:
-        """One iteration: cancellations, admission/prefill, one decode step, codec, retirement."""
-        for slot, seq in enumerate(list(self.slots.seqs)):
+        """One iteration: cancellations, admission/prefill, one decode step, codec lanes."""
+        for seq in list(self.slots.seqs):
             if seq.handle.cancelled and not seq.done:
-                seq.done = True
+                self._end(seq, dropped=True)
         self._admit()
         n = self.slots.n_active
         if n:
@@ -234,11 +288,18 @@ class EngineRunner:
         elif self._inflight is not None:
             self._collect(self._inflight)
             self._inflight = None
-        self._codec_and_retire()
+        self._run_codec()
+
+    def _lane(self, seq: _Seq) -> CodecLane:
+        return self.lanes["stream" if seq.priority <= 0 else "batch"]
+
+    def _room(self, seq: _Seq) -> bool:
+        """Whether `seq` can be admitted now: a frame row and a place in its codec lane are free."""
+        return self.store.n_free > 0 and self._lane(seq).free > 0
 
     def _admit(self) -> None:
         """Let the scheduler fill the prefill group, then prefill one chunk of every request in it."""
-        group = self.sched.admit(self._cv, self._prepare, TTSError)
+        group = self.sched.admit(self._cv, self._prepare, TTSError, self._room)
         if group:
             self._prefill_chunk(group)
 
@@ -254,6 +315,8 @@ class EngineRunner:
                 raise TTSError(f"text too long for one request ({seq.prompt.prefill.shape[0]} prompt tokens); "
                                "split it into shorter segments")
         seq.ref_codes = ref_codes
+        seq.frame_row = self.store.take(ref_codes)
+        seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))
 
     def _prefill_chunk(self, group: list) -> None:
         """Up to `prefill_chunk` prompt rows of every request in `group`, as one batch over side-cache rows
@@ -283,8 +346,7 @@ class EngineRunner:
                 k[slot, :, :end].copy_(k_side[row, :, :end])
                 # masked positions still enter attention as 0 * value: clear what a free slot left there
                 k[slot, :, end:].zero_()
-            self.table.load(slot, seq.prompt, hidden[row], seq.settings)
-            self.codec.start(slot, seq.ref_codes)
+            self.table.load(slot, seq.prompt, hidden[row], seq.settings, seq.frame_row, seq.member.n_ref)
 
     def _drain(self) -> None:
         """Finish the step in flight before a graph capture: no copy or event may be pending then."""
@@ -312,15 +374,15 @@ class EngineRunner:
         return pick_bucket(n, self.buckets), length_bucket(need, self.cfg.length_step, self.cfg.max_context)
 
     def _launch(self, n: int) -> "_Step":
-        """Replay the step for slots [0, n) and queue the copies of its outputs to host buffers."""
+        """Replay the step for slots [0, n) and queue the copy of its flags to a host buffer."""
         seqs = list(self.slots.seqs)
         self._run_step(*self._bucket(n))
         self.steps += 1
         for seq in seqs:
             seq.pos += 1
         t, buf = self.table, self._host[self.steps % 2]
-        for src, dst in ((t.codes, buf[0]), (t.emit, buf[1]), (t.done, buf[2]), (t.eos, buf[3])):
-            dst[:n].copy_(src[:n], non_blocking=True)
+        for i, src in enumerate((t.emit, t.done, t.eos, t.bad)):
+            buf[i, :n].copy_(src[:n], non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
@@ -328,63 +390,70 @@ class EngineRunner:
         return _Step(seqs, n, buf, event)
 
     def _collect(self, rec: "_Step") -> None:
-        """Hand a finished step's frames to the codec and the handles; mark finished requests."""
+        """Count a finished step's frames for the codec lanes; end the requests that are done."""
         if rec.event is not None:
             rec.event.synchronize()
-        n = rec.n
-        codes = rec.buf[0][:n].clone()
-        out_of_range = rec.buf[1][:n] & ((codes < 0) | (codes >= self._codebook)).any(1)  # one vector op per step
-        emit, done, eos = (x[:n].tolist() for x in rec.buf[1:])
-        bad = out_of_range.nonzero().flatten().tolist()
-        assert not bad, f"internal: out-of-range codes in slots {bad}: {codes[bad].tolist()} (step {self.steps})"
+        emit, done, eos, bad = rec.buf[:, :rec.n].tolist()
+        if any(bad):
+            rows = [i for i, x in enumerate(bad) if x]
+            raise AssertionError(f"internal: out-of-range codes in rows {rows} (step {self.steps})")
         for i, seq in enumerate(rec.seqs):
             if seq.done:  # finished (or cancelled) earlier: later rows of it are not real
                 continue
             if emit[i]:
-                self.codec.push_frame(seq.slot, codes[i])
-                seq.handle.add_codes(codes[i])
+                seq.member.emitted += 1
                 self.frames += 1
             if done[i]:
-                seq.done = True
                 seq.handle.finished_by_eos = bool(eos[i])
+                self._end(seq)
 
     def _run_step(self, b: int, length: int) -> None:
         cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-        args = (self.table.rows(b), cache, self.pad, self.suppress)
+        args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes)
         if not self.use_graphs:
             self.fast(*args)
             return
         graph = self.graphs.get((b, length))
         if graph is None:
-            from engines.device.graphs import make_graph
-
             self.fast(*args)  # this iteration's real step, also the warm-up (and compilation) before capture
-            if self._pool is None and self.device.type == "cuda":
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = make_graph(self.device, self._pool)
-            graph.capture(lambda: (self.fast(*args), self.table.codes)[1], warmup=0)
-            self.graphs[(b, length)] = graph
-            log.info("captured decode graph batch=%d length=%d", b, length)
+            self._capture_step(b, length, args)
             return
         graph.replay()
 
-    def _codec_and_retire(self) -> None:
-        seqs = self.slots.seqs
-        if not seqs:
-            return
-        finished = [s.done for s in seqs]
-        for slot, audio in self.codec.run(len(seqs), finished):
-            seqs[slot].handle.add_audio(audio)
-        for slot in reversed(range(len(seqs))):
-            seq = seqs[slot]
-            if seq.done and not self.codec.n_pending(slot):
-                self._retire(slot)
+    def _capture_step(self, b: int, length: int, args: tuple) -> None:
+        from engines.device.graphs import make_graph
+
+        graph = make_graph(self.device, self._pool)
+        graph.capture(lambda: (self.fast(*args), self.table.codes)[1], warmup=0)
+        self.graphs[(b, length)] = graph
+        log.info("captured decode graph batch=%d length=%d", b, length)
+
+    def _end(self, seq: _Seq, dropped: bool = False) -> None:
+        """No more frames for `seq`: its slot is freed now; its codec lane decodes what is left (or drops it)."""
+        seq.done = True
+        seq.member.finished = True
+        seq.member.dropped = dropped
+        if seq.slot >= 0:
+            self._retire(seq.slot)
+            seq.slot = -1
+
+    def _run_codec(self) -> None:
+        """Every lane that is due decodes; requests whose audio is complete end."""
+        for lane in self.lanes.values():
+            out, complete = lane.run()
+            for m, audio in out:
+                m.seq.handle.add_audio(audio)
+            for m in complete:
+                seq = m.seq
+                if not m.dropped:
+                    seq.handle.codes = self.store.read(m.frame_row, m.n_ref, m.emitted)
+                self.store.give(m.frame_row)
                 seq.handle.finish()
 
     def _retire(self, slot: int) -> None:
         move = self.slots.remove(slot)
-        self.table.done[slot] = True
-        self.table.hidden[slot] = 0  # free slots keep stepping inside the bucket: keep them finite
+        trash = self.store.trash
+        self.table.free(slot, trash)  # free slots keep stepping inside the bucket: finite, writing to scratch
         if move is None:
             return
         src, dst = move
@@ -393,13 +462,16 @@ class EngineRunner:
         for k in self.cache.k + self.cache.v:
             k[dst, :, :p].copy_(k[src, :, :p])
         self.table.move(src, dst)
-        self.table.done[src] = True
-        self.table.hidden[src] = 0
-        self.codec.move(src, dst)
+        self.table.free(src, trash)
 
     def _fail_all(self, message: str) -> None:
         for seq in self.sched.drop_all():
             seq.handle.fail(TTSError(message))
+        for lane in self.lanes.values():
+            for m in lane.members:
+                m.seq.handle.fail(TTSError(message))
+                self.store.give(m.frame_row)
+            lane.reset_all()
         self._inflight = None
-        self.table.done.fill_(True)
-        self.codec.reset_all()
+        for slot in range(self.cfg.max_slots):
+            self.table.free(slot, self.store.trash)

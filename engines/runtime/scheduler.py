@@ -52,6 +52,9 @@ class AdmissionQueue:
     def push(self, item: Any, priority: int = 0) -> None:
         heapq.heappush(self._heap, _Queued(priority, next(self._count), item))
 
+    def peek(self) -> Optional[Any]:
+        return self._heap[0].item if self._heap else None
+
     def pop(self) -> Optional[Any]:
         return heapq.heappop(self._heap).item if self._heap else None
 
@@ -117,13 +120,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(len(self.queue) or self.slots.n_active or self.prefilling)
 
-    def admit(self, pop_lock, prepare: Callable[[Any], None], reject: type) -> list:
-        """Move waiting sequences into the prefill group while it and the slots have room; returns the group.
-        `pop_lock` guards the queue against submitters on other threads."""
+    def admit(self, pop_lock, prepare: Callable[[Any], None], reject: type,
+              room: Callable[[Any], bool] = lambda seq: True) -> list:
+        """Move waiting sequences into the prefill group while it and the slots have room (and `room(seq)`
+        holds for the next one: its other resources); returns the group. `pop_lock` guards the queue
+        against submitters on other threads."""
         group = self.prefilling
         while (len(group) < self.prefill_batch and len(self.queue)
                and self.slots.n_active + len(group) < self.max_slots):
             with pop_lock:
+                head = self.queue.peek()
+                if head is not None and not head.handle.cancelled and not room(head):
+                    break
                 seq = self.queue.pop()
             if seq is None or seq.handle.cancelled:
                 if seq is not None:

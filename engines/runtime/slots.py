@@ -36,6 +36,9 @@ class SlotTable:
     trailing_len: torch.Tensor  # [N]
     codes: torch.Tensor  # [N, 16] out: this step's frame
     emit: torch.Tensor  # [N] bool out: the frame is real
+    bad: torch.Tensor  # [N] bool out: an emitted code is out of the codebook's range (internal check)
+    frame_row: torch.Tensor  # [N] FrameStore row the step writes the frame to (the scratch row when free)
+    n_frames: torch.Tensor  # [N] frames in that row (reference codes included): where the next one goes
     m_do: torch.Tensor
     m_temp: torch.Tensor
     m_topk: torch.Tensor
@@ -55,7 +58,8 @@ class SlotTable:
                          penalty=f32(), min_new=i64(), limit=i64(), seen=torch.zeros(n, vocab, dtype=torch.bool, **z),
                          done=torch.ones(n, dtype=torch.bool, **z), eos=b(),
                          trailing=torch.zeros(n, max_text, hidden, dtype=dtype, **z), trailing_len=i64(),
-                         codes=torch.zeros(n, groups, dtype=torch.long, **z), emit=b(),
+                         codes=torch.zeros(n, groups, dtype=torch.long, **z), emit=b(), bad=b(),
+                         frame_row=i64(), n_frames=i64(),
                          m_do=b(), m_temp=f32(), m_topk=i64(), m_topp=f32(),
                          s_do=b(), s_temp=f32(), s_topk=i64(), s_topp=f32())
 
@@ -69,8 +73,18 @@ class SlotTable:
             t = getattr(self, f.name)
             t[dst].copy_(t[src])
 
-    def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams) -> None:
-        """Set slot `slot` for a request whose prompt has just been prefilled."""
+    def free(self, slot: int, trash_row: int) -> None:
+        """Slot `slot` holds no request: done, a finite state, its frame writes go to the scratch row."""
+        self.done[slot] = True
+        self.emit[slot] = False
+        self.hidden[slot] = 0
+        self.frame_row[slot] = trash_row
+        self.n_frames[slot] = 0
+
+    def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams, frame_row: int,
+             n_ref: int) -> None:
+        """Set slot `slot` for a request whose prompt has just been prefilled; its frames go to FrameStore
+        row `frame_row` after its `n_ref` reference frames."""
         n = prompt.trailing.shape[0]
         if n > self.trailing.shape[1]:
             raise ValueError(f"text too long for one request: {n} rows > {self.trailing.shape[1]}")
@@ -83,6 +97,8 @@ class SlotTable:
         self.done[slot] = False
         self.eos[slot] = False
         self.emit[slot] = False
+        self.frame_row[slot] = frame_row
+        self.n_frames[slot] = n_ref
         for name, value in (("seed", r.seed & 0xFFFFFFFF), ("penalty", r.repetition_penalty),
                             ("min_new", r.min_new_tokens), ("limit", r.max_new_tokens),
                             ("m_do", r.do_sample), ("m_temp", max(r.temperature, 1e-5)), ("m_topk", r.top_k),
