@@ -31,8 +31,8 @@ def load_runner(cfg: Config, slots: int, usage_error: bool = False):
     (appliance.engine_host.load_runner); no model configured -> a click error."""
     from appliance.engine_host import load_runner as load
 
-    try:
-        return load(cfg, max_slots=slots, max_queue=slots)
+    try:  # room for a batch and for retries of its requests one by one
+        return load(cfg, max_slots=slots, max_queue=max(2 * slots, cfg.runtime.max_queue))
     except ConfigError as exc:
         raise (click.UsageError if usage_error else click.ClickException)(str(exc)) from None
 

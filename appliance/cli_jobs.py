@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from jobs.queue import QueueError
+from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec
 
@@ -27,10 +27,11 @@ def _remote(paths):
     return daemon_client(paths.home)
 
 
-def _local(paths):
-    from jobs.queue import Queue
-
-    return Queue(paths.ensure().db)
+def _daemon_or_queue(home):
+    """The running daemon's API client, else the local queue (opened only then: the spool folder of a
+    daemon may not be writable by this user)."""
+    _, paths = spool(home)
+    return _remote(paths) or Queue(paths.ensure().db)
 
 
 def _call(fn, *args):
@@ -119,9 +120,8 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
 @json_option
 def status(job_id, home, as_json):
     """Show one job: state, progress, error and output folder."""
-    _, paths = spool(home)
-    remote = _remote(paths)
-    s = _call(remote.job, job_id) if remote else _call(job_summary, _local(paths), job_id)
+    where = _daemon_or_queue(home)
+    s = _call(job_summary, where, job_id) if isinstance(where, Queue) else _call(where.job, job_id)
     emit(as_json, s, describe(s) + "".join(f"\n    segment {f['index']}: {f['error']}" for f in s["failed_segments"]))
 
 
@@ -132,13 +132,11 @@ def status(job_id, home, as_json):
 @json_option
 def list_jobs(states, home, as_json):
     """List jobs, oldest first."""
-    _, paths = spool(home)
-    remote = _remote(paths)
-    if remote:
-        rows = _call(remote.jobs, states)
+    where = _daemon_or_queue(home)
+    if isinstance(where, Queue):
+        rows = [job_summary(where, j["id"], failed_segments=False) for j in where.jobs(states or None)]
     else:
-        queue = _local(paths)
-        rows = [job_summary(queue, j["id"], failed_segments=False) for j in queue.jobs(states or None)]
+        rows = _call(where.jobs, states)
     emit(as_json, rows, "\n".join(describe(s) for s in rows) or "no jobs")
 
 
@@ -148,9 +146,7 @@ def list_jobs(states, home, as_json):
 @json_option
 def cancel(job_id, home, as_json):
     """Cancel a queued or running job (finished segment audio stays cached)."""
-    _, paths = spool(home)
-    remote = _remote(paths)
-    _call(remote.cancel if remote else _local(paths).cancel, job_id)
+    _call(_daemon_or_queue(home).cancel, job_id)
     emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 
 
