@@ -23,6 +23,7 @@ from engines.model.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
+
 class DType(NamedTuple):
     dtype: torch.dtype
     short: str  # the name engine builds use (TensorRT precision, parity tolerances)
