@@ -23,12 +23,12 @@ import threading
 
 import numpy as np
 
-from appliance.audio_out import pcm16, wav_header
+from jobs.encode import OPUS_RATES, SOUNDFILE, pcm16, wav_header
 
 log = logging.getLogger(__name__)
 
 # libsndfile major format and subtype of the coded formats
-CODED = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+CODED = {fmt: SOUNDFILE[fmt] for fmt in ("flac", "mp3", "opus")}
 OGG_PAGE_MS = 60.0  # libsndfile's default Ogg page latency is 1000 ms: too late for a stream
 _SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # sndfile.h (libsndfile >= 1.1)
 
@@ -112,7 +112,7 @@ class StreamEncoder:
         import soundfile as sf
 
         major, sub = CODED[self.fmt]
-        if self.fmt == "opus" and self.sample_rate not in (8000, 12000, 16000, 24000, 48000):
+        if self.fmt == "opus" and self.sample_rate not in OPUS_RATES:
             raise EncoderUnavailable(f"opus needs a sample rate of 8, 12, 16, 24 or 48 kHz, not {self.sample_rate} Hz; "
                                      "choose flac, mp3, wav or pcm")
         self._sink = ForwardSink()

@@ -1,17 +1,20 @@
-"""`tts-appliance` command line."""
+"""`tts-appliance` command line: the group, `say`, and the commands of the cli_* modules.
+
+Every command runs with the settings of `appliance.config.resolve`: the group's `--config PATH`
+($TTS_APPLIANCE_CONFIG), its drop-ins and environment, then the command's own flags.
+"""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
 
 from engines.model.errors import TTSError
 
-log = logging.getLogger("tts_appliance")
+from appliance.cli_common import load_runner, model_options, settings
 
-DEFAULT_MODEL_ENV = "TTS_APPLIANCE_MODEL"
+log = logging.getLogger("tts_appliance")
 
 
 def setup_logging(verbose: int) -> None:
@@ -19,33 +22,29 @@ def setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def default_model() -> str | None:
-    return os.environ.get(DEFAULT_MODEL_ENV)
-
-
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Config file for every command (default $TTS_APPLIANCE_CONFIG, else the user's "
+                   "~/.config/tts-appliance/config.yaml if present, else /etc/tts-appliance/config.yaml).")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-def cli(verbose: int) -> None:
+def cli(config_path, verbose: int) -> None:
     """On-prem text-to-speech appliance around Qwen3-TTS."""
     setup_logging(verbose)
 
 
-def model_option(f):
-    return click.option("--model", "model", default=default_model, show_default=f"${DEFAULT_MODEL_ENV}",
-                        help="Folder of a Qwen3-TTS checkpoint (official layout).")(f)
+def say_request(text: str, voice, language, instruct, ref_audio, ref_text, seed, greedy, max_frames):
+    """The SynthesisRequest of `say` (max_frames: the official max_new_tokens - 1)."""
+    from engines.api import SamplingParams, SynthesisRequest
+
+    kw = dict(seed=seed, max_new_tokens=max_frames + 1 if max_frames else None)
+    sampling = SamplingParams.greedy(**kw) if greedy else SamplingParams(**kw)
+    return SynthesisRequest(text=text, voice=voice, language=language, instruct=instruct, ref_audio=ref_audio,
+                            ref_text=ref_text, sampling=sampling)
 
 
-@cli.command()
+@click.command()
 @click.argument("text")
-@model_option
+@model_options
 @click.option("--voice", help="CustomVoice speaker (e.g. vivian) or a saved cloned voice (Base).")
 @click.option("--language", default="auto", show_default=True, help="Language name or auto.")
 @click.option("--instruct", help="Voice description (VoiceDesign) or style instruction (1.7B CustomVoice).")
@@ -57,43 +56,34 @@ def model_option(f):
 @click.option("--seed", type=int, help="Sampling seed (same seed, same audio).")
 @click.option("--greedy", is_flag=True, help="Greedy decoding instead of sampling.")
 @click.option("--max-frames", type=int, help="Upper bound on generated frames (12.5 per second).")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-def say(text, model, voice, language, instruct, ref_audio, ref_text, save_voice, output, seed, greedy,
-        max_frames, device, dtype):
+def say(text, model, device, dtype, voice, language, instruct, ref_audio, ref_text, save_voice, output, seed, greedy,
+        max_frames):
     """Speak TEXT into a 24 kHz WAV file."""
-    from engines.api import SamplingParams, SynthesisRequest, TTSEngine
     from engines.model.audio import write_wav
 
-    if not model:
-        raise click.UsageError(f"no model: pass --model PATH or set ${DEFAULT_MODEL_ENV}")
-    engine = TTSEngine.load(model, device=pick_device(device), dtype=dtype)
-    kw = dict(seed=seed, max_new_tokens=max_frames + 1 if max_frames else None)
-    sampling = SamplingParams.greedy(**kw) if greedy else SamplingParams(**kw)
-    if ref_audio and save_voice:
-        engine.make_voice(ref_audio, ref_text).save(save_voice)
+    runner = load_runner(settings(model=model, device=device, dtype=dtype), slots=1, usage_error=True)
+    if ref_audio and save_voice:  # clone once: save the voice, then speak with the saved file
+        runner.engine.make_voice(ref_audio, ref_text).save(save_voice)
         log.info("saved voice to %s", save_voice)
-    req = SynthesisRequest(text=text, voice=voice, language=language, instruct=instruct, ref_audio=ref_audio,
-                           ref_text=ref_text, sampling=sampling)
-    [res] = engine.synthesize([req])
+        voice, ref_audio, ref_text = save_voice, None, None
+    req = say_request(text, voice, language, instruct, ref_audio, ref_text, seed, greedy, max_frames)
+    [res] = runner.synthesize([req])
     write_wav(output, res.audio, res.sample_rate)
     click.echo(f"wrote {output}: {len(res.audio) / res.sample_rate:.2f} s at {res.sample_rate} Hz"
                f"{'' if res.finished_by_eos else ' (stopped at the frame limit)'}")
 
 
-def _register_extras() -> None:
-    __import__("appliance.cli_daemon", fromlist=["register"]).register(cli)  # `daemon` command
-    __import__("appliance.cli_build", fromlist=["register"]).register(cli)  # `build-engines` command
-    try:
-        from appliance.cli_jobs import register
-    except ImportError as exc:  # the jobs commands need their optional parts installed
-        if exc.name and exc.name.startswith("appliance"):
-            return
-        raise
-    register(cli)
+def _add_commands() -> None:
+    from appliance.cli_build import build_engines_cmd
+    from appliance.cli_daemon import daemon
+    from appliance.cli_jobs import COMMANDS
+    from appliance.cli_work import watch, work
+
+    for command in (say, daemon, build_engines_cmd, *COMMANDS, work, watch):
+        cli.add_command(command)
 
 
-_register_extras()
+_add_commands()
 
 
 def main() -> None:

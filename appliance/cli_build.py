@@ -1,16 +1,18 @@
-"""`tts-appliance build-engines`: install-time codec engine builds (see engines.codec.build).
-
-`register(cli_group)` adds the command to the main `tts-appliance` group.
-"""
+"""`tts-appliance build-engines`: install-time codec engine builds (see engines.codec.build)."""
 from __future__ import annotations
 
 import json
 import logging
-import os
 
 import click
 
+from engines.codec.backend import BACKENDS
+from engines.model.checkpoint import DTYPES
+
+from appliance.cli_common import settings
+
 log = logging.getLogger(__name__)
+BUILDABLE = tuple(b for b in BACKENDS if b != "torch")  # the eager torch codec needs no build
 
 
 def _ints(ctx, param, value: str) -> tuple[int, ...]:
@@ -24,22 +26,24 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
 
 
 @click.command("build-engines")
-@click.option("--model", "model", default=lambda: os.environ.get("TTS_APPLIANCE_MODEL"),
-              show_default="$TTS_APPLIANCE_MODEL", help="Folder of a Qwen3-TTS checkpoint (official layout).")
+@click.option("--model", "model", type=click.Path(),
+              help="Folder of a Qwen3-TTS checkpoint (official layout; default: model.path of the config, else "
+                   "$TTS_APPLIANCE_MODEL).")
 @click.option("--cache", "cache", type=click.Path(file_okay=False),
               help="Engine cache folder (default $TTS_APPLIANCE_ENGINE_CACHE or ~/.cache/tts-appliance/engines/MODEL).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda[:N] or npu[:N].")
+@click.option("--device", help="auto, cpu, cuda[:N] or npu[:N] (default: model.device of the config, auto).")
 @click.option("--max-batch", default=8, show_default=True, help="Most concurrent streams (TensorRT profiles).")
 @click.option("--chunk-frames", default="1,2,4,8", show_default=True, callback=_ints,
               help="Frame counts per streaming push (one TensorRT profile each).")
-@click.option("--precision", default="auto", show_default=True, type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
+@click.option("--precision", default="auto", show_default=True,
+              type=click.Choice(["auto", *(d.short for d in DTYPES.values())]),
               help="TensorRT precision (auto = fp16); CPU engines are always fp32.")
 @click.option("--backends", default="auto", show_default=True,
               help="Which engines to try building: auto (onnxruntime on CPU; tensorrt and torch-compiled on "
-                   "NVIDIA GPUs) or a comma list of onnxruntime, tensorrt, torch-compiled.")
+                   f"NVIDIA GPUs) or a comma list of {', '.join(BUILDABLE)}.")
 @click.option("--compile-dtypes", default="auto", show_default=True,
               help="Dtypes the compiled torch codec is built for: auto (float32,bfloat16 on CUDA, float32 on "
-                   "CPU) or a comma list of float32, bfloat16, float16 (use the daemon's model.dtype).")
+                   f"CPU) or a comma list of {', '.join(DTYPES)} (use the daemon's model.dtype).")
 @click.option("--benchmark/--no-benchmark", default=True, show_default=True,
               help="Time the engines against the eager torch codec and rank the faster first.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches this machine and model.")
@@ -48,14 +52,19 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
                       force, as_json):
     """Build the codec engines this machine can run (ONNX Runtime on CPU; TensorRT and the compiled
     torch codec on NVIDIA GPUs)."""
-    from engines.codec.build import COMPILED, DTYPES, build_engines, default_cache_dir
+    from appliance.config import ConfigError
+    from engines.codec.build import build_engines, default_cache_dir
 
-    if not model:
-        raise click.UsageError("no model: pass --model PATH or set $TTS_APPLIANCE_MODEL")
+    cfg = settings(model=model, device=device)
+    try:
+        model = cfg.require_model()
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    device = cfg.model.device
     wanted = None if backends.strip() == "auto" else tuple(b.strip() for b in backends.split(",") if b.strip())
-    bad = set(wanted or ()) - {"onnxruntime", "tensorrt", COMPILED}
+    bad = set(wanted or ()) - set(BUILDABLE)
     if bad:
-        raise click.BadParameter(f"unknown backends {sorted(bad)}; use auto or onnxruntime, tensorrt, {COMPILED}",
+        raise click.BadParameter(f"unknown backends {sorted(bad)}; use auto or {', '.join(BUILDABLE)}",
                                  param_hint="--backends")
     dtypes = None if compile_dtypes.strip() == "auto" else \
         tuple(d.strip() for d in compile_dtypes.split(",") if d.strip())
@@ -85,6 +94,3 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
         click.echo(f"  {name:<14} skipped: {why}")
     click.echo(f"order of use: {' > '.join(manifest['ranking'])}")
 
-
-def register(cli_group: click.Group) -> None:
-    cli_group.add_command(build_engines_cmd)

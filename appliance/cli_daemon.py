@@ -1,4 +1,4 @@
-"""`tts-appliance daemon` command (registered by `appliance.cli._register_extras`)."""
+"""`tts-appliance daemon` command."""
 from __future__ import annotations
 
 import json
@@ -6,29 +6,31 @@ import sys
 
 import click
 
+from appliance.cli_common import config_path as group_config_path
 
-def register(cli_group: click.Group) -> None:
-    """Add the `daemon` command to `cli_group`."""
 
-    @cli_group.command()
-    @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                  help="Config file instead of /etc/tts-appliance/config.yaml (its config.d/*.yaml are read too).")
-    @click.option("--instance", help="Accelerator/device index (the instance of tts-appliance@.service).")
-    @click.option("--check", is_flag=True, help="Validate the configuration and exit.")
-    @click.option("--print-config", is_flag=True, help="Print the effective configuration as JSON and exit.")
-    def daemon(config_path, instance, check, print_config):
-        """Serve streaming speech (HTTP over a Unix socket, Wyoming), the job queue and the inbox.
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Config file (as the group's --config; default $TTS_APPLIANCE_CONFIG, the user's "
+                   "~/.config/tts-appliance/config.yaml, /etc/tts-appliance/config.yaml); its config.d/*.yaml "
+                   "are read too.")
+@click.option("--instance", help="Accelerator/device index (the instance of tts-appliance@.service).")
+@click.option("--check", is_flag=True, help="Validate the configuration and exit.")
+@click.option("--print-config", is_flag=True, help="Print the effective configuration as JSON and exit.")
+def daemon(config_path, instance, check, print_config):
+    """Serve streaming speech (HTTP over a Unix socket, Wyoming), the job queue and the inbox.
 
-        Works the same under systemd (Type=notify, watchdog, socket activation) and by hand.
-        SIGTERM stops cleanly, SIGHUP reloads the configuration.
-        """
-        from appliance.config import ConfigError, as_dict, load_config
-        from appliance.daemon import main as daemon_main
+    Works the same under systemd (Type=notify, watchdog, socket activation) and by hand.
+    SIGTERM stops cleanly, SIGHUP reloads the configuration.
+    """
+    from appliance.config import ConfigError, as_dict, resolve
+    from appliance.daemon import main as daemon_main
 
-        if print_config:
-            try:
-                click.echo(json.dumps(as_dict(load_config(config_path)), indent=2))
-            except ConfigError as exc:
-                raise click.ClickException(f"config error: {exc}")
-            return
-        sys.exit(daemon_main(config_path, instance, check_only=check))
+    path = config_path or group_config_path()
+    if print_config:
+        try:
+            click.echo(json.dumps(as_dict(resolve(path)), indent=2))
+        except ConfigError as exc:
+            raise click.ClickException(f"config error: {exc}")
+        return
+    sys.exit(daemon_main(path, instance, check_only=check))

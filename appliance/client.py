@@ -62,22 +62,20 @@ class DaemonClient:
 
     # -- what the CLI needs ----------------------------------------------------------------------
     def submit_file(self, path, spec) -> tuple[str, Optional[str]]:
-        """Upload one file as a job; returns (job id, error or None) like jobs.worker.submit_file."""
+        """Upload one file as a job with its JobSpec (the `spec` part: `spec.to_json()`); returns
+        (job id, error or None) like jobs.submit.submit_file."""
         from jobs.submit import SubmitError
 
         p = Path(path)
         if not p.is_file():
             raise SubmitError(f"{p}: no such file")
-        fields = {"voice": spec.voice, "language": spec.language, "format": spec.format, "title": spec.title,
-                  "author": spec.author, "priority": spec.priority, "instruct": spec.instruct, "seed": spec.seed,
-                  "max_new_tokens": (spec.sampling or {}).get("max_new_tokens")}
         boundary = uuid.uuid4().hex
-        parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-                 for k, v in fields.items() if v is not None]
         name = p.name.replace('"', "_")
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-                     f"Content-Type: application/octet-stream\r\n\r\n".encode() + p.read_bytes() + b"\r\n")
-        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        body = (f'--{boundary}\r\nContent-Disposition: form-data; name="spec"\r\n'
+                f"Content-Type: application/json\r\n\r\n{spec.to_json()}\r\n".encode()
+                + f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                  f"Content-Type: application/octet-stream\r\n\r\n".encode() + p.read_bytes()
+                + f"\r\n--{boundary}--\r\n".encode())
         try:
             s = self.request("POST", "/v1/jobs", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
         except DaemonError as exc:
@@ -97,15 +95,13 @@ class DaemonClient:
         return self.json("DELETE", f"/v1/jobs/{job_id}")
 
 
-def daemon_client(home=None) -> Optional[DaemonClient]:
-    """A client of the daemon serving `home` (see the module docstring), or None."""
+def daemon_client(home) -> Optional[DaemonClient]:
+    """A client of the daemon serving the spool folder `home` (see the module docstring), or None."""
     if os.environ.get(NO_DAEMON_ENV, "") not in ("", "0"):
         return None
     candidates = [os.environ[SOCKET_ENV]] if os.environ.get(SOCKET_ENV) else []
     if not candidates:
-        from jobs.settings import resolve_home
-
-        for f in sorted(resolve_home(home).home.glob("daemon*.json")):
+        for f in sorted(Path(home).glob("daemon*.json")):
             try:
                 candidates.append(json.loads(f.read_text(encoding="utf-8"))["socket"])
             except (OSError, ValueError, KeyError, TypeError):

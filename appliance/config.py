@@ -1,19 +1,24 @@
-"""Daemon configuration: YAML files + environment overrides, validated into dataclasses.
+"""Settings of every command and the daemon: YAML files + environment + command line, validated
+into dataclasses. `resolve()` is the one entry point.
 
 Sources, later ones win (section by section, key by key):
 
 1. the dataclass defaults below (the shipped `configs/default.yaml` repeats them with comments)
-2. `/etc/tts-appliance/config.yaml` (or the file given by `--config PATH`)
+2. the main config file: `--config PATH`, else `$TTS_APPLIANCE_CONFIG`, else the user's
+   `~/.config/tts-appliance/config.yaml` (`$XDG_CONFIG_HOME`) when it exists, else
+   `/etc/tts-appliance/config.yaml`
 3. every `config.d/*.yaml` next to that file, in name order (drop-ins)
 4. environment variables `TTS_APPLIANCE_<SECTION>__<KEY>=value` (value parsed as YAML, so
    `TTS_APPLIANCE_HTTP__TCP=true` is a bool), plus the older `TTS_APPLIANCE_MODEL` and
-   `TTS_APPLIANCE_HOME` as fallbacks for `model.path` and `jobs.home`.
+   `TTS_APPLIANCE_HOME` as fallbacks for `model.path` and `jobs.home`
+5. command-line flags (`--model`, `--device`, `--dtype`, `--home`) given to `resolve()`
 
-Unknown sections or keys and wrongly typed values raise `ConfigError` naming the file, the key
-and the valid choices.
+Unknown sections or keys and wrongly typed values raise `ConfigError` naming the source, the key
+and the valid choices (dtype and codec choices come from the engine's own tables).
 """
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -23,6 +28,7 @@ from typing import Optional
 import yaml
 
 ENV_PREFIX = "TTS_APPLIANCE_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
 SYSTEM_CONFIG = Path("/etc/tts-appliance/config.yaml")
 SHIPPED_DEFAULTS = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
@@ -118,6 +124,14 @@ class Config:
     service: ServiceSection = field(default_factory=ServiceSection)
     sources: list = field(default_factory=list)  # files that were read (for logs)
 
+    def require_model(self) -> str:
+        """model.path; ConfigError saying how to set it when there is none."""
+        if not self.model.path:
+            raise ConfigError(f"no model: pass --model PATH, or set model.path in the config "
+                              f"({', '.join(self.sources) or f'none read; default {SYSTEM_CONFIG}'}) "
+                              f"or ${ENV_PREFIX}MODEL")
+        return self.model.path
+
     # -- derived paths -----------------------------------------------------------------------
     def home(self):
         from jobs.settings import resolve_home
@@ -141,9 +155,17 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "sources"}
-CHOICES = {("model", "dtype"): ("float32", "bfloat16", "float16"),
-           ("service", "log_level"): ("debug", "info", "warning", "error"),
-           ("runtime", "codec"): ("auto", "torch", "torch-compiled", "built")}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@functools.lru_cache(maxsize=1)
+def choices() -> dict:
+    """Keys with a fixed set of values; dtype and codec names come from the engine's tables."""
+    from engines.codec.build import RUNTIME_CHOICES
+    from engines.model.checkpoint import DTYPES
+
+    return {("model", "dtype"): tuple(DTYPES), ("service", "log_level"): LOG_LEVELS,
+            ("runtime", "codec"): RUNTIME_CHOICES}
 
 
 def _section_cls(name: str):
@@ -191,9 +213,9 @@ def merge(cfg: Config, data, origin: str) -> Config:
             if (sec, key) == ("http", "mode") and isinstance(value, int) and not isinstance(value, bool):
                 value = format(value, "04o")  # YAML 1.1 reads 0660 as the octal number 432
             updates[key] = _coerce(value, hints[key], f"{origin}: {sec}.{key}")
-            choices = CHOICES.get((sec, key))
-            if choices and updates[key] not in choices:
-                raise ConfigError(f"{origin}: {sec}.{key} = {value!r}; choose one of {', '.join(choices)}")
+            allowed = choices().get((sec, key))
+            if allowed and updates[key] not in allowed:
+                raise ConfigError(f"{origin}: {sec}.{key} = {value!r}; choose one of {', '.join(allowed)}")
         setattr(cfg, sec, replace(getattr(cfg, sec), **updates))
     return check(cfg, origin)
 
@@ -241,14 +263,32 @@ def check(cfg: Config, origin: str = "config") -> Config:
     return cfg
 
 
+def user_config(environ=None) -> Path:
+    """The user's config file: $XDG_CONFIG_HOME/tts-appliance/config.yaml (default ~/.config/...)."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "tts-appliance" / "config.yaml"
+
+
+def config_file(path: Optional[str | os.PathLike] = None, environ=None) -> tuple[Path, bool]:
+    """The main config file and whether it was named (`path` or $TTS_APPLIANCE_CONFIG): a named file
+    must exist; else the user's file when it exists, else /etc/tts-appliance/config.yaml (optional)."""
+    environ = os.environ if environ is None else environ
+    named = path or environ.get(CONFIG_ENV)
+    if named:
+        return Path(named).expanduser(), True
+    user = user_config(environ)
+    return (user if user.is_file() else SYSTEM_CONFIG), False
+
+
 def load_config(path: Optional[str | os.PathLike] = None, environ=None) -> Config:
-    """Read and validate the configuration (see the module docstring for the order)."""
+    """Read and validate files and environment (see the module docstring for the order)."""
     environ = os.environ if environ is None else environ
     cfg = Config()
     if SHIPPED_DEFAULTS.is_file():
         merge(cfg, _read_yaml(SHIPPED_DEFAULTS), str(SHIPPED_DEFAULTS))
-    main = Path(path).expanduser() if path else SYSTEM_CONFIG
-    if path and not main.is_file():
+    main, named = config_file(path, environ)
+    if named and not main.is_file():
         raise ConfigError(f"{main}: no such config file")
     files = ([main] if main.is_file() else []) + sorted((main.parent / "config.d").glob("*.yaml"))
     for f in files:
@@ -259,6 +299,16 @@ def load_config(path: Optional[str | os.PathLike] = None, environ=None) -> Confi
     if not cfg.jobs.home and environ.get(ENV_PREFIX + "HOME"):
         cfg.jobs.home = environ[ENV_PREFIX + "HOME"]
     return merge(cfg, env_overrides(environ), "environment")
+
+
+def resolve(config_path: Optional[str | os.PathLike] = None, *, model=None, device: Optional[str] = None,
+            dtype: Optional[str] = None, home=None, environ=None) -> Config:
+    """The settings every command and the daemon run with: `load_config` (files, drop-ins,
+    environment), then the command line's flags on top (None: not given), validated the same way."""
+    cfg = load_config(config_path, environ)
+    flags = {"model": {"path": model, "device": device, "dtype": dtype}, "jobs": {"home": home}}
+    given = {sec: {k: str(v) for k, v in keys.items() if v is not None} for sec, keys in flags.items()}
+    return merge(cfg, {sec: keys for sec, keys in given.items() if keys}, "command line")
 
 
 def as_dict(cfg: Config) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from appliance.config import Config, ConfigError, load_config
+from appliance.config import Config, ConfigError, resolve
 from appliance.engine_host import BatchSynthesizer, EngineHost
 from appliance.metrics import Metrics
 from appliance.sdnotify import Notifier
@@ -67,12 +67,12 @@ class Daemon:
 
     # -- queue side ------------------------------------------------------------------------------
     def queue_counts(self) -> tuple[dict, dict]:
+        """(segment counts, job counts) by state, on a connection of their own."""
         from jobs.queue import Queue
 
         q = Queue(self.paths.db)
         try:
-            jobs = dict(q.conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-            return q.counts(), jobs
+            return q.counts(), q.job_counts()
         finally:
             q.close()
 
@@ -172,7 +172,7 @@ class Daemon:
         """SIGHUP: re-read the config; apply what can change live, report what needs a restart."""
         self.notifier.reloading()
         try:
-            new = load_config(self.config_path)
+            new = resolve(self.config_path)
         except ConfigError as exc:
             log.error("reload: config invalid, keeping the old one: %s", exc)
             self.notifier.ready(self.status_line())
@@ -214,16 +214,16 @@ class Daemon:
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
     """Entry point used by `tts-appliance daemon`."""
     try:
-        cfg = load_config(config_path)
+        cfg = resolve(config_path)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 78  # EX_CONFIG: systemd shows it as a configuration problem
     setup_logging(cfg.service.log_level)
     if instance:
-        cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
-        from appliance.engine_host import pick_device
+        from engines.device.detect import resolve_device
 
-        dev = pick_device(cfg.model.device)
+        cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
+        dev = resolve_device(cfg.model.device)
         cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"
     if check_only:
         print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
@@ -234,7 +234,7 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
     except Exception as exc:
         from engines.model.errors import TTSError
 
-        if isinstance(exc, (TTSError, RuntimeError, OSError)):
+        if isinstance(exc, (TTSError, ConfigError, RuntimeError, OSError)):
             log.error("cannot start: %s", exc)
             return 1
         raise

@@ -1,10 +1,12 @@
-"""The one engine of the daemon and the scheduler in front of it.
+"""Loading the engine from the settings, and the daemon's engine with the scheduler in front of it.
 
-All synthesis goes through one `EngineRunner` (continuous batching). Streaming requests (HTTP,
-Wyoming) are submitted with `STREAM_PRIORITY`; the batch queue worker reaches the runner through
-`BatchSynthesizer`, which has the `synthesize(list)` shape `jobs.worker.Runner` expects and
-submits at `BATCH_PRIORITY`, so batch segments only fill capacity streams leave free. The jobs
-worker also yields (claims nothing) while streams are waiting (`streams_waiting`).
+`load_runner(cfg)` is the one way every command and the daemon load a model: an `EngineRunner`
+(continuous batching) around the checkpoint of the settings. In the daemon all synthesis goes
+through one runner. Streaming requests (HTTP, Wyoming) are submitted with `STREAM_PRIORITY`; the
+batch queue worker reaches the runner through `BatchSynthesizer`, which has the `synthesize(list)`
+shape `jobs.worker.Worker` expects and submits at `BATCH_PRIORITY`, so batch segments only fill
+capacity streams leave free. The jobs worker also yields (claims nothing) while streams are waiting
+(`streams_waiting`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from typing import Optional
 
 import numpy as np
 
-from engines.runtime.runner import EngineBusy, EngineRunner
+from engines.runtime.runner import EngineBusy, EngineConfig, EngineRunner
+
+from appliance.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +29,32 @@ BATCH_PRIORITY = 1
 WARMUP_TEXT = "Warm-up."
 
 
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
+def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Optional[int] = None) -> EngineRunner:
+    """The checkpoint of the settings `cfg` behind an EngineRunner (its loop not started:
+    `synthesize()` runs it in the calling thread, `start()` in a thread of its own).
+
+    model.path on model.device (engines.device.detect.resolve_device) in model.dtype, saved voices
+    from model.voices_dir (default HOME/voices), model.threads torch threads; `max_slots` requests
+    decoded together (default runtime.max_slots), `max_queue` waiting (default runtime.max_queue),
+    codes decoded by the runtime.codec backend. ConfigError when no model is configured.
+    """
     import torch
 
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch, "npu", None) is not None and torch.npu.is_available():  # torch_npu (Ascend)
-        return "npu"
-    return "cpu"
+    from engines.api import TTSEngine
+    from engines.device.detect import resolve_device
+
+    m = cfg.model
+    path = cfg.require_model()
+    if m.threads:
+        torch.set_num_threads(m.threads)
+    device = resolve_device(m.device)
+    t0 = time.monotonic()
+    engine = TTSEngine.load(path, device=device, dtype=m.dtype,
+                            voices_dir=m.voices_dir or str(cfg.home().home / "voices"))
+    log.info("loaded %s (%s) on %s in %.1f s", path, engine.model_type, device, time.monotonic() - t0)
+    slots = max_slots or cfg.runtime.max_slots
+    return EngineRunner(engine, max_slots=slots, max_queue=max_queue or cfg.runtime.max_queue,
+                        prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=cfg.runtime.codec)
 
 
 class EngineHost:
@@ -49,22 +69,8 @@ class EngineHost:
         self.progress = 0  # bumped on every chunk of audio seen (watchdog)
 
     def load(self) -> None:
-        import torch
-
-        from engines.api import TTSEngine
-
-        m = self.cfg.model
-        if m.threads:
-            torch.set_num_threads(m.threads)
-        if not m.path:
-            raise RuntimeError("no model configured: set model.path in the config (or $TTS_APPLIANCE_MODEL)")
-        voices = m.voices_dir or str(self.cfg.home().home / "voices")
-        device = pick_device(m.device)
-        t0 = time.monotonic()
-        self.engine = TTSEngine.load(m.path, device=device, dtype=m.dtype, voices_dir=voices)
-        log.info("loaded %s (%s) on %s in %.1f s", m.path, self.engine.model_type, device, time.monotonic() - t0)
-        self.runner = EngineRunner(self.engine, max_slots=self.cfg.runtime.max_slots,
-                                   max_queue=self.cfg.runtime.max_queue, codec_backend=self.cfg.runtime.codec)
+        self.runner = load_runner(self.cfg)
+        self.engine = self.runner.engine
         self.runner.start()
 
     def warm_up(self) -> None:
@@ -154,7 +160,7 @@ class EngineHost:
 
 
 class BatchSynthesizer:
-    """`synthesize(list)` for `jobs.worker.Runner`, executed by the shared runner at batch priority."""
+    """`synthesize(list)` for `jobs.worker.Worker`, executed by the shared runner at batch priority."""
 
     def __init__(self, host: EngineHost, busy_wait_s: float = 0.2):
         self.host, self.busy_wait_s = host, busy_wait_s

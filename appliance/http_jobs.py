@@ -1,9 +1,12 @@
 """Batch job routes of the local HTTP API.
 
-    POST   /v1/jobs                 submit: multipart/form-data with a `file` part (plus the fields
-                                    below as form fields), or JSON {"path": "<server-side file inside
-                                    jobs.allowed_dirs>", ...}. Fields: voice, language, format, title,
-                                    author, priority, instruct, seed, max_new_tokens. -> 201 job summary
+    POST   /v1/jobs                 submit; the job's settings are one JSON object `spec` with the
+                                    fields of jobs.settings.JobSpec (unknown keys, wrong types: 400):
+                                    JSON {"path": "<server-side file inside jobs.allowed_dirs>",
+                                    "spec": {...}}, or multipart/form-data with a `file` part and a
+                                    `spec` part holding the JSON. -> 201 job summary (422: the file
+                                    could not become a job). A spec's ref_audio is a server-side
+                                    path too (inside jobs.allowed_dirs).
     GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
     DELETE /v1/jobs/{id}            cancel
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import uuid
 from pathlib import Path
 
@@ -26,10 +30,9 @@ from jobs.queue import TERMINAL, Queue, QueueError
 from jobs.report import job_summary
 from jobs.settings import JobSpec
 
-from appliance.http_api import CTX, ApiError, read_json
+from appliance.http_common import CTX, ApiError, field, parse_object, read_json
 
-SPEC_FIELDS = {"voice": str, "language": str, "format": str, "title": str, "author": str, "priority": int,
-               "instruct": str, "seed": int, "max_new_tokens": int}
+SUBMIT_KEYS = ("path", "spec")  # a JSON submit; multipart: the parts "file" and "spec"
 
 
 async def _q(ctx, fn, *args):
@@ -49,28 +52,15 @@ async def _q(ctx, fn, *args):
         raise ApiError(status, str(exc), "not_found" if status == 404 else "conflict") from None
 
 
-def _spec(fields: dict) -> JobSpec:
-    data = {}
-    for key, typ in SPEC_FIELDS.items():
-        v = fields.get(key)
-        if v is None or v == "":
-            continue
-        if typ is int:
-            try:
-                v = int(v)
-            except (TypeError, ValueError):
-                raise ApiError(400, f"'{key}' must be an integer") from None
-        elif not isinstance(v, str):
-            raise ApiError(400, f"'{key}' must be a string")
-        data[key] = v
-    unknown = sorted(set(fields) - set(SPEC_FIELDS) - {"path", "file"})
-    if unknown:
-        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; valid: path, file, {', '.join(SPEC_FIELDS)}")
-    mnt = data.pop("max_new_tokens", None)
+def _spec(ctx, raw) -> JobSpec:
+    """The submitted spec (absent: the defaults), strictly parsed."""
     try:
-        return JobSpec(**data, sampling={"max_new_tokens": mnt} if mnt else {})
+        spec = JobSpec.parse({} if raw is None else raw)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
+    if spec.ref_audio:
+        spec.ref_audio = str(_allowed(ctx, spec.ref_audio))
+    return spec
 
 
 def _allowed(ctx, raw: str) -> Path:
@@ -84,9 +74,10 @@ def _allowed(ctx, raw: str) -> Path:
     return path
 
 
-async def _upload(ctx, request) -> tuple[Path, dict]:
+async def _upload(ctx, request, folder: Path) -> tuple[Path, JobSpec]:
+    """Read a multipart submit into `folder`: the `file` part and the optional `spec` part."""
     reader = await request.multipart()
-    fields, path = {}, None
+    path, spec = None, None
     timeout = ctx.cfg.http.read_timeout_s
     while True:
         part = await asyncio.wait_for(reader.next(), timeout)
@@ -94,31 +85,44 @@ async def _upload(ctx, request) -> tuple[Path, dict]:
             break
         if part.name == "file" and part.filename:
             name = re.sub(r"[^A-Za-z0-9._ -]", "_", Path(part.filename).name).strip(" .") or "upload.txt"
-            folder = ctx.paths.home / "uploads" / uuid.uuid4().hex[:12]
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / name
             with open(path, "wb") as f:
                 while chunk := await asyncio.wait_for(part.read_chunk(1 << 16), timeout):
                     f.write(chunk)
+        elif part.name == "spec":
+            spec = parse_object(await asyncio.wait_for(part.text(), timeout), "the 'spec' part")
         else:
-            fields[part.name] = (await asyncio.wait_for(part.text(), timeout)).strip()
+            raise ApiError(400, f"unknown part {part.name!r}; a multipart submit has a 'file' part (with a "
+                                "filename) and an optional 'spec' part (the job's settings as JSON)")
     if path is None:
         raise ApiError(400, "multipart submit needs a 'file' part with a filename")
-    return path, fields
+    return path, _spec(ctx, spec)
+
+
+async def _read_submit(ctx, request) -> tuple[Path, JobSpec]:
+    if request.content_type.startswith("multipart/"):
+        folder = ctx.paths.home / "uploads" / uuid.uuid4().hex[:12]
+        try:
+            return await _upload(ctx, request, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # nothing was queued: drop the upload
+            raise
+    data = await read_json(request)
+    unknown = sorted(set(data) - set(SUBMIT_KEYS))
+    if unknown:
+        raise ApiError(400, f"unknown key(s) {', '.join(map(repr, unknown))}; a JSON submit is "
+                            '{"path": "<server-side file>", "spec": {<job settings>}}')
+    raw = field(data, "path", str)
+    if not raw:
+        raise ApiError(400, "give 'path' (a server-side file) in JSON, or upload a 'file' as multipart/form-data")
+    return _allowed(ctx, raw), _spec(ctx, field(data, "spec", dict))
 
 
 async def submit(request):
     """POST /v1/jobs"""
     ctx = request.app[CTX]
-    if request.content_type.startswith("multipart/"):
-        path, fields = await _upload(ctx, request)
-    else:
-        fields = await read_json(request)
-        raw = fields.get("path")
-        if not isinstance(raw, str) or not raw:
-            raise ApiError(400, "give 'path' (a server-side file) in JSON, or upload a 'file' as multipart/form-data")
-        path = _allowed(ctx, raw)
-    spec = _spec(fields)
+    path, spec = await _read_submit(ctx, request)
 
     def do(q):
         from jobs.submit import SubmitError, submit_file

@@ -18,13 +18,15 @@ import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
+from engines.runtime.runner import EngineBusy
+from jobs.encode import encode_bytes
 
-from appliance.audio_out import FORMATS, encode
 from appliance.audio_stream import EncoderUnavailable, StreamEncoder
-from appliance.engine_host import EngineBusy
-from appliance.http_api import CTX, ApiError, _field, decode_b64_audio, read_json
+from appliance.http_common import CTX, ApiError, decode_b64_audio, field, read_json
 
 log = logging.getLogger(__name__)
+# response_format -> Content-Type (OpenAI's values)
+FORMATS = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg"}
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -38,21 +40,21 @@ async def speech(request: web.Request) -> web.StreamResponse:
     """
     ctx = request.app[CTX]
     data = await read_json(request)
-    text = _field(data, "input", str, required=True)
+    text = field(data, "input", str, required=True)
     if not text.strip():
         raise ApiError(400, "'input' is empty: give some text to speak")
     if len(text) > ctx.cfg.http.max_text_chars:
         raise ApiError(413, f"'input' has {len(text)} characters; the limit is {ctx.cfg.http.max_text_chars} "
                             "(submit long texts as a job: POST /v1/jobs)", "too_large")
-    fmt = (_field(data, "response_format", str) or "mp3").lower()  # null: the default too
+    fmt = (field(data, "response_format", str) or "mp3").lower()  # null: the default too
     if fmt not in FORMATS:
         raise ApiError(400, f"unknown response_format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if (_field(data, "stream_format", str) or "audio") != "audio":
+    if (field(data, "stream_format", str) or "audio") != "audio":
         raise ApiError(400, "only stream_format 'audio' is supported (the encoded audio itself, sent in chunks "
                             "as it is made); server-sent events are not")
-    stream = _field(data, "stream", bool) is not False  # absent or null: stream, as OpenAI does
+    stream = field(data, "stream", bool) is not False  # absent or null: stream, as OpenAI does
     notes = []
-    if _field(data, "speed", (int, float)) not in (None, 1, 1.0):
+    if field(data, "speed", (int, float)) not in (None, 1, 1.0):
         notes.append("speed is ignored (the model speaks at its own pace)")
     try:  # opening an encoder also tells, before any synthesis, whether this machine can write fmt
         encoder = StreamEncoder(fmt, ctx.host.engine.sample_rate)
@@ -64,11 +66,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
     try:
         with tempfile.TemporaryDirectory(prefix="tts-req-") as tmp:
             ref_audio = decode_b64_audio(data, Path(tmp))
-            req = ctx.host.request(text, voice=_field(data, "voice", str),
-                                   language=_field(data, "language", str, "auto"),
-                                   instruct=_field(data, "instructions", str), ref_audio=ref_audio,
-                                   ref_text=_field(data, "ref_text", str), seed=_field(data, "seed", int),
-                                   max_frames=_field(data, "max_frames", int))
+            req = ctx.host.request(text, voice=field(data, "voice", str),
+                                   language=field(data, "language", str, "auto"),
+                                   instruct=field(data, "instructions", str), ref_audio=ref_audio,
+                                   ref_text=field(data, "ref_text", str), seed=field(data, "seed", int),
+                                   max_frames=field(data, "max_frames", int))
             if req is None:
                 raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
                                     "(POST /v1/voices adds one)")
@@ -103,7 +105,7 @@ async def _serve(request, req, fmt: str, encoder, notes: list) -> web.StreamResp
             headers["X-TTS-Note"] = "; ".join(notes)
         if encoder is None:
             audio = np.concatenate([first] + [c async for c in chunks])
-            body = await loop.run_in_executor(None, encode, audio, sr, fmt)
+            body = await loop.run_in_executor(None, encode_bytes, audio, sr, fmt)
             outcome = "ok"
             return web.Response(body=body, headers=headers)
         resp = web.StreamResponse(headers=headers)

@@ -6,6 +6,7 @@ Events handled (JSON header line + optional payload, see the `wyoming` package):
     synthesize {text, voice} -> audio-start, audio-chunk... (16-bit mono PCM as made), audio-stop
     synthesize-start {voice} -> begins a text stream; then
     synthesize-chunk {text}  -> text is buffered; each complete sentence is spoken at once
+                                (sentences as jobs.segment_split.split_streamed finds them)
                                 (audio-start before the first audio, audio-chunk per chunk)
     synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
 Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
@@ -14,7 +15,6 @@ while a text stream is open. Failures are answered with an `error` event (text, 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Optional
 
@@ -26,25 +26,15 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from engines.model.errors import TTSError
+from jobs.encode import pcm16
+from jobs.normalize import language_code
+from jobs.segment_split import split_streamed
 
-from appliance.audio_out import pcm16
 from appliance.engine_host import EngineBusy
 
 log = logging.getLogger(__name__)
-SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"')\]]*\s+")
 OK, FAILED, DROP = "ok", "failed", "drop"
 ATTRIBUTION = Attribution(name="Qwen", url="https://github.com/QwenLM/Qwen3-TTS")
-
-
-def split_sentences(buffer: str) -> tuple[list[str], str]:
-    """Complete sentences in `buffer` (those followed by whitespace) and the unfinished rest."""
-    out, start = [], 0
-    for m in SENTENCE_END.finditer(buffer):
-        sent = buffer[start:m.end()].strip()
-        if sent:
-            out.append(sent)
-        start = m.end()
-    return out, buffer[start:]
 
 
 class TtsHandler(AsyncEventHandler):
@@ -78,7 +68,9 @@ class TtsHandler(AsyncEventHandler):
             if self.stream_text is None:
                 await self.write_event(Error("synthesize-chunk without synthesize-start", "protocol").event())
                 return True
-            sentences, self.stream_text = split_sentences(self.stream_text + SynthesizeChunk.from_event(event).text)
+            lang = language_code(self.d.cfg.wyoming.default_language) or "en"
+            text = self.stream_text + SynthesizeChunk.from_event(event).text
+            sentences, self.stream_text = split_streamed(text, lang)
             for s in sentences:
                 if await self.speak(s, self.stream_voice) == DROP:
                     return False

@@ -1,17 +1,13 @@
-"""Audio files: atomic writes, click-free joins, loudness levelling and encoding.
+"""Audio files: atomic writes, click-free joins, loudness levelling, chapter and book files.
 
-Formats: wav and flac (16-bit), ogg (Opus when this libsndfile can write it, else Vorbis), mp3
-(when this libsndfile can write MP3), m4b (AAC with chapter marks, title/author/cover, through
-ffmpeg). `assemble_book` writes one file per chapter and one for the whole book.
+Encoding by format (wav, flac, ogg, mp3, m4b) lives in `jobs.encode`; `write_encoded` makes it
+atomic. `assemble_book` writes one file per chapter and one for the whole book.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
-import shutil
-import subprocess
-import tempfile
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,14 +17,11 @@ from typing import Optional, Sequence
 import numpy as np
 import soundfile as sf
 
+from jobs.encode import BookMeta, EncodeError, encode
+
 log = logging.getLogger(__name__)
 
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
-FFMPEG_MISSING = "ffmpeg not found: install it (apt install ffmpeg) or choose flac/mp3"
-
-
-class AssemblyError(Exception):
-    """Audio cannot be written as asked (message says what to do)."""
+AssemblyError = EncodeError  # a book cannot be written as asked (the message says what to do)
 
 
 # -- durable files -----------------------------------------------------------------------------
@@ -162,86 +155,11 @@ def join(pieces: Sequence[tuple[Optional[np.ndarray], int]], sample_rate: int,
     return limit_peaks(out, settings.limit), spans
 
 
-# -- encoding ----------------------------------------------------------------------------------
-@dataclass
-class BookMeta:
-    title: Optional[str] = None
-    author: Optional[str] = None
-    cover: Optional[bytes] = None
-    cover_mime: Optional[str] = None
-
-
-def ogg_codec(sample_rate: int) -> str:
-    """'OPUS' when this libsndfile writes Opus at this rate, else 'VORBIS'."""
-    return "OPUS" if "OPUS" in sf.available_subtypes("OGG") and sample_rate in OPUS_RATES else "VORBIS"
-
-
-def _sf_encode(path: Path, audio: np.ndarray, sr: int, fmt: str, meta: BookMeta, title: Optional[str]) -> str:
-    if fmt == "mp3" and "MP3" not in sf.available_formats():
-        raise AssemblyError(f"this libsndfile ({sf.__libsndfile_version__}) cannot write MP3: upgrade "
-                            "soundfile (pip install -U soundfile, libsndfile >= 1.1) or choose flac/ogg/m4b")
-    fmt_name, subtype = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
-                         "ogg": ("OGG", ogg_codec(sr))}[fmt]
+def write_encoded(path: str | Path, audio: np.ndarray, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
+                  title: Optional[str] = None, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
+    """`jobs.encode.encode` to `path` atomically (a crash leaves the old file or none); returns the codec."""
     with atomic_path(path) as tmp:
-        with sf.SoundFile(str(tmp), "w", samplerate=sr, channels=1, format=fmt_name, subtype=subtype) as f:
-            for attr, value in (("title", title or meta.title), ("artist", meta.author), ("album", meta.title)):
-                if value:
-                    try:
-                        setattr(f, attr, value)
-                    except Exception:  # some containers take no tags; the audio matters more
-                        pass
-            f.write(np.asarray(audio, dtype=np.float32))
-    return subtype
-
-
-def _ffmeta_escape(text: str) -> str:
-    return re.sub(r"([=;#\\\n])", r"\\\1", text)
-
-
-def _m4b_encode(path: Path, audio: np.ndarray, sr: int, meta: BookMeta,
-                chapters: Sequence[tuple[str, float, float]]) -> str:
-    ffmpeg = shutil.which("ffmpeg")
-    if not ffmpeg:
-        raise AssemblyError(FFMPEG_MISSING)
-    with tempfile.TemporaryDirectory(prefix="tts-m4b-") as td:
-        wav, txt = Path(td) / "in.wav", Path(td) / "meta.txt"
-        sf.write(str(wav), np.asarray(audio, dtype=np.float32), sr, subtype="PCM_16")
-        lines = [";FFMETADATA1"]
-        if meta.title:
-            lines += [f"title={_ffmeta_escape(meta.title)}", f"album={_ffmeta_escape(meta.title)}"]
-        if meta.author:
-            lines += [f"artist={_ffmeta_escape(meta.author)}", f"album_artist={_ffmeta_escape(meta.author)}"]
-        lines.append("genre=Audiobook")
-        for title, start, end in chapters:
-            lines += ["[CHAPTER]", "TIMEBASE=1/1000", f"START={int(start * 1000)}", f"END={int(end * 1000)}",
-                      f"title={_ffmeta_escape(title)}"]
-        txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        cmd = [ffmpeg, "-nostdin", "-y", "-v", "error", "-i", str(wav), "-i", str(txt)]
-        maps = ["-map", "0:a", "-map_metadata", "1", "-map_chapters", "1"]
-        if meta.cover:
-            ext = ".png" if (meta.cover_mime or "").endswith("png") else ".jpg"
-            cover = Path(td) / f"cover{ext}"
-            cover.write_bytes(meta.cover)
-            cmd += ["-i", str(cover)]
-            maps += ["-map", "2:v", "-c:v", "copy", "-disposition:v:0", "attached_pic"]
-        with atomic_path(path) as tmp:
-            proc = subprocess.run(cmd + maps + ["-c:a", "aac", "-b:a", "64k", "-f", "ipod", str(tmp)],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise AssemblyError(f"ffmpeg failed writing {path.name}: {proc.stderr.strip()[-500:]}")
-    return "AAC"
-
-
-def encode(path: str | Path, audio: np.ndarray, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
-           title: Optional[str] = None, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
-    """Write `audio` to `path` atomically as `fmt`; returns the codec used (e.g. 'OPUS')."""
-    path = Path(path)
-    if fmt == "m4b":
-        marks = chapters or [(title or meta.title or "Chapter 1", 0.0, audio.size / sample_rate)]
-        return _m4b_encode(path, audio, sample_rate, meta, marks)
-    if fmt not in ("wav", "flac", "ogg", "mp3"):
-        raise AssemblyError(f"unknown format {fmt!r}: choose wav, flac, ogg, mp3 or m4b")
-    return _sf_encode(path, audio, sample_rate, fmt, meta, title)
+        return encode(tmp, audio, sample_rate, fmt, meta, title, chapters)
 
 
 # -- whole book --------------------------------------------------------------------------------
@@ -277,7 +195,7 @@ def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Sequence[tu
         path = None
         if audio.size:
             path = out_dir / "chapters" / f"{i:02d} - {safe_name(title)}.{fmt}"
-            codec = encode(path, audio, sample_rate, fmt, meta, title=title)
+            codec = write_encoded(path, audio, sample_rate, fmt, meta, title=title)
         outs.append(ChapterOut(title, path, pos, pos + dur, spans))
         audios.append(audio)
         pos += dur
@@ -286,6 +204,6 @@ def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Sequence[tu
         raise AssemblyError("no audio to assemble: every segment failed (see `tts-appliance logs JOB`)")
     marks = [(c.title, c.start_s, c.end_s) for c in outs if c.end_s > c.start_s]
     book_path = out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
-    codec = encode(book_path, book, sample_rate, fmt, meta, chapters=marks)
+    codec = write_encoded(book_path, book, sample_rate, fmt, meta, chapters=marks)
     log.info("wrote %s (%.1f s, %d chapters, %s)", book_path, book.size / sample_rate, len(outs), codec)
     return book_path, outs, codec

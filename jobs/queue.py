@@ -183,6 +183,10 @@ class Queue:
         out.update(dict(rows.fetchall()))
         return out
 
+    def job_counts(self) -> dict:
+        """Job counts by state (states without jobs are left out)."""
+        return dict(self.conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+
     # -- claims and leases -------------------------------------------------------------------
     def _expire(self, c, now: float) -> None:
         """Return expired leases to the queue (or fail them at max attempts)."""

@@ -24,15 +24,18 @@ _CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=[—–]\s)|(?<=\s[—–])\s+|(?<
 _ASCII_RUN_RE = re.compile(r"[A-Za-z0-9\u00c0-\u024f'’.-]+|\s+|.", re.S)
 
 
-def _is_boundary(text: str, m: re.Match, lang: str) -> bool:
+def _is_boundary(text: str, m: re.Match, lang: str, growing: bool = False) -> bool:
+    """Whether the candidate `m` ends a sentence. `growing`: more text may follow the end of `text`
+    (a stream), so a mark at the very end is not yet a boundary, and one followed only by
+    whitespace is judged without the next word."""
     punct, end = m.group("p"), m.end()
-    if punct[0] in "。！？":
-        return True
     rest = text[end:]
-    if not rest.strip():
+    if punct[0] in "。！？":
+        return bool(rest) or not growing
+    if not rest.strip() and not growing:
         return True
     if not rest[:1].isspace():
-        return False  # "3.14", "e.g.x", "word.)"
+        return False  # "3.14", "e.g.x", "word.)"; growing: nothing follows yet
     nxt = rest.lstrip()[:1]
     if nxt.islower():
         return False
@@ -51,20 +54,32 @@ def _is_boundary(text: str, m: re.Match, lang: str) -> bool:
     return True
 
 
-def split_sentences(text: str, lang: str = "en") -> list[str]:
-    """Split a paragraph into sentences (abbreviations, decimals, quotes, ellipses, CJK punctuation)."""
+def _sentences(text: str, lang: str, growing: bool) -> tuple[list[str], int]:
+    """The complete sentences of `text` and where the rest begins."""
     out: list[str] = []
     start = 0
     for m in _CAND_RE.finditer(text):
-        if _is_boundary(text, m, lang):
+        if _is_boundary(text, m, lang, growing):
             piece = text[start : m.end()].strip()
             if piece:
                 out.append(piece)
             start = m.end()
+    return out, start
+
+
+def split_sentences(text: str, lang: str = "en") -> list[str]:
+    """Split a paragraph into sentences (abbreviations, decimals, quotes, ellipses, CJK punctuation)."""
+    out, start = _sentences(text, lang, growing=False)
     tail = text[start:].strip()
-    if tail:
-        out.append(tail)
-    return out
+    return out + [tail] if tail else out
+
+
+def split_streamed(text: str, lang: str = "en") -> tuple[list[str], str]:
+    """Sentences of text that is still arriving (e.g. from a language model): the complete ones, by the
+    rules of `split_sentences`, and the unfinished rest to keep until more text comes. A sentence is
+    complete once whitespace (Latin scripts) or any text (CJK) follows its final mark."""
+    out, start = _sentences(text, lang, growing=True)
+    return out, text[start:]
 
 
 def split_clauses(text: str) -> list[str]:

@@ -7,22 +7,19 @@ The spool folder ("home") holds everything the batch side keeps on disk:
     output/       finished books, one folder per job (chapter files, book file, manifest.json)
     inbox/        watched folder; processing/, done/, failed/ next to it
 
-It is chosen by `--home`, else the `TTS_APPLIANCE_HOME` environment variable, else
-`~/.local/share/tts-appliance`.
+It is `jobs.home` of the settings (`appliance.config.resolve`: `--home`, the config files,
+`TTS_APPLIANCE_HOME`), else `~/.local/share/tts-appliance`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-HOME_ENV = "TTS_APPLIANCE_HOME"
-MODEL_ENV = "TTS_APPLIANCE_MODEL"
 DEFAULT_HOME = Path("~/.local/share/tts-appliance")
 FORMATS = ("wav", "flac", "ogg", "mp3", "m4b")
 
@@ -61,10 +58,6 @@ class Paths:
     def failed(self) -> Path:
         return self.home / "failed"
 
-    @property
-    def config(self) -> Path:
-        return self.home / "config.yaml"
-
     def ensure(self) -> "Paths":
         """Create the folders (idempotent) and return self."""
         for p in (self.home, self.audio, self.output, self.inbox, self.processing, self.done, self.failed):
@@ -73,24 +66,39 @@ class Paths:
 
 
 def resolve_home(home: Optional[str | os.PathLike] = None) -> Paths:
-    """The spool folder: explicit `home`, else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance."""
-    raw = home or os.environ.get(HOME_ENV) or DEFAULT_HOME
-    return Paths(Path(raw).expanduser().resolve())
+    """The spool folder: `home` (the settings' jobs.home), else ~/.local/share/tts-appliance."""
+    return Paths(Path(home or DEFAULT_HOME).expanduser().resolve())
 
 
-def read_config(paths: Paths) -> dict:
-    """The optional `config.yaml` in the spool folder (e.g. `model: /models/Qwen3-TTS-...`)."""
-    if not paths.config.is_file():
-        return {}
-    data = yaml.safe_load(paths.config.read_text(encoding="utf-8")) or {}
+def _plain_types(cls) -> dict[str, type]:
+    """Field name -> the type a JSON value must have (Optional[X] -> X) of a dataclass."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if type(None) in typing.get_args(hint) else hint
+        out[name] = typing.get_origin(base) or base
+    return out
+
+
+def _type_ok(value, typ: type) -> bool:
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+
+
+def check_keys(data, types: dict[str, type], what: str) -> dict:
+    """`data` must be a mapping of known keys with values of their types (None allowed: the default);
+    raises ValueError naming the key and listing the valid keys with their types."""
+    valid = ", ".join(f"{k} ({t.__name__})" for k, t in types.items())
     if not isinstance(data, dict):
-        raise ValueError(f"{paths.config} must be a YAML mapping (e.g. 'model: /path/to/checkpoint')")
+        raise ValueError(f"{what} must be a JSON object; valid keys: {valid}")
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ValueError(f"unknown {what} key(s) {', '.join(map(repr, unknown))}; valid keys: {valid}")
+    for key, value in data.items():
+        if value is not None and not _type_ok(value, types[key]):
+            raise ValueError(f"{what} key {key!r} must be {types[key].__name__}, got {value!r}; valid keys: {valid}")
     return data
-
-
-def configured_model(paths: Paths, explicit: Optional[str] = None) -> Optional[str]:
-    """Model path: explicit, else $TTS_APPLIANCE_MODEL, else `model:` in config.yaml, else None."""
-    return explicit or os.environ.get(MODEL_ENV) or read_config(paths).get("model")
 
 
 @dataclass
@@ -125,9 +133,26 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "JobSpec":
-        """Build from a mapping (JSON row, sidecar YAML), ignoring unknown keys."""
+        """Build from a stored mapping (JSON row, sidecar YAML), ignoring unknown keys."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
+
+    @classmethod
+    def parse(cls, data) -> "JobSpec":
+        """Strict parsing of what a client sent: a mapping (or its JSON text) of JobSpec fields with
+        values of the fields' types (null: the default), `sampling` keys those of
+        engines.api.SamplingParams except the seed. Raises ValueError naming the key and the valid ones."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except ValueError as exc:
+                raise ValueError(f"spec is not valid JSON: {exc}") from None
+        check_keys(data, _plain_types(cls), "spec")
+        from engines.api import SamplingParams
+
+        sampling = {k: t for k, t in _plain_types(SamplingParams).items() if k != "seed"}
+        check_keys(data.get("sampling") or {}, sampling, "spec.sampling")
+        return cls(**{k: v for k, v in data.items() if v is not None})
 
 
 def file_digest(path: Optional[str]) -> Optional[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_machine_config(tmp_path_factory):
+    """Commands under test read an empty config file, not this machine's (/etc/tts-appliance or
+    ~/.config/tts-appliance): $TTS_APPLIANCE_CONFIG names it (an explicit --config still wins)."""
+    path = tmp_path_factory.mktemp("config") / "config.yaml"
+    path.write_text("# empty: the shipped defaults only\n")
+    saved = os.environ.get("TTS_APPLIANCE_CONFIG")
+    os.environ["TTS_APPLIANCE_CONFIG"] = str(path)
+    yield path
+    if saved is None:
+        os.environ.pop("TTS_APPLIANCE_CONFIG", None)
+    else:
+        os.environ["TTS_APPLIANCE_CONFIG"] = saved
 
 
 @pytest.fixture(scope="session")

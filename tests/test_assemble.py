@@ -1,4 +1,4 @@
-"""Joining, loudness, formats and atomic writes of jobs.assemble."""
+"""Joining, loudness, formats and atomic writes of jobs.assemble (encoding: jobs.encode)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs import assemble
-from jobs.assemble import (AssemblyError, BookMeta, JoinSettings, assemble_book, atomic_path, encode, join,
-                           rms_db)
+from jobs import encode as encode_mod
+from jobs.assemble import AssemblyError, BookMeta, JoinSettings, assemble_book, atomic_path, join, rms_db
+from jobs.encode import encode
 
 SR = 24000
 
@@ -95,13 +95,13 @@ def test_m4b_has_chapters_and_metadata(tmp_path):
 
 
 def test_m4b_without_ffmpeg_says_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.setattr(assemble.shutil, "which", lambda name: None)
+    monkeypatch.setattr(encode_mod.shutil, "which", lambda name: None)
     with pytest.raises(AssemblyError, match=r"ffmpeg not found: install it \(apt install ffmpeg\) or choose flac/mp3"):
         encode(tmp_path / "b.m4b", tone(0.2, 0.1), SR, "m4b")
 
 
 def test_mp3_unsupported_is_clear(tmp_path, monkeypatch):
-    monkeypatch.setattr(assemble.sf, "available_formats", lambda: {"WAV": "WAV"})
+    monkeypatch.setattr(encode_mod.sf, "available_formats", lambda: {"WAV": "WAV"})
     with pytest.raises(AssemblyError, match="cannot write MP3"):
         encode(tmp_path / "b.mp3", tone(0.2, 0.1), SR, "mp3")
 

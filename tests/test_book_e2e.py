@@ -60,7 +60,7 @@ def _chapters(doc: Document):
 
 
 def _worker(home: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "appliance.cli_jobs", "work", "--home", str(home), "--model", str(MODEL),
+    cmd = [sys.executable, "-m", "appliance.cli", "work", "--home", str(home), "--model", str(MODEL),
            "--device", "cpu", "--batch-size", str(BATCH), "--no-guard", "--until-idle", "--lease-seconds", "6"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -107,3 +107,44 @@ def test_empty_text_and_unreadable_reference_audio(monkeypatch, capsys, tmp_path
     bad.write_bytes(b"RIFF nonsense")
     code, text = run(monkeypatch, capsys, "Hi.", "--model", str(TINY / "base_small"), "--ref-audio", str(bad))
     assert code == 2 and "bad.wav" in text, text
+
+
+def test_say_goes_through_the_engine_runner(monkeypatch, capsys, tmp_path):
+    """One request path: `say` runs the continuous-batching EngineRunner (one slot), never the eager loop."""
+    from engines.engine import TTSEngine
+    from engines.runtime.runner import EngineRunner
+
+    calls = []
+    real = EngineRunner.synthesize
+
+    def spy(self, requests, *args, **kw):
+        calls.append((self.cfg.max_slots, len(requests)))
+        out = real(self, requests, *args, **kw)
+        calls.append(self.steps)
+        return out
+
+    def eager(*_a, **_k):
+        raise AssertionError("say must not use the eager reference loop")
+
+    monkeypatch.setattr(EngineRunner, "synthesize", spy)
+    monkeypatch.setattr(TTSEngine, "synthesize", eager)
+    out = tmp_path / "r.wav"
+    code, text = run(monkeypatch, capsys, "Hello there.", "--model", str(TINY / "cv_small"), "--voice", "vivian",
+                     "--max-frames", "5", "--seed", "2", "-o", str(out))
+    assert code == 0 and f"wrote {out}:" in text and "Hz" in text, text
+    assert calls[0] == (1, 1) and calls[1] >= 5, calls  # one slot, one request, a decode step per frame
+    assert sf.read(out)[0].size > 0
+
+
+def test_save_voice_clones_once(monkeypatch, capsys, tmp_path):
+    from engines.engine import TTSEngine
+
+    clones = []
+    real = TTSEngine.make_voice
+    monkeypatch.setattr(TTSEngine, "make_voice", lambda self, *a, **k: clones.append(a) or real(self, *a, **k))
+    voice = tmp_path / "me.voice"
+    code, text = run(monkeypatch, capsys, "Hi.", "--model", str(TINY / "base_small"), "--max-frames", "3",
+                     "--ref-audio", REF, "--ref-text", "A reference sentence.", "--save-voice", str(voice),
+                     "-o", str(tmp_path / "c.wav"))
+    assert code == 0 and voice.is_file(), text
+    assert len(clones) == 1, clones

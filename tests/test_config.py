@@ -1,14 +1,17 @@
-"""Daemon configuration: shipped defaults, /etc file + drop-ins, environment overrides, and clear
+"""Settings: shipped defaults, the config file (named, user, /etc) + drop-ins, environment overrides,
+command-line flags on top (`resolve`), the group's --config reaching every command, and clear
 validation errors (unknown keys listed with the valid ones, wrong types, bad values)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from appliance.config import Config, ConfigError, as_dict, env_overrides, load_config
+from appliance.config import Config, ConfigError, as_dict, choices, env_overrides, load_config, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,3 +95,51 @@ def test_runtime_dir_and_socket_defaults(tmp_path, monkeypatch):
     assert cfg.wyoming_socket() == tmp_path / "rd" / "wyoming.sock"
     cfg.http.socket = ""
     assert cfg.http_socket() is None
+
+
+def test_resolve_puts_command_line_flags_last(tmp_path):
+    main = write(tmp_path / "config.yaml", "model: {path: /m, device: cpu, dtype: bfloat16}\njobs: {home: /spool}\n")
+    cfg = resolve(main, environ={"TTS_APPLIANCE_MODEL__DTYPE": "float16", "TTS_APPLIANCE_MODEL": "/ignored"})
+    assert (cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.jobs.home) == ("/m", "cpu", "float16", "/spool")
+    cfg = resolve(main, model=tmp_path / "other", device="cuda:1", dtype="float32", home="/h", environ={})
+    assert (cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.jobs.home) == (
+        str(tmp_path / "other"), "cuda:1", "float32", "/h")
+    with pytest.raises(ConfigError, match="command line: model.dtype = 'float8'; choose one of float32, bfloat16"):
+        resolve(main, dtype="float8", environ={})
+
+
+def test_which_config_file(tmp_path):
+    named = write(tmp_path / "named.yaml", "model: {path: /named}\n")
+    write(tmp_path / "xdg" / "tts-appliance" / "config.yaml", "model: {path: /user}\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    assert load_config(environ=env).model.path == "/user"
+    assert load_config(environ={**env, "TTS_APPLIANCE_CONFIG": str(named)}).model.path == "/named"
+    assert load_config(named, environ=env).model.path == "/named"
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(environ={"TTS_APPLIANCE_CONFIG": str(tmp_path / "absent.yaml")})
+
+
+def test_choice_lists_come_from_the_engine():
+    from engines.codec.build import RUNTIME_CHOICES
+    from engines.model.checkpoint import DTYPES
+
+    assert choices()[("model", "dtype")] == tuple(DTYPES)
+    assert choices()[("runtime", "codec")] == RUNTIME_CHOICES
+
+
+def test_group_config_reaches_every_command(tmp_path):
+    from appliance.cli import cli
+
+    home = tmp_path / "spool"
+    cfg = write(tmp_path / "c.yaml", f"jobs: {{home: {home}}}\n")
+    env = {"TTS_APPLIANCE_NO_DAEMON": "1", "TTS_APPLIANCE_MODEL": None, "TTS_APPLIANCE_HOME": None}
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "list", "--json"], env=env)
+    assert r.exit_code == 0 and json.loads(r.output) == [] and (home / "queue.db").is_file(), r.output
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "say", "Hi."], env=env)
+    assert r.exit_code == 2 and "no model: pass --model PATH" in r.output and str(cfg) in r.output, r.output
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "work", "--until-idle"], env=env)
+    assert r.exit_code == 1 and "no model" in r.output, r.output
+    r = CliRunner().invoke(cli, ["--config", str(tmp_path / "absent.yaml"), "list"], env=env)
+    assert r.exit_code == 1 and "no such config file" in r.output, r.output
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "daemon", "--print-config"], env=env)
+    assert r.exit_code == 0 and json.loads(r.output)["jobs"]["home"] == str(home), r.output

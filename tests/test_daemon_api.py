@@ -86,6 +86,31 @@ def test_bad_speech_requests(daemon, body, status, needle):
     assert got == status and needle in err["error"]["message"], err
 
 
+@pytest.mark.parametrize("url", ["/v1/audio/speech", "/v1/jobs", "/v1/voices"])
+def test_json_routes_want_a_json_content_type(daemon, url):
+    body = json.dumps(speech()).encode()
+    status, err, _ = daemon.request("POST", url, body, {"Content-Type": "text/plain"})
+    assert status == 415 and "Content-Type: application/json" in err["error"]["message"], err
+    status, err, _ = daemon.request("POST", url, body)  # no Content-Type at all
+    assert status == 415, err
+
+
+def test_multipart_submit_checks_its_parts(daemon, tmp_path):
+    def post(parts: list[tuple[str, str, bytes]]):
+        body = b"".join(f'--b\r\nContent-Disposition: form-data; name="{n}"{fn}\r\n\r\n'.encode() + v + b"\r\n"
+                        for n, fn, v in parts) + b"--b--\r\n"
+        return daemon.request("POST", "/v1/jobs", body, {"Content-Type": "multipart/form-data; boundary=b"})
+
+    book = ("file", '; filename="b.txt"', book_text(1).encode())
+    status, err, _ = post([("spec", "", b'{"voice": "ryan", "format": "aiff"}'), book])
+    assert status == 400 and "unknown format 'aiff'" in err["error"]["message"], err
+    status, err, _ = post([("spec", "", b"voice=ryan"), book])
+    assert status == 400 and "'spec' part is not valid JSON" in err["error"]["message"], err
+    status, err, _ = post([book, ("voice", "", b"ryan")])
+    assert status == 400 and "unknown part 'voice'" in err["error"]["message"], err
+    assert not list((daemon.home / "uploads").glob("*/b.txt")), "a refused upload must not stay behind"
+
+
 def test_unknown_route_and_method_are_json(daemon):
     assert daemon.get("/nope")[:2][0] == 404 and "error" in daemon.get("/nope")[1]
     status, err, _ = daemon.request("PUT", "/v1/audio/speech", b"")
@@ -141,14 +166,20 @@ def test_jobs_api_upload_events_cancel_retry(daemon, tmp_path):
 def test_jobs_api_server_side_path(daemon, tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text(book_text(2))
-    status, err, _ = daemon.post("/v1/jobs", {"path": str(outside), "voice": "ryan"})
+    status, err, _ = daemon.post("/v1/jobs", {"path": str(outside), "spec": {"voice": "ryan"}})
     assert status == 403 and "allowed" in err["error"]["message"]
     inside = daemon.tmp / "allowed" / "in.txt"
     inside.write_text(book_text(2))
-    status, s, _ = daemon.post("/v1/jobs", {"path": str(inside), "voice": "ryan", "max_new_tokens": 4, "priority": -5})
+    spec = {"voice": "ryan", "sampling": {"max_new_tokens": 4}, "priority": -5}
+    status, s, _ = daemon.post("/v1/jobs", {"path": str(inside), "spec": spec})
     assert status == 201 and s["state"] == "queued", s
-    status, err, _ = daemon.post("/v1/jobs", {"path": str(inside), "colour": "red"})
-    assert status == 400 and "colour" in err["error"]["message"]
+    for body, needle in [({"path": str(inside), "colour": "red"}, "'colour'"),
+                         ({"path": str(inside), "spec": {"colour": "red"}}, "unknown spec key(s) 'colour'"),
+                         ({"path": str(inside), "spec": {"priority": "high"}}, "'priority' must be int"),
+                         ({"path": str(inside), "spec": {"sampling": {"temp": 1}}}, "temperature (float)"),
+                         ({"path": str(inside), "spec": {"ref_audio": str(outside)}}, "not inside an allowed folder")]:
+        status, err, _ = daemon.post("/v1/jobs", body)
+        assert status in (400, 403) and needle in err["error"]["message"], (body, err)
     status, c, _ = daemon.request("DELETE", f"/v1/jobs/{s['id']}")
     if status == 200:  # not already finished: retry brings it back
         assert daemon.post(f"/v1/jobs/{s['id']}/retry", {})[0] == 200

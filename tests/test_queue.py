@@ -230,3 +230,30 @@ def test_runner_guard_retries_other_seed_then_fails(tmp_path):
     runner.close()
     assert len(eng.calls) == n and q.job(job2)["state"] == "done"
     q.close()
+
+
+def test_job_counts_by_state(q):
+    a = q.add_job(JobSpec(), _chapters(1, 1))
+    q.add_job(JobSpec(), _chapters(1, 1))
+    q.cancel(a)
+    assert q.job_counts() == {"queued": 1, "cancelled": 1}
+
+
+def test_job_spec_parse_is_strict_and_round_trips():
+    spec = JobSpec(voice="ryan", format="wav", priority=-5, sampling={"max_new_tokens": 4, "temperature": 0.5})
+    assert JobSpec.parse(spec.to_json()) == spec
+    assert JobSpec.parse(json.loads(spec.to_json())) == spec
+    assert JobSpec.parse({"voice": None, "seed": None}) == JobSpec()  # null: the default
+    assert JobSpec.parse({"sampling": {"top_p": 1}}).sampling == {"top_p": 1}  # an int is a float
+    for bad, needle in [({"colour": "red"}, "unknown spec key(s) 'colour'; valid keys: voice (str)"),
+                        ({"priority": "5"}, "spec key 'priority' must be int, got '5'"),
+                        ({"seed": True}, "spec key 'seed' must be int"),
+                        ({"sampling": []}, "spec key 'sampling' must be dict"),
+                        ({"sampling": {"seed": 1}}, "unknown spec.sampling key(s) 'seed'"),
+                        ({"sampling": {"do_sample": 1}}, "'do_sample' must be bool"),
+                        ({"format": "aiff"}, "unknown format 'aiff'"),
+                        ([1], "spec must be a JSON object"),
+                        ("{nope", "spec is not valid JSON")]:
+        with pytest.raises(ValueError) as exc:
+            JobSpec.parse(bad)
+        assert needle in str(exc.value), (bad, str(exc.value))

@@ -9,7 +9,7 @@ import pytest
 from jobs.document import Chapter, Document
 from jobs.normalize import Lexicon
 from jobs.segment import SegmentOptions, segment_document
-from jobs.segment_split import split_sentences
+from jobs.segment_split import split_sentences, split_streamed
 
 OPTS = SegmentOptions(sentence_pause_ms=250, clause_pause_ms=120, paragraph_pause_ms=600, chapter_pause_ms=1500)
 
@@ -34,6 +34,22 @@ def words_of(text: str) -> list[str]:
 )
 def test_split_sentences(text, expected):
     assert split_sentences(text, "en") == expected
+
+
+@pytest.mark.parametrize("text,done,rest", [
+    ("First sentence. Sec", ["First sentence."], " Sec"),
+    ("Hello. ", ["Hello."], " "),  # whitespace after the mark: complete
+    ("Hello.", [], "Hello."),  # a closing quote or more may still come
+    ("Dr. ", [], "Dr. "),  # an abbreviation waits for the next word
+    ("Dr. Smith came. And", ["Dr. Smith came."], " And"),
+    ("It cost 3.", [], "It cost 3."),
+    ("你好。", [], "你好。"),
+    ("你好。世界", ["你好。"], "世界"),
+])
+def test_split_streamed_keeps_the_unfinished_rest(text, done, rest):
+    assert split_streamed(text) == (done, rest)
+    whole = "".join(split_streamed(text)[0]) + split_streamed(text)[1]
+    assert whole.replace(" ", "") == text.replace(" ", "")
 
 
 def test_split_sentences_german_dates():

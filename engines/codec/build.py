@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from engines.device.detect import detect_platform, resolve_device
+from engines.model.checkpoint import DTYPES
 from engines.codec.parity import speed, stream_parity
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,6 @@ CACHE_ENV = "TTS_APPLIANCE_ENGINE_CACHE"
 INDUCTOR_DIR = "inductor"
 COMPILED = "torch-compiled"
 PARITY_TOL = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}  # max abs vs the torch codec, waveform in [-1, 1]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def default_backends(device: str) -> tuple[str, ...]:
@@ -181,7 +180,7 @@ def _build_compiled(model_dir, cache: Path, dev: str, dtypes, benchmark: bool) -
     # both, so a process finds its code whichever the runtime sets
     tf32_variants = (False, True) if dev.startswith("cuda") else (None,)
     for name in dtypes:
-        dec = load_codec_decoder(codec_dir(model_dir), dev, DTYPES[name])
+        dec = load_codec_decoder(codec_dir(model_dir), dev, DTYPES[name].dtype)
         secs = 0.0
         for tf32 in tf32_variants:
             with _matmul_tf32(tf32):
@@ -192,7 +191,7 @@ def _build_compiled(model_dir, cache: Path, dev: str, dtypes, benchmark: bool) -
         mk = lambda b, dec=dec: TorchCodec(dec, b, compile=True, cache_dir=ind)  # noqa: E731
         with _true_fp32():  # compare the compile, not TF32 rounding (cuDNN convs use TF32 by default)
             err = ragged_parity(lambda b, dec=dec: TorchCodec(dec, b), mk, dec)
-        tol = PARITY_TOL[SHORT[name]]
+        tol = PARITY_TOL[DTYPES[name].short]
         info = {"compile_seconds": round(secs, 1), "parity_max_abs": err, "parity_ok": err <= tol,
                 "parity_vs": f"eager torch codec, {dev}, {name}, TF32 off",
                 "variants": ["matmul TF32 off", "matmul TF32 on"] if tf32_variants[0] is not None else ["cpu"]}

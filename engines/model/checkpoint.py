@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -23,17 +23,27 @@ from engines.model.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+
+class DType(NamedTuple):
+    dtype: torch.dtype
+    short: str  # the name engine builds use (TensorRT precision, parity tolerances)
+
+
+# The one table of dtype names: config, command line and engine builds take their choices from it
+# (resolve_dtype also accepts the short names).
+DTYPES = {"float32": DType(torch.float32, "fp32"), "bfloat16": DType(torch.bfloat16, "bf16"),
+          "float16": DType(torch.float16, "fp16")}
 
 
 def resolve_dtype(dtype) -> torch.dtype:
+    """A torch dtype from a name of DTYPES (long or short) or a torch dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise CheckpointError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16") from None
+    name = str(dtype).lower()
+    for long_name, d in DTYPES.items():
+        if name in (long_name, d.short):
+            return d.dtype
+    raise CheckpointError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
 
 
 def read_safetensors(path: Path, device, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -1,0 +1,122 @@
+"""What every route of the local HTTP API shares: the app's context key, JSON errors (ApiError and
+the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), reading a
+JSON body, typed fields and base64 reference audio.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+from aiohttp import web
+
+from engines.model.errors import TTSError
+from engines.runtime.runner import EngineBusy
+
+log = logging.getLogger(__name__)
+CTX = web.AppKey("ctx", object)  # the Daemon the app serves
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", headers=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.headers = status, message, type_, headers or {}
+
+
+def error_response(status: int, message: str, type_: str, headers=None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": type_, "code": status}}, status=status,
+                             headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Turn every failure into a JSON error body (400 bad input, 413 too large, 503 busy ...)."""
+    ctx = request.app[CTX]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.message, exc.type, exc.headers)
+    except EngineBusy as exc:
+        ctx.metrics.error("busy")
+        return error_response(503, str(exc), "busy",
+                              {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
+    except TTSError as exc:
+        ctx.metrics.error(type(exc).__name__)
+        return error_response(400, str(exc), type(exc).__name__)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"request body larger than {ctx.cfg.http.max_body_bytes} bytes", "too_large")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason, "http_error", {k: v for k, v in exc.headers.items()
+                                                                    if k in ("Allow", "Retry-After")})
+    except asyncio.TimeoutError:
+        return error_response(408, "the request was not received in time", "timeout")
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # a bug: log it, answer 500, keep serving
+        log.exception("%s %s failed", request.method, request.path)
+        ctx.metrics.error(type(exc).__name__)
+        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
+
+
+def is_json(content_type: str) -> bool:
+    """application/json or a +json type (application/merge-patch+json ...)."""
+    return content_type == "application/json" or (content_type.startswith("application/")
+                                                   and content_type.endswith("+json"))
+
+
+async def read_json(request: web.Request) -> dict:
+    """The request body as a JSON object, read within the read timeout: 415 unless it is declared
+    as JSON (Content-Type: application/json), 400 unless it is an object, 413 when too large."""
+    ctx = request.app[CTX]
+    if not is_json(request.content_type):
+        raise ApiError(415, f"send the body as JSON with 'Content-Type: application/json' (got "
+                            f"{request.headers.get('Content-Type') or 'no Content-Type'})", "unsupported_media_type")
+    if request.content_length is not None and request.content_length > ctx.cfg.http.max_body_bytes:
+        raise ApiError(413, f"request body larger than {ctx.cfg.http.max_body_bytes} bytes", "too_large")
+    raw = await asyncio.wait_for(request.read(), ctx.cfg.http.read_timeout_s)
+    return parse_object(raw, "body")
+
+
+def parse_object(raw: bytes | str, what: str) -> dict:
+    """JSON text that must hold an object (400 otherwise)."""
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"{what} must be a JSON object")
+    return data
+
+
+def field(data: dict, name: str, typ, default=None, required: bool = False):
+    """`data[name]` checked against `typ` (a type or a tuple of types; bool is not an int); None
+    and absent give `default` (400 when `required`)."""
+    value = data.get(name, default)
+    if value is None:
+        if required:
+            raise ApiError(400, f"'{name}' is required")
+        return None
+    if typ is int and isinstance(value, bool) or not isinstance(value, typ):
+        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise ApiError(400, f"'{name}' must be a {want}")
+    return value
+
+
+def decode_b64_audio(data: dict, tmpdir: Path) -> Optional[str]:
+    """Write the base64 `ref_audio` to a temp file; returns its path or None."""
+    raw = field(data, "ref_audio", str)
+    if not raw:
+        return None
+    try:
+        blob = base64.b64decode(raw.split(",", 1)[-1] if raw.startswith("data:") else raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "'ref_audio' must be base64-encoded audio (WAV, FLAC ...)") from None
+    path = tmpdir / "ref_audio"
+    path.write_bytes(blob)
+    return str(path)
