@@ -6,8 +6,8 @@ import logging
 
 import click
 
-from engines.codec.backend import BACKENDS
-from engines.model.checkpoint import DTYPES
+from engines.names import CODEC_BACKENDS as BACKENDS
+from engines.names import AUTO, DTYPE_NAMES, DTYPE_SHORT
 
 from appliance.cli_common import settings
 
@@ -36,14 +36,14 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
 @click.option("--chunk-frames", default="1,2,4,8", show_default=True, callback=_ints,
               help="Frame counts per streaming push (one TensorRT profile each).")
 @click.option("--precision", default="auto", show_default=True,
-              type=click.Choice(["auto", *(d.short for d in DTYPES.values())]),
+              type=click.Choice([AUTO, *DTYPE_SHORT.values()]),
               help="TensorRT precision (auto = fp16); CPU engines are always fp32.")
 @click.option("--backends", default="auto", show_default=True,
               help="Which engines to try building: auto (onnxruntime on CPU; tensorrt and torch-compiled on "
                    f"NVIDIA GPUs) or a comma list of {', '.join(BUILDABLE)}.")
 @click.option("--compile-dtypes", default="auto", show_default=True,
               help="Dtypes the compiled torch codec is built for: auto (float32,bfloat16 on CUDA, float32 on "
-                   f"CPU) or a comma list of {', '.join(DTYPES)} (use the daemon's model.dtype).")
+                   f"CPU) or a comma list of {', '.join(DTYPE_NAMES)} (use the daemon's model.dtype).")
 @click.option("--benchmark/--no-benchmark", default=True, show_default=True,
               help="Time the engines against the eager torch codec and rank the faster first.")
 @click.option("--force", is_flag=True, help="Rebuild even when the manifest matches this machine and model.")
@@ -68,8 +68,8 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
                                  param_hint="--backends")
     dtypes = None if compile_dtypes.strip() == "auto" else \
         tuple(d.strip() for d in compile_dtypes.split(",") if d.strip())
-    if dtypes is not None and (not dtypes or set(dtypes) - set(DTYPES)):
-        raise click.BadParameter(f"use auto or a comma list of {', '.join(DTYPES)}, got {compile_dtypes!r}",
+    if dtypes is not None and (not dtypes or set(dtypes) - set(DTYPE_NAMES)):
+        raise click.BadParameter(f"use auto or a comma list of {', '.join(DTYPE_NAMES)}, got {compile_dtypes!r}",
                                  param_hint="--compile-dtypes")
     cache = cache or str(default_cache_dir(model))
     manifest = build_engines(model, cache, device=device, max_batch=max_batch, chunk_frames=chunk_frames,

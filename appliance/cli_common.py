@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from appliance.config import Config, ConfigError, resolve
-from engines.model.checkpoint import DTYPES
+from engines.names import AUTO, DTYPE_NAMES, DTYPE_SHORT
 
 
 def config_path() -> Optional[str]:
@@ -39,8 +39,8 @@ def load_runner(cfg: Config, slots: int, usage_error: bool = False):
 
 def model_options(f):
     """--model, --device, --dtype: override model.path, model.device, model.dtype of the config."""
-    f = click.option("--dtype", type=click.Choice(tuple(DTYPES)),
-                     help="Weights dtype (default: model.dtype of the config, float32).")(f)
+    f = click.option("--dtype", type=click.Choice((AUTO, *DTYPE_NAMES)),
+                     help="Weights dtype (default: model.dtype of the config: auto = bfloat16 on a GPU, float32 on the CPU).")(f)
     f = click.option("--device", help="cpu, cuda[:N], npu[:N] or auto (default: model.device of the config, "
                                       "auto).")(f)
     return click.option("--model", type=click.Path(), help="Folder of a Qwen3-TTS checkpoint (official layout; "

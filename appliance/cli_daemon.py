@@ -29,7 +29,13 @@ def daemon(config_path, instance, check, print_config):
     path = config_path or group_config_path()
     if print_config:
         try:
-            click.echo(json.dumps(as_dict(resolve(path)), indent=2))
+            cfg = resolve(path)
+            out = as_dict(cfg)
+            if cfg.model.path:  # what "auto" stands for on this machine
+                from appliance.engine_host import runtime_settings
+
+                out["resolved"] = runtime_settings(cfg)
+            click.echo(json.dumps(out, indent=2, default=str))
         except ConfigError as exc:
             raise click.ClickException(f"config error: {exc}")
         return

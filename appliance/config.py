@@ -43,7 +43,7 @@ class ModelSection:
 
     path: Optional[str] = None        # checkpoint folder (else $TTS_APPLIANCE_MODEL)
     device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N
-    dtype: str = "float32"            # float32, bfloat16, float16
+    dtype: str = "auto"               # auto (bfloat16 on a GPU/NPU, float32 on the CPU), float32, bfloat16, float16
     voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
     threads: Optional[int] = None     # torch CPU threads (None: torch's choice)
     warmup: bool = True               # synthesize one short sentence before READY=1
@@ -54,7 +54,8 @@ class ModelSection:
 class RuntimeSection:
     """The engine runner (continuous batching)."""
 
-    max_slots: int = 4                # requests decoded together
+    max_slots: str = "auto"           # requests decoded together: auto (what fits in free memory) or a number
+    max_context: int = 2048           # cache positions per request (prompt + frames; 12.5 frames per second)
     max_queue: int = 16               # admission queue; beyond it requests get "busy" (HTTP 503)
     retry_after_s: int = 2            # Retry-After sent with 503
     codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
@@ -66,8 +67,8 @@ class JobsSection:
 
     home: Optional[str] = None        # spool folder (else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance)
     enabled: bool = True              # run a queue worker inside the daemon
-    batch_size: int = 32              # segments one worker hands to the engine at once
-    workers: int = 2                  # worker threads: while one batch drains, the next keeps the engine full
+    batch_size: int = 0               # segments a worker keeps in flight (0: the engine's slot count)
+    workers: int = 1                  # worker threads (each tops up its segments as they finish)
     lease_s: float = 120.0
     guard: bool = True                # runaway/silence guard
     watch: bool = True                # watch HOME/inbox
@@ -161,11 +162,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @functools.lru_cache(maxsize=1)
 def choices() -> dict:
     """Keys with a fixed set of values; dtype and codec names come from the engine's tables."""
-    from engines.codec.build import RUNTIME_CHOICES
-    from engines.model.checkpoint import DTYPES
+    from engines.names import AUTO, DTYPE_NAMES, RUNTIME_CODECS
 
-    return {("model", "dtype"): tuple(DTYPES), ("service", "log_level"): LOG_LEVELS,
-            ("runtime", "codec"): RUNTIME_CHOICES}
+    return {("model", "dtype"): (AUTO, *DTYPE_NAMES), ("service", "log_level"): LOG_LEVELS,
+            ("runtime", "codec"): RUNTIME_CODECS}
 
 
 def _section_cls(name: str):
@@ -246,10 +246,15 @@ def env_overrides(environ) -> dict:
 
 def check(cfg: Config, origin: str = "config") -> Config:
     """Value checks beyond types (after each source, so errors name the file that caused them)."""
-    for sec, key in (("runtime", "max_slots"), ("runtime", "max_queue"), ("jobs", "batch_size"),
+    for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
                      ("http", "max_body_bytes"), ("http", "max_text_chars")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
+    if cfg.jobs.batch_size < 0:
+        raise ConfigError(f"{origin}: jobs.batch_size must be 0 (the engine's slot count) or more")
+    slots = str(cfg.runtime.max_slots)
+    if slots != "auto" and not (slots.isdigit() and int(slots) >= 1):
+        raise ConfigError(f"{origin}: runtime.max_slots = {slots!r}: give auto or a number of at least 1")
     for sec, key in (("http", "tcp_port"), ("wyoming", "tcp_port")):
         port = getattr(getattr(cfg, sec), key)
         if port is not None and not 0 <= port <= 65535:

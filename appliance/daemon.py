@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from appliance.config import Config, ConfigError, resolve
-from appliance.engine_host import BatchSynthesizer, EngineHost
+from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
 from appliance.sdnotify import Notifier
 
@@ -85,9 +85,11 @@ class Daemon:
         if j.enabled:
             model = str(Path(self.cfg.model.path).resolve())
             for i in range(max(1, j.workers)):
-                worker = Worker(Queue(self.paths.db), BatchSynthesizer(self.host), self.paths,
-                                batch_size=j.batch_size, lease_s=j.lease_s, guard=GuardSettings(enabled=j.guard),
-                                model=model, should_yield=self.host.streams_waiting)
+                runner = self.host.runner  # fed continuously: up to batch_size segments in flight per worker
+                worker = Worker(Queue(self.paths.db), runner, self.paths,
+                                batch_size=j.batch_size or runner.cfg.max_slots, lease_s=j.lease_s,
+                                guard=GuardSettings(enabled=j.guard), model=model,
+                                should_yield=self.host.streams_waiting)
                 t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
                                      daemon=True)
                 t.start()
@@ -106,7 +108,7 @@ class Daemon:
         counts, jobs = self.queue_counts()
         total = sum(counts.values())
         return (f"{self.state}; streams {s.get('streams', 0)}, slots {s.get('active_slots', 0)}/"
-                f"{self.cfg.runtime.max_slots}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
+                f"{s.get('max_slots', '?')}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
                 f"queued {jobs.get('queued', 0)}; segments {counts['done']}/{total} done, {counts['leased']} in work")
 
     # -- lifecycle -------------------------------------------------------------------------------

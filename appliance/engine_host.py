@@ -3,10 +3,9 @@
 `load_runner(cfg)` is the one way every command and the daemon load a model: an `EngineRunner`
 (continuous batching) around the checkpoint of the settings. In the daemon all synthesis goes
 through one runner. Streaming requests (HTTP, Wyoming) are submitted with `STREAM_PRIORITY`; the
-batch queue worker reaches the runner through `BatchSynthesizer`, which has the `synthesize(list)`
-shape `jobs.worker.Worker` expects and submits at `BATCH_PRIORITY`, so batch segments only fill
-capacity streams leave free. The jobs worker also yields (claims nothing) while streams are waiting
-(`streams_waiting`).
+jobs worker hands segments to the same runner at batch priority (`jobs.worker.Worker`, fed
+continuously), so batch segments only fill capacity streams leave free; it also claims nothing new
+while streams are waiting (`streams_waiting`).
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import asyncio
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -29,14 +29,43 @@ BATCH_PRIORITY = 1
 WARMUP_TEXT = "Warm-up."
 
 
+def runtime_settings(cfg: Config, engine=None, max_slots: Optional[int] = None) -> dict:
+    """The values `auto` stands for on this machine: device, dtype and slot count (with how they were
+    chosen). With a loaded `engine` the slot count comes from the memory left after its weights; without,
+    from the checkpoint's shape and the weights still to load (for `info` and `--print-config`)."""
+    from engines.device.detect import resolve_device
+    from engines.model.checkpoint import resolve_dtype
+    from engines.runtime import memory
+
+    r = cfg.runtime
+    device = str(engine.device) if engine is not None else resolve_device(cfg.model.device)
+    dtype = engine.dtype if engine is not None else resolve_dtype(cfg.model.dtype, device)
+    out = {"device": device, "dtype": str(dtype).replace("torch.", ""), "max_context": r.max_context}
+    if max_slots or str(r.max_slots) != "auto":
+        out.update(max_slots=int(max_slots or r.max_slots), slots_reason="configured")
+        return out
+    if engine is not None:
+        plan = memory.plan_for_engine(engine, r.max_context)
+    else:
+        from engines.model.config import CodecConfig, ModelConfig
+
+        path = Path(cfg.require_model())
+        plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), device,
+                                 dtype, r.max_context, still_to_load=memory.weights_bytes(path, dtype))
+    out.update(max_slots=plan.slots, slots_reason=plan.describe())
+    return out
+
+
 def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Optional[int] = None) -> EngineRunner:
     """The checkpoint of the settings `cfg` behind an EngineRunner (its loop not started:
     `synthesize()` runs it in the calling thread, `start()` in a thread of its own).
 
-    model.path on model.device (engines.device.detect.resolve_device) in model.dtype, saved voices
-    from model.voices_dir (default HOME/voices), model.threads torch threads; `max_slots` requests
-    decoded together (default runtime.max_slots), `max_queue` waiting (default runtime.max_queue),
-    codes decoded by the runtime.codec backend. ConfigError when no model is configured.
+    model.path on model.device (engines.device.detect.resolve_device) in model.dtype (auto: bfloat16 on
+    an accelerator, float32 on the CPU), saved voices from model.voices_dir (default HOME/voices),
+    model.threads torch threads; `max_slots` requests decoded together (default runtime.max_slots; auto:
+    what fits in the free memory, engines.runtime.memory), runtime.max_context cache positions each,
+    `max_queue` streams waiting (default runtime.max_queue), codes decoded by the runtime.codec backend.
+    The chosen values are logged and kept in `runner.settings`. ConfigError when no model is configured.
     """
     import torch
 
@@ -51,10 +80,17 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
     t0 = time.monotonic()
     engine = TTSEngine.load(path, device=device, dtype=m.dtype,
                             voices_dir=m.voices_dir or str(cfg.home().home / "voices"))
-    log.info("loaded %s (%s) on %s in %.1f s", path, engine.model_type, device, time.monotonic() - t0)
-    slots = max_slots or cfg.runtime.max_slots
-    return EngineRunner(engine, max_slots=slots, max_queue=max_queue or cfg.runtime.max_queue,
-                        prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=cfg.runtime.codec)
+    log.info("loaded %s (%s) on %s in %s in %.1f s", path, engine.model_type, device, engine.dtype,
+             time.monotonic() - t0)
+    chosen = runtime_settings(cfg, engine, max_slots)
+    slots = chosen["max_slots"]
+    log.info("runtime: %s, %s, %d slots of %d positions (%s)", chosen["device"], chosen["dtype"], slots,
+             chosen["max_context"], chosen["slots_reason"])
+    runner = EngineRunner(engine, max_slots=slots, max_queue=max_queue or cfg.runtime.max_queue,
+                          max_context=cfg.runtime.max_context, prefill_batch=min(EngineConfig.prefill_batch, slots),
+                          codec_backend=cfg.runtime.codec)
+    runner.settings = chosen
+    return runner
 
 
 class EngineHost:
@@ -69,8 +105,10 @@ class EngineHost:
         self.progress = 0  # bumped on every chunk of audio seen (watchdog)
 
     def load(self) -> None:
+        """Load the model, capture every device graph (no capture on the request path), start the loop."""
         self.runner = load_runner(self.cfg)
         self.engine = self.runner.engine
+        self.runner.prepare()
         self.runner.start()
 
     def warm_up(self) -> None:
@@ -119,7 +157,7 @@ class EngineHost:
     def streams_waiting(self) -> bool:
         """True when streams fill every slot or requests wait for one: the jobs worker then claims
         nothing new (batch segments only fill the capacity streams leave free)."""
-        if self._streams >= self.cfg.runtime.max_slots:
+        if self._streams >= self.runner.cfg.max_slots:
             return True
         return self._streams > 0 and bool(self.runner.stats().get("queued"))
 
@@ -157,48 +195,3 @@ class EngineHost:
     def stop(self, timeout: float = 10.0) -> None:
         if self.runner:
             self.runner.stop(timeout)
-
-
-class BatchSynthesizer:
-    """`synthesize(list)` for `jobs.worker.Worker`, executed by the shared runner at batch priority."""
-
-    def __init__(self, host: EngineHost, busy_wait_s: float = 0.2):
-        self.host, self.busy_wait_s = host, busy_wait_s
-        e = host.engine
-        self.sample_rate, self.model_id = e.sample_rate, e.model_id
-        self._inflight: list = []
-
-    @property
-    def voices(self):
-        return self.host.engine.voices
-
-    @property
-    def languages(self):
-        return self.host.engine.languages
-
-    def synthesize(self, requests: list) -> list:
-        from engines.api import SynthesisResult
-
-        handles = []
-        for req in requests:
-            while True:
-                try:
-                    handles.append(self.host.runner.submit(req, priority=BATCH_PRIORITY))
-                    break
-                except EngineBusy:  # streams come first: wait for room
-                    time.sleep(self.busy_wait_s)
-        self._inflight = handles
-        results, first_error = [], None
-        for h in handles:
-            try:
-                chunks = list(h)
-                self.host.progress += len(chunks)
-                audio = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
-                results.append(SynthesisResult(audio=audio, sample_rate=h.sample_rate,
-                                               codes=np.zeros((0, 16), np.int64), finished_by_eos=True))
-            except Exception as exc:
-                first_error = first_error or exc
-        self._inflight = []
-        if first_error is not None:  # the jobs runner then retries one by one
-            raise first_error
-        return results

@@ -71,7 +71,8 @@ async def health(request):
     ctx = request.app[CTX]
     e = ctx.host.engine
     return web.json_response({"status": ctx.state, "model": str(ctx.cfg.model.path), "model_type": e.model_type,
-                              "sample_rate": e.sample_rate, "engine": ctx.host.stats(), "pid": ctx.pid})
+                              "sample_rate": e.sample_rate, "runtime": getattr(ctx.host.runner, "settings", None),
+                              "engine": ctx.host.stats(), "pid": ctx.pid})
 
 
 async def metrics(request):

@@ -141,9 +141,9 @@ def main() -> None:
     ctx = args.max_context or 256 * ((args.frames + 100) // 256 + 1)
     plan = None
     if not args.slots:
-        from engines.runtime.memory import auto_slots
+        from engines.runtime.memory import plan_for_engine
 
-        plan = auto_slots(eng, ctx)
+        plan = plan_for_engine(eng, ctx)
         logging.info("auto slots: %s", plan.describe())
     slots = args.slots or plan.slots
     conc = [c for c in conc if c <= slots] or [slots]

@@ -54,7 +54,8 @@ class TTSEngine:
         """Load a checkpoint folder in the official layout onto `device` in `dtype`."""
         from engines.codec.decoder import load_codec_decoder
 
-        root, dt, dev = Path(model_path), resolve_dtype(dtype), torch.device(device)
+        root, dev = Path(model_path), torch.device(device)
+        dt = resolve_dtype(dtype, dev)
         cfg, weights = load_weights(root, dev, dt)
         model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dt).split('.')[-1]}"
         return cls(root, cfg, weights, TextTokenizer.from_dir(root), CodecConfig.from_dir(root / "speech_tokenizer"),

@@ -31,7 +31,12 @@ log = logging.getLogger(__name__)
 
 
 class Synthesizer(Protocol):
-    """What the worker needs from an engine (engines.runtime.runner.EngineRunner has this shape)."""
+    """What the worker needs from an engine (engines.runtime.runner.EngineRunner has this shape).
+
+    An engine whose loop runs in a thread of its own (`running` true) and that has `submit(request,
+    priority)` -> handle (`done`, `result()`, `on_done`) is fed continuously: the worker keeps up to
+    `batch_size` segments in flight and tops up as each one finishes, so the engine never drains
+    between batches. Otherwise the worker hands it whole batches through `synthesize(requests)`."""
 
     sample_rate: int
     voices: Sequence[str]
@@ -105,6 +110,8 @@ class Worker:
         self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, min(heartbeat_s, lease_s / 3))
         self.heartbeat.start()
         self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
+        self._inflight: dict = {}  # handle -> (key, rows, synth log id): pipelined mode
+        self._wake = threading.Event()
 
     def close(self) -> None:
         self.heartbeat.stop()
@@ -117,8 +124,16 @@ class Worker:
         return len(held)
 
     # -- loop ------------------------------------------------------------------------------
-    def run_once(self) -> int:
-        """Claim and process one batch, then assemble finished jobs. Returns work done (0: idle)."""
+    @property
+    def pipelined(self) -> bool:
+        return bool(getattr(self.engine, "running", False)) and hasattr(self.engine, "submit")
+
+    def run_once(self, wait_s: float = 0.2) -> int:
+        """Claim and process segments, then assemble finished jobs. Returns work done (0: idle).
+        Pipelined (see Synthesizer): finish what ended, top up to `batch_size` in flight, and wait up to
+        `wait_s` for a segment to end when nothing else happened. Else: one whole batch."""
+        if self.pipelined:
+            return self._run_pipelined(wait_s) + self.assemble_ready()
         if self.should_yield and self.should_yield():
             return 0
         rows = self.queue.claim(self.worker_id, self.batch_size, self.lease_s, model=self.model)
@@ -132,13 +147,65 @@ class Worker:
         return len(rows) + self.assemble_ready()
 
     def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
-        """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do."""
+        """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do; then let the
+        segments in flight finish (the caller gives their leases back if that takes too long)."""
         try:
             while not stop_event.is_set():
-                if self.run_once() == 0:
+                if self.run_once() == 0 and not self._inflight:
                     stop_event.wait(idle_sleep_s)
+            while self._inflight:
+                self._wake.wait(0.2)
+                self._wake.clear()
+                self._reap()
         finally:
             self.close()
+
+    # -- pipelined feeding -----------------------------------------------------------------------
+    def _run_pipelined(self, wait_s: float) -> int:
+        worked = self._reap()
+        room = self.batch_size - sum(len(v[1]) for v in self._inflight.values())
+        if room > 0 and not (self.should_yield and self.should_yield()):
+            rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
+            if rows:
+                self.heartbeat.hold([r["id"] for r in rows])
+                self._launch(rows)
+                worked += len(rows)
+        if not worked and self._inflight:
+            self._wake.wait(wait_s)
+            self._wake.clear()
+            worked += self._reap()
+        return worked
+
+    def _launch(self, rows: list[dict]) -> None:
+        """Submit claimed segments to the engine (cache hits complete at once, same keys share a synthesis)."""
+        groups = self._group(rows)
+        if not groups:
+            return
+        keys = list(groups)
+        firsts = [groups[k][0] for k in keys]
+        log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
+        for key, first, log_id in zip(keys, firsts, log_ids):
+            handle = self.engine.submit(self._request(first), 1)
+            self._inflight[handle] = (key, groups[key], log_id)
+            handle.on_done = lambda h: self._wake.set()
+            if handle.done:
+                self._wake.set()
+
+    def _reap(self) -> int:
+        """Store the results of the segments that ended; returns how many segment rows that was."""
+        n = 0
+        for handle in [h for h in self._inflight if h.done]:
+            key, rows, log_id = self._inflight.pop(handle)
+            try:
+                res = handle.result()
+            except Exception as exc:  # noqa: BLE001 - the segment's own error, recorded on it
+                res = exc
+            try:
+                self._finish(key, rows, res, log_id)
+            finally:
+                self.heartbeat.drop([r["id"] for r in rows])
+            n += len(rows)
+        return n
 
     # -- segments --------------------------------------------------------------------------
     def _audio_path(self, key: str) -> Path:
@@ -162,19 +229,26 @@ class Worker:
             self._jobs[row["job_id"]] = ctx
         return ctx
 
-    def _process(self, rows: list[dict]) -> None:
+    def _group(self, rows: list[dict]) -> dict[str, list[dict]]:
+        """Rows by audio key, after completing cache hits and failing jobs that cannot be synthesized."""
         groups: dict[str, list[dict]] = {}
         for row in rows:
             ctx = row["_job"] = self._job(row)
             if ctx.error is not None:
                 self.queue.fail_job(row["job_id"], f"the reference audio cannot be used: {ctx.error}")
+                self.heartbeat.drop([row["id"]])
                 continue
             key = segment_key(row["text"], ctx.spec, row["seed"], self.engine.model_id, ctx.ref_digest)
             hit = self.queue.cached(key)
             if hit:
                 self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
+                self.heartbeat.drop([row["id"]])
             else:
                 groups.setdefault(key, []).append(row)
+        return groups
+
+    def _process(self, rows: list[dict]) -> None:
+        groups = self._group(rows)
         if not groups:
             return
         keys = list(groups)

@@ -13,6 +13,7 @@ import torch
 from engines.codec import build as B
 from engines.codec.backend_torch import TorchCodec
 from engines.runtime.stream import CodecLane, FrameStore
+from lane_util import drive_lane
 
 TINY = Path(__file__).parent / "data" / "tiny"
 HAS_ORT = all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime"))
@@ -50,6 +51,59 @@ def makers(decoder, step_onnx=None):
 
         out["onnxruntime"] = lambda b: OnnxCodec(step_onnx, b, decoder.samples_per_frame, threads=1)
     return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_push_of_leading_rows_leaves_the_others_alone(decoder, backend, request):
+    onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
+    make, spf = makers(decoder, onnx)[backend], decoder.samples_per_frame
+    c = codes(decoder, 3, 9, seed=1)
+    whole = make(3)
+    ref = torch.cat([whole.push(c[..., :4]), whole.push(c[..., 4:])], -1)
+    part = make(3)
+    out = part.push(c[:2, :, :4])  # rows 0 and 1 only: row 2 waits
+    assert out.shape == (2, 1, 4 * spf) and part.frames_decoded.tolist() == [4, 4, 0]
+    assert float((out - ref[:2, :, :4 * spf]).abs().max()) <= TOL
+    out = part.push(c[:2, :, 4:], torch.tensor([5, 5]))
+    assert float((out - ref[:2, :, 4 * spf:]).abs().max()) <= TOL
+    late = c.clone()
+    late[:2] = 0  # rows 0 and 1 idle (n_valid 0): their streams must not move
+    out = part.push(late[..., :4], torch.tensor([0, 0, 4]))
+    out2 = part.push(late[..., 4:], torch.tensor([0, 0, 5]))
+    assert part.frames_decoded.tolist() == [9, 9, 9]
+    assert float((torch.cat([out, out2], -1)[2] - ref[2]).abs().max()) <= TOL
+    tail = part.push(c[:2, :, :1])  # rows 0/1 continue exactly where they were
+    assert float((tail - make_ref_continuation(decoder, c, make)).abs().max()) <= TOL
+
+
+def make_ref_continuation(decoder, c, make):
+    ref = make(2)
+    ref.push(c[:2])
+    return ref.push(c[:2, :, :1])
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_move_copies_a_stream(decoder, backend, request):
+    onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
+    make = makers(decoder, onnx)[backend]
+    c = codes(decoder, 2, 10, seed=2)
+    with torch.inference_mode():
+        ref = decoder(c)
+    codec = make(3)
+    codec.push(torch.cat([c[..., :6], torch.zeros_like(c[:1, :, :6])]))
+    codec.move(1, 2)  # stream of row 1 now continues in row 2
+    codec.reset(torch.tensor([False, True, False]))
+    out = codec.push(torch.stack([c[0, :, 6:], torch.zeros_like(c[0, :, 6:]), c[1, :, 6:]]))
+    assert codec.frames_decoded.tolist() == [10, 4, 10]
+    spf = decoder.samples_per_frame
+    assert float((out[2] - ref[1, :, 6 * spf:]).abs().max()) <= TOL
+    assert float((out[0] - ref[0, :, 6 * spf:]).abs().max()) <= TOL
+    with pytest.raises(ValueError, match="rows must lie in"):
+        codec.move(0, 3)
+
+
+def _drive(codec, frames, plan, first: int = 1, max_chunk: int = 4) -> list[np.ndarray]:
+    return drive_lane(codec, frames, plan, first, max_chunk)[0]
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])

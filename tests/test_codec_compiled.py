@@ -21,7 +21,7 @@ from engines.codec import backend_compiled as cc
 from engines.codec.backend_torch import TorchCodec
 from engines.codec.parity import RAGGED, ragged_parity
 from engines.codec.decoder import load_codec_decoder
-from engines.runtime.stream import CodecStreams
+from lane_util import drive_lane
 
 NO_COMPILE = cc.unavailable_reason("cpu")
 needs_compiler = pytest.mark.skipif(bool(NO_COMPILE), reason=f"inductor cannot compile here: {NO_COMPILE}")
@@ -74,26 +74,14 @@ def test_compiled_equals_one_shot_decode(decoder, compiled):
 
 
 @needs_compiler
-def test_codec_streams_with_the_compiled_codec_and_graphs(decoder, compiled):
-    """CodecStreams captures the compiled push per bucket (EagerGraph on the CPU) like the eager one."""
+def test_codec_lane_with_the_compiled_codec(decoder, compiled):
+    """A codec lane decodes with the compiled codec exactly as with the eager one."""
     g = torch.Generator().manual_seed(5)
     frames = torch.randint(0, decoder.config.codebook_size, (3, 10, decoder.config.num_quantizers), generator=g)
-    outs = []
-    for codec in (decoder, compiled(3)):
-        s = CodecStreams(codec, 3, 1, 4, 24000, use_graphs=True)
-        for i in range(3):
-            s.start(i, None)
-        audio, pos = [[] for _ in range(3)], [0, 0, 0]
-        for rnd in ((1, 1, 0), (2, 1, 1), (4, 4, 4), (3, 4, 5)):
-            for i, k in enumerate(rnd):
-                for _ in range(k):
-                    s.push_frame(i, frames[i, pos[i]])
-                    pos[i] += 1
-            for slot, a in s.run(3, [p == 10 for p in pos]):
-                audio[slot].append(a)
-        outs.append([np.concatenate(a) for a in audio])
-        assert s.graphs  # buckets were captured
-    for a, b in zip(*outs):
+    plan = ((1, 1, 0), (2, 1, 1), (4, 4, 4), (3, 4, 5))
+    eager, _ = drive_lane(TorchCodec(decoder, 3), frames, plan)
+    fast, _ = drive_lane(compiled(3), frames, plan)
+    for a, b in zip(eager, fast):
         assert a.shape == b.shape and np.abs(a - b).max() <= TOL
 
 
@@ -184,7 +172,7 @@ def test_codec_benchmark_runs_on_cpu_at_tiny_size(modes, engine_cache, tmp_path,
 
 @pytest.mark.gpu
 def test_compiled_codec_in_cuda_graphs_matches_eager(codec_dir, tmp_path):  # pragma: no cover - needs a GPU
-    """On CUDA: CodecStreams captures the compiled push per bucket; fp32 audio equals the eager codec's
+    """On CUDA: a codec lane captures the compiled call per bucket; fp32 audio equals the eager codec's
     (TF32 off, so both sides compute in true fp32)."""
     why = cc.unavailable_reason("cuda")
     if why:
@@ -198,21 +186,12 @@ def test_compiled_codec_in_cuda_graphs_matches_eager(codec_dir, tmp_path):  # pr
         assert codec.fallback_reason is None, codec.fallback_reason
         g = torch.Generator().manual_seed(7)
         frames = torch.randint(0, dec.config.codebook_size, (4, 20, dec.config.num_quantizers), generator=g)
+        plan = ((1, 1, 1, 0), (2, 2, 1, 1), (4, 4, 4, 4), (8, 8, 8, 8), (5, 5, 6, 7))
         outs = []
         for c in (TorchCodec(dec, 4), codec):
-            s = CodecStreams(c, 4, 1, 8, 24000, use_graphs=True)
-            for i in range(4):
-                s.start(i, None)
-            audio, pos = [[] for _ in range(4)], [0] * 4
-            for rnd in ((1, 1, 1, 0), (2, 2, 1, 1), (4, 4, 4, 4), (8, 8, 8, 8), (5, 5, 6, 7)):
-                for i, k in enumerate(rnd):
-                    for _ in range(k):
-                        s.push_frame(i, frames[i, pos[i]])
-                        pos[i] += 1
-                for slot, a in s.run(4, [p == 20 for p in pos]):
-                    audio[slot].append(a)
-            assert len(s.graphs) >= 3
-            outs.append([np.concatenate(a) for a in audio])
+            audio, lane = drive_lane(c, frames, plan, first=1, max_chunk=8, use_graphs=True, device="cuda")
+            assert len(lane.graphs) >= 3  # buckets were captured
+            outs.append(audio)
         for a, b in zip(*outs):
             assert a.shape == b.shape == (20 * dec.samples_per_frame,)
             assert np.abs(a - b).max() <= TOL

@@ -35,7 +35,7 @@ def test_file_dropins_and_environment_in_order(tmp_path):
                                      "TTS_APPLIANCE_HOME": "/spool", "TTS_APPLIANCE_MODEL": "/ignored"})
     assert cfg.model.path == "/m" and cfg.model.threads == 2
     assert cfg.http.tcp_port == 9002 and cfg.http.tcp is True and cfg.http.mode == "0640"
-    assert cfg.runtime.max_slots == 3  # environment wins over drop-ins
+    assert cfg.runtime.max_slots == "3"  # environment wins over drop-ins
     assert cfg.jobs.home == "/spool"
     assert [Path(s).name for s in cfg.sources] == ["config.yaml", "10-a.yaml", "20-b.yaml"]
 
@@ -48,9 +48,11 @@ def test_env_overrides_parse_values_as_yaml():
 @pytest.mark.parametrize("text,needle", [
     ("modle: {path: x}\n", "unknown section 'modle'; valid sections: model, runtime, jobs, http, wyoming, service"),
     ("http: {sockett: /x}\n", "unknown key http.sockett; valid keys in http: socket, group, mode"),
-    ("runtime: {max_slots: many}\n", "runtime.max_slots: expected int, got 'many'"),
+    ("runtime: {max_slots: many}\n", "runtime.max_slots = 'many': give auto or a number of at least 1"),
+    ("runtime: {max_slots: 0}\n", "runtime.max_slots = '0': give auto or a number of at least 1"),
+    ("jobs: {batch_size: -1}\n", "jobs.batch_size must be 0"),
     ("jobs: {watch: 3}\n", "jobs.watch: expected bool"),
-    ("model: {dtype: float8}\n", "choose one of float32, bfloat16, float16"),
+    ("model: {dtype: float8}\n", "choose one of auto, float32, bfloat16, float16"),
     ("http: {mode: rw}\n", "octal file mode"),
     ("http: {tcp_port: 70000}\n", "0..65535"),
     ("runtime: {max_queue: 0}\n", "at least 1"),
@@ -104,7 +106,7 @@ def test_resolve_puts_command_line_flags_last(tmp_path):
     cfg = resolve(main, model=tmp_path / "other", device="cuda:1", dtype="float32", home="/h", environ={})
     assert (cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.jobs.home) == (
         str(tmp_path / "other"), "cuda:1", "float32", "/h")
-    with pytest.raises(ConfigError, match="command line: model.dtype = 'float8'; choose one of float32, bfloat16"):
+    with pytest.raises(ConfigError, match="command line: model.dtype = 'float8'; choose one of auto, float32, bfloat16"):
         resolve(main, dtype="float8", environ={})
 
 
@@ -123,7 +125,7 @@ def test_choice_lists_come_from_the_engine():
     from engines.codec.build import RUNTIME_CHOICES
     from engines.model.checkpoint import DTYPES
 
-    assert choices()[("model", "dtype")] == tuple(DTYPES)
+    assert choices()[("model", "dtype")] == ("auto", *DTYPES)
     assert choices()[("runtime", "codec")] == RUNTIME_CHOICES
 
 

@@ -42,8 +42,11 @@ def test_scheduler_helpers():
     q = AdmissionQueue(2)
     q.push("batch", 1)
     q.push("batch2", 1)
-    assert q.full(1) and not q.full(0)  # batch backlog does not turn streams away
+    assert not q.full(1) and not q.full(0)  # batch work is never refused, and its backlog does not turn streams away
     q.push("stream", 0)
+    q.push("stream2", 0)
+    assert q.full(0) and q.waiting(0) == 2 and q.waiting(1) == 2
+    assert q.remove_if(lambda x: x == "stream2") == ["stream2"] and not q.full(0)
     assert q.pop() == "stream" and q.pop() == "batch" and q.pop() == "batch2" and q.pop() is None
     m = SlotMap(3)
     a, b, c = m.add("a"), m.add("b"), m.add("c")

@@ -24,7 +24,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-BACKENDS = ("torch", "torch-compiled", "onnxruntime", "tensorrt")
+from engines.names import CODEC_BACKENDS
+
+BACKENDS = CODEC_BACKENDS
 
 
 @runtime_checkable

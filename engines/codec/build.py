@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from engines.names import RUNTIME_CODECS
+
 from engines.device.detect import detect_platform, resolve_device
 from engines.model.checkpoint import DTYPES
 from engines.codec.parity import speed, stream_parity
@@ -394,7 +396,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
     return TorchCodec(decoder, batch_size)
 
 
-RUNTIME_CHOICES = ("torch", COMPILED, "built", "auto")
+RUNTIME_CHOICES = RUNTIME_CODECS
 
 
 def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None):

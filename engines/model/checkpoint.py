@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
+
+from engines.names import AUTO, DTYPE_SHORT
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
@@ -31,19 +33,23 @@ class DType(NamedTuple):
 
 # The one table of dtype names: config, command line and engine builds take their choices from it
 # (resolve_dtype also accepts the short names).
-DTYPES = {"float32": DType(torch.float32, "fp32"), "bfloat16": DType(torch.bfloat16, "bf16"),
-          "float16": DType(torch.float16, "fp16")}
+DTYPES = {name: DType(getattr(torch, name), short) for name, short in DTYPE_SHORT.items()}
 
 
-def resolve_dtype(dtype) -> torch.dtype:
-    """A torch dtype from a name of DTYPES (long or short) or a torch dtype."""
+
+
+def resolve_dtype(dtype, device=None) -> torch.dtype:
+    """A torch dtype from a name of DTYPES (long or short), "auto" (bfloat16 on an accelerator, float32 on
+    the CPU; `device` says which) or a torch dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).lower()
+    if name == AUTO:
+        return torch.float32 if device is None or str(device).startswith("cpu") else torch.bfloat16
     for long_name, d in DTYPES.items():
         if name in (long_name, d.short):
             return d.dtype
-    raise CheckpointError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    raise CheckpointError(f"unknown dtype {dtype!r}; use one of {AUTO}, {', '.join(DTYPES)}")
 
 
 def read_safetensors(path: Path, device, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -3,21 +3,28 @@
 Per slot the runner keeps the talker's KV cache (`max_context` positions), the text rows still to feed,
 two codec stream states (one per codec lane) and two FrameStore rows. Besides that, independent of the
 slot count: the prefill side cache, the largest codec call's activations (`batch_call_frames` frames at
-24 kHz through the widest upsampling stages) and the captured graphs' pools. `auto_slots` sizes the
-slot count so all of it fits in the free memory with headroom; on the CPU it is capped by cores.
+24 kHz through the last upsampling stage) and the captured graphs' pools. `plan_slots` sizes the slot
+count so all of it fits in the free memory with headroom (before or after the weights are loaded); on
+the CPU it is one slot per core.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import torch
 
+from engines.model.config import CodecConfig, ModelConfig
+
 log = logging.getLogger(__name__)
 
-MAX_AUTO_SLOTS = 256  # beyond this the step is compute-bound: more slots only add latency
-CPU_SLOTS_PER_CORE = 1
+MAX_AUTO_SLOTS = 256  # beyond this a step is compute-bound: more slots only add latency
+GRAPH_RESERVE = 2 * 2**30  # decode-step intermediates and bookkeeping of the captured graphs
+CODEC_LIVE_TENSORS = 6  # activations of the last upsampling stage alive at once in a codec call
 
 
 def _nbytes(dtype: torch.dtype) -> int:
@@ -34,51 +41,87 @@ class MemoryPlan:
 
     def describe(self) -> str:
         gib = 2 ** 30
+        free = f", {self.free_bytes / gib:.1f} GiB free" if self.free_bytes else ""
         return (f"{self.slots} slots ({self.per_slot_bytes / 2**20:.0f} MiB each, {self.fixed_bytes / gib:.1f} GiB "
-                f"fixed, {self.free_bytes / gib:.1f} GiB free): {self.reason}")
+                f"fixed{free}): {self.reason}")
+
+    def as_dict(self) -> dict:
+        return {"slots": self.slots, "per_slot_mib": round(self.per_slot_bytes / 2**20, 1),
+                "fixed_gib": round(self.fixed_bytes / 2**30, 2), "free_gib": round(self.free_bytes / 2**30, 2),
+                "reason": self.reason}
 
 
-def per_slot_bytes(engine, max_context: int, max_text_rows: int = 1024) -> int:
-    tc = engine.talker.cfg
-    b = _nbytes(engine.talker.codec_head.weight.dtype)
+def _codec_state_values(codec: CodecConfig) -> int:
+    from engines.codec.export import state_specs
+
+    return sum(math.prod(s) for s in state_specs(codec.decoder, 1).values())
+
+
+def per_slot_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_context: int,
+                   max_text_rows: int = 1024) -> int:
+    tc, b = model.talker, _nbytes(dtype)
     kv = tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * max_context * b
     text = max_text_rows * tc.hidden_size * b
-    codec_state = sum(int(torch.Size(s).numel()) for s in engine.decoder.stream_state_shapes(1).values()) * b
     frames = 2 * max_context * tc.num_code_groups * 4
-    return kv + text + 2 * codec_state + frames
+    return kv + text + 2 * _codec_state_values(codec) * b + frames
 
 
-def fixed_bytes(engine, max_context: int, prefill_batch: int, batch_call_frames: int) -> int:
+def fixed_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_context: int, prefill_batch: int,
+                batch_call_frames: int) -> int:
     """Memory that does not grow with the slot count: prefill side cache, codec call activations, graph pools."""
-    tc = engine.talker.cfg
-    b = _nbytes(engine.talker.codec_head.weight.dtype)
+    tc, b = model.talker, _nbytes(dtype)
     side = prefill_batch * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * max_context * b
-    # the codec's last upsampling stage: frames x samples per frame x its channels, a few tensors alive
-    dec = engine.decoder
-    last_channels = dec.config.decoder_dim // 2 ** len(dec.config.upsample_rates)
-    codec = batch_call_frames * dec.samples_per_frame * last_channels * b * 6
-    graphs = 2 * 2 ** 30  # decode-step intermediates and bookkeeping of the captured graphs
-    return side + codec + graphs
+    d = codec.decoder
+    spf = math.prod(d.upsample_rates) * math.prod(d.upsampling_ratios)
+    last_channels = d.decoder_dim // 2 ** len(d.upsample_rates)
+    return side + batch_call_frames * spf * last_channels * b * CODEC_LIVE_TENSORS + GRAPH_RESERVE
 
 
-def auto_slots(engine, max_context: int, prefill_batch: int = 8, batch_call_frames: int = 4096,
-               max_text_rows: int = 1024, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS) -> MemoryPlan:
-    """The slot count for `engine` on its device: what fits in free memory (x headroom), at most `cap`;
-    on the CPU one slot per core (at least 1, at most `cap`)."""
-    per = per_slot_bytes(engine, max_context, max_text_rows)
-    fixed = fixed_bytes(engine, max_context, prefill_batch, batch_call_frames)
-    dev = engine.device
-    if dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-    elif dev.type == "npu" and hasattr(torch, "npu"):
-        free, _total = torch.npu.mem_get_info(dev)
-    else:
-        n = max(1, min(cap, (os.cpu_count() or 1) * CPU_SLOTS_PER_CORE))
-        return MemoryPlan(n, per, fixed, 0, f"CPU: {os.cpu_count()} cores")
-    budget = free * headroom - fixed
+def weights_bytes(model_dir: str | Path, dtype: torch.dtype) -> int:
+    """What loading the checkpoint's weights in `dtype` will take (from the safetensors headers)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in (Path(model_dir) / "model.safetensors", Path(model_dir) / "speech_tokenizer" / "model.safetensors"):
+        if f.is_file():
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    total += math.prod(st.get_slice(name).get_shape())
+    return total * _nbytes(dtype)
+
+
+def device_free_bytes(device: torch.device) -> Optional[int]:
+    """Free memory of an accelerator (None on the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "npu" and hasattr(torch, "npu"):
+        return torch.npu.mem_get_info(device)[0]
+    return None
+
+
+def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtype, max_context: int,
+               prefill_batch: int = 8, batch_call_frames: int = 4096, max_text_rows: int = 1024,
+               still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS) -> MemoryPlan:
+    """The slot count on `device`: what fits in its free memory (x headroom, less `still_to_load` bytes of
+    weights not loaded yet), at most `cap`; on the CPU one slot per core (at least 1, at most `cap`)."""
+    device = torch.device(device)
+    per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows)
+    fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames)
+    free = device_free_bytes(device)
+    if free is None:
+        n = max(1, min(cap, os.cpu_count() or 1))
+        return MemoryPlan(n, per, fixed, 0, f"CPU: one slot per core ({os.cpu_count()} cores)")
+    budget = free * headroom - fixed - still_to_load
     n = int(budget // per) if budget > 0 else 0
     if n < 1:
-        raise RuntimeError(f"not enough free {dev.type} memory for one slot: {free / 2**30:.1f} GiB free, "
-                           f"{(fixed + per) / 2**30:.1f} GiB needed; lower runtime.max_context or use a smaller model")
-    reason = "fits in free memory" if n < cap else f"capped at {cap}"
+        raise RuntimeError(f"not enough free {device.type} memory for one slot: {free / 2**30:.1f} GiB free, "
+                           f"{(fixed + per + still_to_load) / 2**30:.1f} GiB needed; lower runtime.max_context, "
+                           "use a smaller model or free the device")
+    reason = f"what fits in {headroom:.0%} of the free memory" if n < cap else f"capped at {cap}"
     return MemoryPlan(min(n, cap), per, fixed, int(free), reason)
+
+
+def plan_for_engine(engine, max_context: int, **kw) -> MemoryPlan:
+    """`plan_slots` for a loaded engine (its weights already on the device)."""
+    return plan_slots(engine.cfg, engine.codec_cfg, engine.device, engine.talker.codec_head.weight.dtype,
+                      max_context, **kw)

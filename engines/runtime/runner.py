@@ -199,6 +199,11 @@ class EngineRunner:
             raise error
         return results
 
+    @property
+    def running(self) -> bool:
+        """Whether the loop runs in its own thread (start()), so submitted requests progress by themselves."""
+        return self._thread is not None and self._thread.is_alive()
+
     def clone_voice(self, ref_audio, ref_text: Optional[str] = None):
         """A voice cloned once from reference audio, to pass as `SynthesisRequest.voice` (Base checkpoints)."""
         return self.engine.make_voice(ref_audio, ref_text)

@@ -34,37 +34,50 @@ class _Queued:
 
 
 class AdmissionQueue:
-    """Waiting requests, lowest priority value first (streams use priority 0, batch work higher), FIFO within."""
+    """Waiting requests, lowest priority value first (streams use priority 0, batch work higher), FIFO within.
+
+    Only streams are refused when `max_size` of them wait (the client gets "busy" and retries); batch
+    work is never refused: its producers (the jobs workers) bound how much of it they hand over."""
 
     def __init__(self, max_size: int):
         self.max_size = max_size
         self._heap: list[_Queued] = []
         self._count = itertools.count()
+        self._per_priority: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._heap)
 
+    def waiting(self, priority: int) -> int:
+        return self._per_priority.get(priority, 0)
+
     def full(self, priority: int = 0) -> bool:
-        """Whether `priority`'s class is at its limit: streams and batch work are counted apart, so a
-        backlog of batch segments never turns a streaming client away."""
-        return sum(1 for q in self._heap if q.priority == priority) >= self.max_size
+        """Whether a new request of `priority` must be refused now (streams only, see the class doc)."""
+        return priority <= 0 and self.waiting(priority) >= self.max_size
 
     def push(self, item: Any, priority: int = 0) -> None:
         heapq.heappush(self._heap, _Queued(priority, next(self._count), item))
+        self._per_priority[priority] = self.waiting(priority) + 1
 
     def peek(self) -> Optional[Any]:
         return self._heap[0].item if self._heap else None
 
     def pop(self) -> Optional[Any]:
-        return heapq.heappop(self._heap).item if self._heap else None
+        if not self._heap:
+            return None
+        q = heapq.heappop(self._heap)
+        self._per_priority[q.priority] -= 1
+        return q.item
 
     def remove_if(self, pred) -> list:
         """Take out every queued item for which pred(item) holds (cancelled requests)."""
-        out = [q.item for q in self._heap if pred(q.item)]
+        out = [q for q in self._heap if pred(q.item)]
         if out:
             self._heap = [q for q in self._heap if not pred(q.item)]
             heapq.heapify(self._heap)
-        return out
+            for q in out:
+                self._per_priority[q.priority] -= 1
+        return [q.item for q in out]
 
 
 class SlotMap:
