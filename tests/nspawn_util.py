@@ -150,6 +150,7 @@ class Container:
     def __enter__(self) -> "Container":
         self.lock = Lock(CACHE / f".{self.root.name}.lock", timeout=600)
         try:
+            reap_stale()
             self._boot()
         except BaseException:
             self.close()
@@ -244,16 +245,36 @@ class Container:
             for pid in self._pids():
                 _kill(pid)
             time.sleep(0.2)
-        for cg in self.cgroups:
-            if cg.exists():
-                for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                    d.rmdir()
-                cg.rmdir()
+        remove_cgroups(self.cgroups)
         if self.proc is not None:
             self.logf.close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def remove_cgroups(cgroups: Sequence[Path]) -> None:
+    for cg in cgroups:
+        if cg.exists():
+            for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                d.rmdir()
+            cg.rmdir()
+
+
+def reap_stale() -> None:
+    """Containers left by a test run that was killed (its PID is in the cgroup name): stop and remove."""
+    for h in cgroup_hierarchies():
+        for cg in h.glob("tts-test-*"):
+            owner = cg.name.rsplit("-", 1)[1]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                for _ in range(50):
+                    pids = [int(x) for procs in cg.rglob("cgroup.procs") for x in procs.read_text().split()]
+                    if not pids:
+                        break
+                    for pid in pids:
+                        _kill(pid)
+                    time.sleep(0.1)
+                remove_cgroups([cg])
 
 
 def _kill(pid: int) -> None:

@@ -1,8 +1,9 @@
 """The units under a real systemd: a Debian container booted with systemd-nspawn (tests/nspawn_util.py),
 the units installed by systemd/setup.sh as install.sh does, the daemon on the tiny test model (CPU).
 
-Checks READY/STATUS, the group-only socket, reload, watchdog restart, socket activation, a quick clean
-stop, the per-accelerator template and the `systemd-analyze security` score. Needs root,
+Checks READY/STATUS, the group-only socket, an inbox job of a group member, reload, watchdog restart,
+socket activation, a quick clean stop, the per-accelerator template and the `systemd-analyze security`
+score. Needs root,
 systemd-nspawn and debootstrap (.ci/run installs them); skips with the reason elsewhere. The first run
 builds the container root (about 1-2 minutes), later runs reuse it.
 """
