@@ -28,7 +28,8 @@ def bind_unix_path(path: Path, mode: int, group: Optional[str]) -> None:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise OSError(f"http.group {group!r}: no such group") from None
-        os.chown(path, -1, gid)
+        if os.stat(path).st_gid != gid:  # no chown when it is already ours (systemd's filter forbids chown)
+            os.chown(path, -1, gid)
 
 
 class Servers:

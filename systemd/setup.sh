@@ -110,9 +110,10 @@ if [ "$MODE" = system ]; then
   else
     say "note: systemd-sysusers not available here; create user tts-appliance and $DATA yourself"
   fi
-else  # user units: same daemon, no system hardening/user switching, sockets in $XDG_RUNTIME_DIR
+else  # user units: same daemon, no system hardening (the block from '# Hardening' to the next blank line)
+      # and no user switching, sockets in $XDG_RUNTIME_DIR
   sed -e '/^\(User\|Group\|SupplementaryGroups\|StateDirectory\|StateDirectoryMode\|ConfigurationDirectory\)=/d' \
-      -e '/^\(ReadWritePaths\|DeviceAllow\|DevicePolicy\|PrivateDevices\|Protect[A-Za-z]*\|Restrict[A-Za-z]*\|LockPersonality\|NoNewPrivileges\|PrivateTmp\)=/d' \
+      -e '/^# Hardening/,/^$/d' \
       -e "s|^Environment=TTS_APPLIANCE_HOME=.*|Environment=TTS_APPLIANCE_HOME=$DATA|" \
       -e "s|^ExecStart=/usr/local/bin/tts-appliance daemon|ExecStart=$VENV_ABS/bin/tts-appliance daemon --config $CONF_DIR/config.yaml|" \
       -e 's|^WantedBy=multi-user.target|WantedBy=default.target|' systemd/tts-appliance.service > "$UNIT_DIR/tts-appliance.service"

@@ -4,6 +4,7 @@ daemon relies on, and the sd_notify / LISTEN_FDS helpers speak the protocol."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,35 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
     assert r.returncode == 0 and not complaints, r.stdout + r.stderr
 
 
+def test_security_exposure_is_low(tmp_path):
+    """`systemd-analyze security` of the unit files as they are (the live test checks the loaded units)."""
+    analyze = tool("systemd-analyze")
+    d = render(tmp_path)
+    r = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", "tts-appliance.service",
+                        "tts-appliance@0.service"], capture_output=True, text=True, cwd=d)
+    if "--offline" in r.stderr:
+        pytest.skip(f"systemd-analyze too old for --offline (systemd >= 250): {r.stderr.strip()}")
+    scores = {m[1]: float(m[2]) for m in re.finditer(r"Overall exposure level for (\S+): ([\d.]+)", r.stdout)}
+    assert set(scores) == {"tts-appliance.service", "tts-appliance@0.service"}, r.stdout[-2000:] + r.stderr
+    assert max(scores.values()) <= 3.5, scores
+
+
+def hardening(name: str) -> str:
+    """The block from '# Hardening' to the next blank line (setup.sh strips it from user units)."""
+    text = (ROOT / "systemd" / name).read_text()
+    return text[text.index("# Hardening"):].split("\n\n", 1)[0]
+
+
+def test_service_and_template_share_the_hardening():
+    block = hardening("tts-appliance.service")
+    assert block == hardening("tts-appliance@.service")
+    for line in ("CapabilityBoundingSet=\n", "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
+                 "IPAddressDeny=any", "PrivateUsers=yes", "ProtectProc=invisible", "DevicePolicy=closed"):
+        assert line in block, line
+    for opened in ("PrivateDevices=yes", "MemoryDenyWriteExecute=yes", "ProcSubset=pid"):  # the GPU needs them open
+        assert opened not in block, opened
+
+
 def test_verify_catches_a_broken_unit(tmp_path):
     analyze = tool("systemd-analyze")
     bad = tmp_path / "tts-appliance.service"
@@ -72,7 +102,7 @@ def test_units_carry_what_the_daemon_relies_on():
     svc = (ROOT / "systemd/tts-appliance.service").read_text()
     for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "TimeoutStopSec=", "ProtectSystem=strict",
                  "ReadWritePaths=/var/lib/tts-appliance", "DeviceAllow=char-nvidia-frontend rw",
-                 "DeviceAllow=char-davinci rw", "ExecReload=/bin/kill -HUP $MAINPID", "RuntimeDirectoryPreserve=yes"):
+                 "DeviceAllow=char-davinci rw", "ExecReload=/bin/sh -c 'kill -HUP $$MAINPID'", "RuntimeDirectoryPreserve=yes"):
         assert line in svc, line
     assert "PrivateDevices=yes" not in svc
     sock = (ROOT / "systemd/tts-appliance.socket").read_text()

@@ -1,0 +1,234 @@
+"""The units under a real systemd: a Debian container booted with systemd-nspawn (tests/nspawn_util.py),
+the units installed by systemd/setup.sh as install.sh does, the daemon on the tiny test model (CPU).
+
+Checks READY/STATUS, the group-only socket, an inbox job of a group member, reload, watchdog restart,
+socket activation, a quick clean stop, the per-accelerator template and the `systemd-analyze security`
+score. Needs root,
+systemd-nspawn and debootstrap (.ci/run installs them); skips with the reason elsewhere. The first run
+builds the container root (about 1-2 minutes), later runs reuse it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+import daemon_util
+import nspawn_util
+from nspawn_util import ROOT, Container, Unavailable
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
+
+SERVICE, INSTANCE = "tts-appliance.service", "tts-appliance@0.service"
+API = "/run/tts-appliance/api.sock"
+OUTSIDER = (4242, [4242])  # not in group tts-appliance
+TEST_CONFIG = """\
+model: {threads: 1, max_frames: 200}
+jobs: {watch_quiet_s: 0.5, guard: false}  # random weights: no sensible audio length
+service: {status_interval_s: 0.5}
+"""
+# GET over the Unix socket as some user; prints {"status": ..., "body": ...} or {"errno": ...}
+CLIENT = r"""
+import json, socket, sys
+path, url, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(timeout)
+try:
+    s.connect(path)
+except OSError as exc:
+    sys.exit(print(json.dumps({"errno": exc.errno, "error": str(exc)})))
+s.sendall(f"GET {url} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+head, _, body = data.partition(b"\r\n\r\n")
+print(json.dumps({"status": int(head.split()[1]), "body": body.decode(errors="replace")}))
+"""
+
+
+@pytest.fixture(scope="module")
+def box():
+    reason = nspawn_util.skip_reason() or daemon_util.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    binds = nspawn_util.binds()
+    try:
+        with Container(nspawn_util.rootfs(), binds) as c:
+            _install(c, nspawn_util.interpreter()[0], binds)
+            yield c
+    except Unavailable as exc:
+        pytest.skip(f"container: {exc}")
+
+
+def _install(c: Container, venv, binds) -> None:
+    # the bind mounts' parents (e.g. /root for a pyenv Python) must be traversable for the service user
+    parents = sorted({str(d) for b in binds for d in b.parents if str(d) != "/"})
+    c.run("chmod", "o+x", *parents)
+    r = c.run(str(venv / "bin/python"), "-c", "import sqlite3, ssl, ctypes, torch, aiohttp", check=False)
+    if r.returncode:
+        raise Unavailable(f"the venv does not run in the container (a library missing from "
+                          f"nspawn_util.PACKAGES?): {r.stderr.strip().splitlines()[-1:]}")
+    c.run(str(ROOT / "systemd/setup.sh"), "install", str(venv), timeout=120)  # what install.sh runs
+    c.run("mkdir", "-p", "/etc/tts-appliance/config.d")
+    c.run("tee", "/etc/tts-appliance/config.d/test.yaml", input=TEST_CONFIG)
+    c.run("systemctl", "enable", "--now", "tts-appliance.socket")
+
+
+def show(c: Container, unit: str, *props: str) -> dict:
+    out = c.run("systemctl", "show", "-p", ",".join(props), unit).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait_for(pred, timeout: float, what: str, c: Container, unit: str = SERVICE):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s\n{journal(c, unit)[-3000:]}")
+
+
+def journal(c: Container, unit: str = SERVICE) -> str:
+    return c.run("journalctl", "--no-pager", "-o", "cat", "-u", unit, check=False).stdout
+
+
+def group_member(c: Container) -> tuple[int, list[int]]:
+    gid = int(c.run("getent", "group", "tts-appliance").stdout.split(":")[2])
+    return 4243, [4243, gid]
+
+
+def get(c: Container, url: str, user, sock: str = API, timeout: float = 60) -> dict:
+    r = c.run(str(nspawn_util.interpreter()[0] / "bin/python"), "-I", "-c", CLIENT, sock, url, str(timeout),
+              user=user, timeout=timeout + 10)
+    return json.loads(r.stdout)
+
+
+def ensure_active(c: Container, unit: str = SERVICE) -> None:
+    if show(c, unit, "ActiveState")["ActiveState"] != "active":
+        c.run("systemctl", "start", unit, timeout=180)
+
+
+def test_start_returns_after_ready_with_status(box):
+    box.run("systemctl", "stop", SERVICE, timeout=120)
+    t0 = time.monotonic()
+    box.run("systemctl", "start", SERVICE, timeout=180)  # Type=notify: returns once READY=1 arrived
+    took = time.monotonic() - t0
+    s = show(box, SERVICE, "ActiveState", "SubState", "StatusText", "MainPID")
+    assert (s["ActiveState"], s["SubState"]) == ("active", "running"), s
+    assert s["StatusText"].startswith("ok;") and "slots" in s["StatusText"], s
+    assert "ready: http unix:/run/tts-appliance/api.sock" in journal(box)
+    assert get(box, "/health", group_member(box))["status"] == 200  # no wait: it already serves
+    print(f"systemctl start took {took:.1f} s")
+
+
+def test_socket_is_group_only(box):
+    ensure_active(box)
+    assert box.run("stat", "-c", "%a %G", API).stdout.split() == ["660", "tts-appliance"]
+    refused = get(box, "/health", OUTSIDER)
+    assert refused.get("errno") == 13, refused  # EACCES
+    assert get(box, "/health", group_member(box))["status"] == 200
+
+
+def test_reload_keeps_the_daemon(box):
+    ensure_active(box)
+    pid = show(box, SERVICE, "MainPID")["MainPID"]
+    before = journal(box).count("configuration reloaded")
+    box.run("systemctl", "reload", SERVICE)
+    wait_for(lambda: journal(box).count("configuration reloaded") > before, 30, "reload logged", box)
+    s = show(box, SERVICE, "ActiveState", "MainPID")
+    assert s == {"ActiveState": "active", "MainPID": pid}, s
+
+
+def test_inbox_file_of_a_group_member_becomes_group_readable_audio(box):
+    """The sandbox (PrivateUsers, UMask=0027, read-only OS) still lets the jobs worker do its work."""
+    ensure_active(box)
+    member = group_member(box)
+    inbox = "/var/lib/tts-appliance/inbox"
+    box.run("tee", f"{inbox}/hello.yaml", user=member, input="voice: ryan\nformat: wav\nsampling: {max_new_tokens: 4}\n")
+    box.run("tee", f"{inbox}/hello.txt", user=member, input="Hello from the inbox.\n")
+
+    def finished():
+        jobs = json.loads(get(box, "/v1/jobs", member)["body"])
+        return jobs[0] if jobs and jobs[0]["state"] in ("done", "partial", "failed") else None
+
+    job = wait_for(finished, 120, "inbox job finished", box)
+    assert job["state"] == "done", f"{job}\n{journal(box)[-3000:]}"
+    files = box.run("find", job["output_dir"], "-type", "f", "-printf", "%m %g %p\n", user=member).stdout.split("\n")
+    audio = [f.split(" ", 2) for f in files if f.endswith(".wav")]
+    assert audio and all(mode == "640" and group == "tts-appliance" for mode, group, _ in audio), files
+    assert box.run("head", "-c", "4", audio[0][2], user=member).stdout == "RIFF"
+
+
+def test_watchdog_restarts_a_hung_daemon(box):
+    dropin = "/etc/systemd/system/tts-appliance.service.d/watchdog-test.conf"
+    box.run("mkdir", "-p", dropin.rsplit("/", 1)[0])
+    box.run("tee", dropin, input="[Service]\nWatchdogSec=2\nRestartSec=1\nLimitCORE=0\n")
+    try:
+        box.run("systemctl", "daemon-reload")
+        box.run("systemctl", "restart", SERVICE, timeout=180)
+        s = show(box, SERVICE, "MainPID", "NRestarts")
+        box.run("systemctl", "kill", "--kill-who=main", "--signal=SIGSTOP", SERVICE)  # hung: no WATCHDOG=1
+        t0 = time.monotonic()
+
+        def restarted():
+            now = show(box, SERVICE, "ActiveState", "MainPID", "NRestarts")
+            return (now["ActiveState"] == "active" and now["MainPID"] not in ("0", s["MainPID"])
+                    and int(now["NRestarts"]) == int(s["NRestarts"]) + 1)
+
+        wait_for(restarted, 120, "restart by the watchdog", box)
+        print(f"watchdog restart took {time.monotonic() - t0:.1f} s")
+        assert "Watchdog timeout" in journal(box)
+    finally:
+        box.run("rm", "-f", dropin)
+        box.run("systemctl", "daemon-reload")
+
+
+def test_socket_activation_starts_the_service(box):
+    box.run("systemctl", "stop", SERVICE, timeout=120)
+    assert show(box, SERVICE, "ActiveState")["ActiveState"] in ("inactive", "failed")
+    assert show(box, "tts-appliance.socket", "SubState")["SubState"] == "listening"
+    t0 = time.monotonic()
+    assert get(box, "/health", group_member(box), timeout=120)["status"] == 200  # waits in the backlog
+    print(f"activation to first answer took {time.monotonic() - t0:.1f} s")
+    assert show(box, SERVICE, "ActiveState")["ActiveState"] == "active"
+
+
+def test_stop_is_quick_and_clean(box):
+    ensure_active(box)
+    t0 = time.monotonic()
+    box.run("systemctl", "stop", SERVICE, timeout=180)
+    took = time.monotonic() - t0
+    s = show(box, SERVICE, "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
+    assert s == {"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}, s
+    assert took < 30, f"stop took {took:.1f} s (TimeoutStopSec=90)"
+    assert "stopping: no new work" in journal(box)
+
+
+def test_instance_unit_serves_its_own_group_only_sockets(box):
+    """The daemon makes these sockets itself; http.group names the group it already has (no chown)."""
+    sock, dropin = "/run/tts-appliance/0/api.sock", "/etc/systemd/system/tts-appliance@0.service.d/group.conf"
+    box.run("mkdir", "-p", dropin.rsplit("/", 1)[0])
+    box.run("tee", dropin, input="[Service]\nEnvironment=TTS_APPLIANCE_HTTP__GROUP=tts-appliance\n")
+    box.run("systemctl", "daemon-reload")
+    box.run("systemctl", "start", INSTANCE, timeout=180)
+    try:
+        assert show(box, INSTANCE, "ActiveState")["ActiveState"] == "active"
+        assert box.run("stat", "-c", "%a %G", sock).stdout.split() == ["660", "tts-appliance"]
+        assert get(box, "/health", OUTSIDER, sock=sock).get("errno") == 13
+        assert get(box, "/health", group_member(box), sock=sock)["status"] == 200
+    finally:
+        box.run("systemctl", "stop", INSTANCE, timeout=180)
+        box.run("rm", "-f", dropin)
+        box.run("systemctl", "daemon-reload")
+    assert show(box, INSTANCE, "Result")["Result"] == "success"
+
+
+def test_security_exposure_is_low(box):
+    out = box.run("systemd-analyze", "security", "--no-pager", SERVICE, INSTANCE, check=False).stdout
+    scores = {m[1]: float(m[2]) for m in re.finditer(r"Overall exposure level for (\S+): ([\d.]+)", out)}
+    assert set(scores) == {SERVICE, INSTANCE}, out[-2000:]
+    assert max(scores.values()) <= 3.5, scores
+    print(f"exposure: {scores}")
