@@ -67,10 +67,10 @@ snapshot_download(repo_id=sys.argv[1], local_dir=sys.argv[2])" "$MODEL" "$MODEL_
     exit 1
   fi
 fi
-# config: written when absent; --model updates model.path in place (the jobs CLI reads HOME/config.yaml)
-"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$DATA/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "$DATA" <<'PY'
+# config: written when absent; --model updates model.path in place (every command and the daemon read it)
+"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "$DATA" <<'PY'
 import os, sys, yaml
-conf, spool_conf, model, tiny, models, mode, data = sys.argv[1:]
+conf, model, tiny, models, mode, data = sys.argv[1:]
 cfg = (yaml.safe_load(open(conf)) or {}) if os.path.exists(conf) else {}
 current = (cfg.get("model") or {}).get("path")
 if not model and not current:
@@ -88,10 +88,6 @@ if model:
     with open(conf, "w") as f:
         f.write("# written by install.sh; all keys with comments: configs/default.yaml\n")
         yaml.safe_dump(cfg, f, sort_keys=False)
-    spool = (yaml.safe_load(open(spool_conf)) or {}) if os.path.exists(spool_conf) else {}
-    spool["model"] = model
-    with open(spool_conf, "w") as f:
-        yaml.safe_dump(spool, f)
     print(f"install.sh: config: {conf} (model.path = {model})")
 PY
 [ "${SETUP_SYSTEMD:-1}" = 1 ] || exit 0
