@@ -87,8 +87,8 @@ def daemon_config(args, workdir: Path, checkpoint: Path) -> dict:
            "service": {"runtime_dir": str(run)}}
     if args.slots:
         cfg["runtime"] = {"max_slots": args.slots}
-    if args.dummy:
-        cfg["jobs"]["guard"] = False  # random weights: the runaway/silence guard has nothing to judge
+    if args.dummy or args.fixed_length:  # random weights or forced lengths: the runaway guard cannot judge them
+        cfg["jobs"]["guard"] = False
     if args.tcp_port is not None:
         cfg["http"].update(tcp=True, tcp_host="127.0.0.1", tcp_port=args.tcp_port)
     for item in args.config_extra:
