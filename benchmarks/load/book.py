@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.load_client import Target, http_request, multipart
-from benchmarks.load_text import book_text
+from benchmarks.load.client import Target, http_request, multipart
+from benchmarks.load.text import book_text
 
 TERMINAL = ("done", "failed", "cancelled", "partial")
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import yaml
 
-from benchmarks.load_client import Target, http_request
+from benchmarks.load.client import Target, http_request
 
 ROOT = Path(__file__).resolve().parents[1]
 # variables that would make the child act as a systemd service or read another configuration

@@ -83,7 +83,7 @@ def _round(x, nd=3):
 
 
 def summarize(records: list[dict], window_s: float, expect_samples: Optional[int]) -> dict:
-    """One rate's figures from its measured requests (dicts written by benchmarks.load_client).
+    """One rate's figures from its measured requests (dicts written by benchmarks.load.client).
 
     A request is `completed` when it got HTTP 200 and the whole chunked body; TTFA, E2E, underruns
     and length checks are over completed requests. Errors are counted by kind (HTTP status such as

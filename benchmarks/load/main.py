@@ -61,13 +61,13 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.load_book import BookError, BookLoad
-from benchmarks.load_client import Target, http_request
-from benchmarks.load_daemon import (DaemonError, DaemonProcess, child_env, force_min_frames, link_checkpoint,
+from benchmarks.load.book import BookError, BookLoad
+from benchmarks.load.client import Target, http_request
+from benchmarks.load.daemon import (DaemonError, DaemonProcess, child_env, force_min_frames, link_checkpoint,
                                     set_dotted, write_dummy)
-from benchmarks.load_level import Load, one_line, prime, run_level
-from benchmarks.load_report import describe_device, git_commit, markdown, redact
-from benchmarks.load_stats import SAMPLE_RATE, SAMPLES_PER_FRAME
+from benchmarks.load.level import Load, one_line, prime, run_level
+from benchmarks.load.report import describe_device, git_commit, markdown, redact
+from benchmarks.load.stats import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 log = logging.getLogger("load")
 

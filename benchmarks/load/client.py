@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from benchmarks.load_stats import BYTES_PER_SAMPLE, playback_deficit
+from benchmarks.load.stats import BYTES_PER_SAMPLE, playback_deficit
 
 READ_SIZE = 1 << 16
 HEAD_LIMIT = 1 << 16
@@ -185,7 +185,7 @@ async def stream_speech(target: Target, payload: dict, timeout: float, threshold
     'http_<status>', 'timeout', 'connect', 'truncated', 'protocol', 'incomplete' when cancelled),
     completed (200 and the whole body), ttfb_s / ttfa_s / e2e_s from t_send to the first body byte /
     first non-silent sample / end of the response, bytes, samples, sample_rate, underrun and
-    deficit_s (benchmarks.load_stats.playback_deficit over the reads' arrival times).
+    deficit_s (benchmarks.load.stats.playback_deficit over the reads' arrival times).
     """
     rec = {} if rec is None else rec
     rec.update({"t_send": None, "status": None, "error": None, "completed": False, "ttfb_s": None, "ttfa_s": None,

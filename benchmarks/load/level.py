@@ -9,10 +9,10 @@ import time
 from collections import Counter
 from typing import Optional
 
-from benchmarks.load_book import BookLoad
-from benchmarks.load_client import Target, http_request, stream_speech
-from benchmarks.load_stats import SAMPLE_RATE, SAMPLES_PER_FRAME, arrivals, percentile, summarize
-from benchmarks.load_text import prompt
+from benchmarks.load.book import BookLoad
+from benchmarks.load.client import Target, http_request, stream_speech
+from benchmarks.load.stats import SAMPLE_RATE, SAMPLES_PER_FRAME, arrivals, percentile, summarize
+from benchmarks.load.text import prompt
 
 log = logging.getLogger("load")
 

@@ -1,0 +1,1 @@
+"""Open-loop streaming load against the real daemon (`python -m benchmarks.load --help`)."""

@@ -1,0 +1,3 @@
+from benchmarks.load.main import main
+
+main()
