@@ -55,25 +55,30 @@ def test_scheduler_helpers():
     assert m.remove(1) is None and m.seqs == ["c"]
 
 
-@pytest.mark.parametrize("slots,overlap", [(1, True), (3, True), (8, True), (3, False)])
-def test_runner_greedy_codes_equal_reference(slots, overlap):
+@pytest.mark.parametrize("slots,overlap,fuse", [(1, True, "layer"), (3, True, "layer"), (8, True, "layer"),
+                                                (3, False, "layer"), (3, True, "pass")])
+def test_runner_greedy_codes_equal_reference(slots, overlap, fuse):
     """Any slot count (so requests queue, join mid-flight and leave), with or without reading a step back while
-    the next one runs, gives the reference codes and audio."""
+    the next one runs, per-layer or per-pass regions, gives the reference codes and audio."""
     eng = engine()
     reqs = requests(5)
     ref = reference(eng, reqs)
-    out = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap).synthesize(reqs)
+    out = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap, fuse=fuse).synthesize(reqs)
     for (codes, wav), res in zip(ref, out):
         assert np.array_equal(res.codes, codes)
         assert res.audio.shape == wav.shape
         assert np.abs(res.audio - wav).max() < 1e-4  # streamed in growing chunks vs one-shot
 
 
-def test_runner_sampled_same_seed_same_codes_any_batch():
+@pytest.mark.parametrize("topk_cap,fuse", [(64, "layer"), (0, "layer"), (64, "pass")])
+def test_runner_sampled_same_seed_same_codes_any_batch(topk_cap, fuse):
+    """Sampling (top-k 50 from the checkpoint) gives the reference loop's codes for any batch, whether the
+    step sorts only the best 64 ids (topk_cap) or the whole vocabulary."""
     eng = engine()
     reqs = requests(4, greedy=False)
-    solo = [EngineRunner(eng, max_slots=1, max_context=256).synthesize([r])[0].codes for r in reqs]
-    batched = [r.codes for r in EngineRunner(eng, max_slots=4, max_context=256).synthesize(reqs)]
+    kw = dict(max_context=256, topk_cap=topk_cap, fuse=fuse)
+    solo = [EngineRunner(eng, max_slots=1, **kw).synthesize([r])[0].codes for r in reqs]
+    batched = [r.codes for r in EngineRunner(eng, max_slots=4, **kw).synthesize(reqs)]
     ref = reference(eng, reqs)
     for s, b, (r, _) in zip(solo, batched, ref):
         assert np.array_equal(s, b) and np.array_equal(s, r)

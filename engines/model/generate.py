@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.model.prompt import Prompt
-from engines.model.sampling import SamplingParams, SamplingTensors, apply_repetition_penalty, draw
+from engines.model.sampling import SamplingParams, SamplingTensors, apply_repetition_penalty, draw, draw_topk
 from engines.model.talker import Talker
 
 
@@ -35,12 +35,13 @@ def control_mask(talker: Talker, device) -> torch.Tensor:
 
 
 def sample_code0(logits, seen, penalty, suppress, eos_id: int, gen_step, min_new, st: SamplingTensors, seed,
-                 counter) -> torch.Tensor:
+                 counter, k_cap: int = 0) -> torch.Tensor:
     """Codebook 0 of the next frame `[B]`: repetition penalty, suppressed control ids, EOS masked while
-    gen_step < min_new (per row), then the draw. Shared by the reference loop and the device step."""
+    gen_step < min_new (per row), then the draw (`draw_topk` over the k_cap best when k_cap is set).
+    Shared by the reference loop and the device step."""
     x = apply_repetition_penalty(logits.float(), seen, penalty).masked_fill(suppress, float("-inf"))
     x[:, eos_id] = torch.where(gen_step < min_new, torch.full_like(x[:, eos_id], float("-inf")), x[:, eos_id])
-    return draw(x, st, seed, counter)
+    return draw_topk(x, st, seed, counter, k_cap) if k_cap else draw(x, st, seed, counter)
 
 
 def predict_residuals(talker: Talker, hidden, code0, sub: SamplingTensors, seed, counter) -> torch.Tensor:

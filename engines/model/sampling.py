@@ -79,14 +79,20 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
-    """Deterministic uniforms in (0, 1): seed, counter `[B]` int64 -> `[B, n]` float32."""
+def uniform_at(seed: torch.Tensor, counter: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1) for vocabulary ids `idx` (`[n]` or `[B, n]` int64): seed, counter
+    `[B]` -> `[B, n]` float32. The value for an id does not depend on which other ids are asked for."""
     key = _mix32(_mix32(seed) ^ _mix32(counter + 0x5BD1E995))  # [B]
-    idx = torch.arange(n, device=seed.device, dtype=torch.int64)
-    bits = _mix32(key[:, None] * 0x9E37 + idx[None, :] * 0x3C6EF372 + 0x1B873593)  # [B, n]
+    idx = idx if idx.dim() == 2 else idx[None, :]
+    bits = _mix32(key[:, None] * 0x9E37 + idx * 0x3C6EF372 + 0x1B873593)  # [B, n]
     # 23 bits + 0.5 is exact in float32, so u stays strictly inside (0, 1): u == 1 would make the
     # exponential race divide 0 by 0 for a zero-probability (suppressed) id and let argmax pick it
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1) for every id of a vocabulary of n: `[B, n]` float32."""
+    return uniform_at(seed, counter, torch.arange(n, device=seed.device, dtype=torch.int64))
 
 
 @dataclass
@@ -133,3 +139,22 @@ def draw(logits: torch.Tensor, st: SamplingTensors, seed: torch.Tensor, counter:
     # exponential race == multinomial draw: argmax p_i / E_i with E_i ~ Exp(1)
     sampled = (probs / -torch.log(uniform(seed, counter, v))).argmax(-1)
     return torch.where(st.do_sample, sampled, greedy)
+
+
+def draw_topk(logits: torch.Tensor, st: SamplingTensors, seed: torch.Tensor, counter: torch.Tensor,
+              k_cap: int) -> torch.Tensor:
+    """`draw` for rows whose top-k is set and at most `k_cap`: only the k_cap best ids are sorted,
+    softmaxed and raced, instead of the whole vocabulary. The same draw as `draw` (the race uses each
+    id's own uniform, the kept set is the same) except that ties with the k-th score beyond position
+    k_cap are dropped. Greedy rows take the best id. `logits` `[B, V]` -> `[B]` int64."""
+    scores = logits.float() / st.temperature[:, None]
+    vals, ids = scores.topk(k_cap, dim=-1)  # [B, K] best first
+    k = st.top_k.clamp(1, k_cap)
+    keep = vals >= vals.gather(1, (k - 1)[:, None])  # top-k (ties kept, as the reference does)
+    probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
+    cum_before = probs.cumsum(-1) - probs
+    keep &= (cum_before < st.top_p[:, None]) | (torch.arange(k_cap, device=logits.device) == 0)
+    probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
+    race = probs / -torch.log(uniform_at(seed, counter, ids))  # exponential race over the kept ids
+    sampled = ids.gather(1, race.argmax(-1, keepdim=True))[:, 0]
+    return torch.where(st.do_sample, sampled, ids[:, 0])

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engines.model.generate import sample_code0
 from engines.model.layers import DecoderStack, rope_cos_sin
-from engines.model.sampling import SamplingTensors, draw
+from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def _stack_layer(stack: DecoderStack, gemv: bool):
 class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
-    def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True):
+    def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer"):
         self.talker = talker
         cp = talker.code_predictor
         dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
@@ -175,8 +175,14 @@ class FastStep:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         gemv = gemv and compile
         self.lin = _gemv_or_linear if gemv else F.linear
-        self.t_layer = wrap(_stack_layer(talker.model, gemv))
-        self.p_layer = wrap(_stack_layer(cp.model, gemv))
+        self.fuse = fuse
+        self._t_layer, self._p_layer = _stack_layer(talker.model, gemv), _stack_layer(cp.model, gemv)
+        self.t_layer = wrap(self._t_layer)
+        self.p_layer = wrap(self._p_layer)
+        # fuse="pass": one region per predictor step (5 layers + sampling + next embedding) and one for
+        # the talker's step (next input + 28 layers + norm): fusion across layer boundaries, fewer kernels
+        self.r_pred = wrap(self._pred_step)
+        self.r_tail = wrap(self._tail)
         self.r_code0 = wrap(self._code0)
         self.r_first = wrap(self._first_input)
         self.r_sub = wrap(self._sub_code)
@@ -187,10 +193,10 @@ class FastStep:
 
     # ----- regions (pure tensor functions; compiled on the device path) ------------------------------------
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
-               done, eos, limit):
+               done, eos, limit, k_cap: int = 0):
         eos_id = self.talker.cfg.codec_eos_token_id
         code0 = sample_code0(self.lin(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
-                             SamplingTensors(do, temp, topk, topp), seed, gen_step * 16)
+                             SamplingTensors(do, temp, topk, topp), seed, gen_step * 16, k_cap)
         hit = (code0 == eos_id) & ~done
         eos.logical_or_(hit)
         done.logical_or_(hit | (gen_step + 1 >= limit))
@@ -201,9 +207,27 @@ class FastStep:
         x = torch.stack([hidden, F.embedding(code0, table)], dim=1)  # [B, 2, H_talker]
         return x if proj is None else F.linear(x, *proj)
 
-    def _sub_code(self, x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j: int):
+    def _sub_code(self, x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j: int, k_cap: int = 0):
         logits = self.lin(_rms(x[:, -1], norm_w, self.eps_p), lm_w)
-        return draw(logits, SamplingTensors(do, temp, topk, topp), seed, gen_step * 16 + 1 + j)
+        st, counter = SamplingTensors(do, temp, topk, topp), gen_step * 16 + 1 + j
+        return draw_topk(logits, st, seed, counter, k_cap) if k_cap else draw(logits, st, seed, counter)
+
+    def _pred_step(self, x, layers, pk, pv, pos, cos, sin, norm_w, lm_w, do, temp, topk, topp, seed, gen_step,
+                   j: int, table, proj, k_cap: int):
+        """One code-predictor step as one region: its layers, the code, the next step's input."""
+        for i in range(len(layers)):
+            x = self._p_layer(x, layers[i], pk[i], pv[i], pos, cos, sin)
+        code = self._sub_code(x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j, k_cap)
+        return code, self._sub_embed(code, table, proj)
+
+    def _tail(self, codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos, max_len: int,
+              frames, frame_row, n_frames, bad, codebook: int, layers, kc, vc, cos, sin, norm_w, hidden):
+        """The frame's next input, the talker's layers over it and the new state, as one region."""
+        x, p = self._next_input(codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos,
+                                max_len, frames, frame_row, n_frames, bad, codebook)
+        for i in range(len(layers)):
+            x = self._t_layer(x, layers[i], kc[i], vc[i], p, cos, sin)
+        self._final(x, norm_w, hidden, pos, gen_step)
 
     def _sub_embed(self, code, table, proj):
         x = F.embedding(code, table)[:, None]
@@ -241,27 +265,39 @@ class FastStep:
         out = self.talker_pass(x, pos, cache)
         return self.r_norm(out[torch.arange(out.shape[0], device=out.device), last], self.tw.norm, self.eps_t)
 
-    def __call__(self, t, cache, pad, suppress, frames) -> None:
+    def __call__(self, t, cache, pad, suppress, frames, k_cap: int = 0) -> None:
         """One frame for every row of the slot table view `t` over the talker cache view `cache`; each
-        emitted frame is also written to its row of `frames` (FrameStore.codes). In place."""
+        emitted frame is also written to its row of `frames` (FrameStore.codes). In place. `k_cap` > 0:
+        every row's top-k is at most k_cap, so only that many ids are sorted per draw (draw_topk)."""
         b = t.hidden.shape[0]
         talker = self.talker
         code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
-                             t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit)
+                             t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit, k_cap)
         x = self.r_first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)
         pk, pv, pw = [k[:b] for k in self.pcache.k], [v[:b] for v in self.pcache.v], self.pw
         codes = [code0]
+        tables = [talker.model.codec_embedding.weight] + self.sub_tables
         for j in range(self.n_sub):
             pos = self.ppos[j][:b]
+            if self.fuse == "pass":
+                code, x = self.r_pred(x, pw.layers, pk, pv, pos, pw.cos, pw.sin, pw.norm, self.lm[j], t.s_do,
+                                      t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j,
+                                      self.sub_tables[min(j, self.n_sub - 2)], self.proj, k_cap)
+                codes.append(code)
+                continue
             for i, lw in enumerate(pw.layers):
                 x = self.p_layer(x, lw, pk[i], pv[i], pos, pw.cos, pw.sin)
-            code = self.r_sub(x, pw.norm, self.lm[j], t.s_do, t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j)
+            code = self.r_sub(x, pw.norm, self.lm[j], t.s_do, t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j,
+                              k_cap)
             codes.append(code)
             if j + 1 < self.n_sub:
                 x = self.r_embed(code, self.sub_tables[j], self.proj)
-        x_in, pos = self.r_next(codes, t.codes, t.emit, t.done,
-                                [talker.model.codec_embedding.weight] + self.sub_tables, t.trailing, t.trailing_len,
-                                t.gen_step, pad, t.pos, cache.max_len, frames, t.frame_row, t.n_frames, t.bad,
-                                self.codebook)
+        common = (codes, t.codes, t.emit, t.done, tables, t.trailing, t.trailing_len, t.gen_step, pad, t.pos,
+                  cache.max_len, frames, t.frame_row, t.n_frames, t.bad, self.codebook)
+        if self.fuse == "pass":
+            w = self.tw
+            self.r_tail(*common, w.layers, cache.k, cache.v, w.cos, w.sin, w.norm, t.hidden)
+            return
+        x_in, pos = self.r_next(*common)
         x = self.talker_pass(x_in, pos, cache)
         self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step)

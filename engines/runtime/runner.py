@@ -16,9 +16,11 @@ see engines.runtime.stream).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -55,6 +57,8 @@ class EngineConfig:
     overlap: bool = True
     compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
+    fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
+    topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)
     first_chunk_frames: int = 1  # streams: frames in the first codec chunk (then doubling up to max_chunk_frames)
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
@@ -107,7 +111,14 @@ class EngineRunner:
             self.pad = talker.text_embed(ids)[0]  # [H]
         self.suppress = control_mask(talker, self.device)
         compile_regions = self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
-        self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv)
+        if compile_regions and getattr(engine, "root", None) is not None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            # compiled step regions persist next to the built codec engines: later starts load them
+            from engines.codec.build import INDUCTOR_DIR, default_cache_dir
+
+            cache = Path(self.cfg.engine_cache or default_cache_dir(engine.root)) / INDUCTOR_DIR
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+            os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        self.fast = FastStep(talker, n, compile=compile_regions, gemv=self.cfg.gemv, fuse=self.cfg.fuse)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (self.cfg.use_graphs if self.cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
@@ -223,9 +234,9 @@ class EngineRunner:
         lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
         for b in self.buckets:
             for length in lengths:
-                if (b, length) not in self.graphs:
+                if (b, length, self.cfg.topk_cap) not in self.graphs:  # the official sampling defaults' variant
                     cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-                    args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes)
+                    args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, self.cfg.topk_cap)
                     self.fast(*args)  # warm-up (and compilation) on free rows: they write only scratch
                     self._capture_step(b, length, args)
         t1 = time.perf_counter()
@@ -363,7 +374,7 @@ class EngineRunner:
 
     def _decode(self, n: int) -> None:
         """Launch one step; read back the previous one meanwhile (overlap) or this one (no overlap)."""
-        if self.use_graphs and self._bucket(n) not in self.graphs:
+        if self.use_graphs and (*self._bucket(n), self._k_cap(self.slots.seqs)) not in self.graphs:
             self._drain()
         rec = self._launch(n)
         prev, self._inflight = self._inflight, rec
@@ -412,13 +423,24 @@ class EngineRunner:
                 seq.handle.finished_by_eos = bool(eos[i])
                 self._end(seq)
 
+    def _k_cap(self, seqs) -> int:
+        """The top-k cap a step over `seqs` may sort with: cfg.topk_cap when every sampling row keeps at most
+        that many ids (true for the official defaults, top-k 50), else 0 (the whole vocabulary is sorted)."""
+        cap = self.cfg.topk_cap
+        for seq in seqs:
+            s = seq.settings
+            if (s.do_sample and not 0 < s.top_k <= cap) or (s.subtalker_dosample and not 0 < s.subtalker_top_k <= cap):
+                return 0
+        return cap
+
     def _run_step(self, b: int, length: int) -> None:
         cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-        args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes)
+        k_cap = self._k_cap(self.slots.seqs)
+        args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, k_cap)
         if not self.use_graphs:
             self.fast(*args)
             return
-        graph = self.graphs.get((b, length))
+        graph = self.graphs.get((b, length, k_cap))
         if graph is None:
             self.fast(*args)  # this iteration's real step, also the warm-up (and compilation) before capture
             self._capture_step(b, length, args)
@@ -430,8 +452,8 @@ class EngineRunner:
 
         graph = make_graph(self.device, self._pool)
         graph.capture(lambda: (self.fast(*args), self.table.codes)[1], warmup=0)
-        self.graphs[(b, length)] = graph
-        log.info("captured decode graph batch=%d length=%d", b, length)
+        self.graphs[(b, length, args[-1])] = graph
+        log.info("captured decode graph batch=%d length=%d top-k cap=%d", b, length, args[-1])
 
     def _end(self, seq: _Seq, dropped: bool = False) -> None:
         """No more frames for `seq`: its slot is freed now; its codec lane decodes what is left (or drops it)."""

@@ -1,0 +1,115 @@
+"""A/B of decode-step variants in one process: graph-replay time per step at several batch sizes.
+
+    python -m benchmarks.ab_step --dummy 0.6b --batches 1,64,256 --variants layer:0,layer:64,pass:64
+
+A variant is `fuse:topk_cap` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass compiled
+regions; a top-k sampler sorting only the best `topk_cap` ids, 0 = the whole vocabulary). For each
+variant and batch size: requests are admitted until the batch is full, then the step for that bucket
+is replayed `--reps` times between CUDA events (median reported), plus the kernels of one eager step
+(torch profiler). Compilation and capture are timed apart. Random weights of the real shape, bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+
+import torch
+
+from benchmarks.bench import request
+from benchmarks.dummy_engine import dummy_engine
+from engines.runtime.runner import EngineRunner
+
+log = logging.getLogger("ab_step")
+
+
+def fill(runner: EngineRunner, batch: int, frames: int) -> list:
+    handles = [runner.submit(request(frames, seed=i), priority=1) for i in range(batch)]
+    while runner.slots.n_active < batch:
+        runner.step_once()
+    return handles
+
+
+def drain(runner: EngineRunner, handles: list) -> None:
+    for h in handles:
+        h.cancel()
+    while runner.slots.n_active or any(l.members for l in runner.lanes.values()) or runner._inflight:
+        runner.step_once()
+
+
+def time_steps(runner: EngineRunner, n: int, reps: int) -> float:
+    runner._decode(n)  # the bucket's graph (captured now if new)
+    runner._drain()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        runner._run_step(*runner._bucket(n))
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kernels_per_step(runner: EngineRunner, n: int) -> int:
+    """CUDA kernels of one step run eagerly (the graph replays the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, length = runner._bucket(n)
+    runner.use_graphs = False
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner._run_step(b, length)
+            torch.cuda.synchronize()
+    finally:
+        runner.use_graphs = True
+    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dummy", choices=["0.6b", "1.7b"], default="0.6b")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--variants", default="layer:0,layer:64,pass:64")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    eng = dummy_engine(args.dummy, "cuda", args.dtype)
+    batches = [int(b) for b in args.batches.split(",")]
+    out = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype, "rows": []}
+    for v in args.variants.split(","):
+        fuse, cap = v.split(":")
+        runner = EngineRunner(eng, max_slots=max(batches), max_context=512, max_queue=4096, fuse=fuse,
+                              topk_cap=int(cap))
+        for b in batches:
+            t0 = time.perf_counter()
+            handles = fill(runner, b, 400)
+            first = time_steps(runner, b, 1)  # includes compile + capture of this bucket
+            setup = time.perf_counter() - t0
+            ms = time_steps(runner, b, args.reps)
+            row = {"variant": v, "batch": b, "step_ms": ms, "ms_per_frame_single": ms if b == 1 else None,
+                   "audio_s_per_s_decode_only": b * 0.08 / (ms / 1e3), "setup_s": setup, "first_ms": first}
+            if b == 1:
+                row["kernels"] = kernels_per_step(runner, b)
+            out["rows"].append(row)
+            log.info("%s", row)
+            drain(runner, handles)
+        del runner
+        torch.cuda.empty_cache()
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        open(args.json, "w").write(text)
+    print("| variant | batch | step ms | decode-only audio-s/s | kernels (b=1) |\n|---|---|---|---|---|")
+    for r in out["rows"]:
+        print(f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['audio_s_per_s_decode_only']:.0f} | "
+              f"{r.get('kernels', '')} |")
+
+
+if __name__ == "__main__":
+    main()
