@@ -1,6 +1,6 @@
 """Offline throughput of a whole book job: queue -> segments -> engine -> chapter files + book file.
 
-    python -m benchmarks.book_job --dummy 0.6b --chapters 6 --paragraphs 12 --format flac
+    python -m benchmarks.book_job --dummy 0.6b --chapters 20 --paragraphs 16 --format flac   # 320 segments
 
 Random weights of the real shape (no checkpoint), so every segment is given a fixed length
 (`--frames`, EOS masked) instead of stopping where speech would. Reports audio seconds per wall
@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,17 +29,6 @@ SENTENCES = ["The morning light fell across the valley and the river shone like 
              "When the bell rang at noon, the market emptied and the square belonged to the pigeons again."]
 
 
-class RunnerSynthesizer:
-    """`synthesize(list)` for the jobs runner, served by the continuous-batching EngineRunner."""
-
-    def __init__(self, engine, runner: EngineRunner):
-        self.runner, self.sample_rate, self.model_id = runner, engine.sample_rate, engine.model_id
-        self.voices, self.languages = engine.voices, engine.languages
-
-    def synthesize(self, requests):
-        return self.runner.synthesize(requests, priority=1)
-
-
 def write_book(path: Path, chapters: int, paragraphs: int) -> None:
     parts = []
     for c in range(chapters):
@@ -55,26 +43,41 @@ def main() -> None:
     ap.add_argument("--dummy", choices=["0.6b", "1.7b"], default="0.6b")
     ap.add_argument("--model", help="a checkpoint folder instead of random weights (e.g. the tiny test model)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--chapters", type=int, default=6)
-    ap.add_argument("--paragraphs", type=int, default=12)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--chapters", type=int, default=20)
+    ap.add_argument("--paragraphs", type=int, default=16)
     ap.add_argument("--frames", type=int, default=150)
-    ap.add_argument("--batch", type=int, default=128, help="segments claimed per engine call")
-    ap.add_argument("--workers", type=int, default=1, help="jobs worker threads feeding the one engine")
+    ap.add_argument("--slots", type=int, default=0, help="engine slots (0: auto, what fits in free memory)")
+    ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
+    ap.add_argument("--fuse", default="layer", help="decode-step regions: layer or pass")
     ap.add_argument("--format", default="flac")
     ap.add_argument("--json")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
+    import torch
+
+    t_load = time.perf_counter()
     if args.model:
         from engines.api import TTSEngine
 
-        eng = TTSEngine.load(args.model, device=args.device, dtype="float32")
+        eng = TTSEngine.load(args.model, device=args.device, dtype=args.dtype)
     else:
-        eng = dummy_engine(args.dummy, args.device, "bfloat16")
-    runner = EngineRunner(eng, max_slots=args.batch, max_context=512, max_queue=4096)
-    runner.synthesize([])  # nothing: graphs are captured on first use
+        eng = dummy_engine(args.dummy, args.device, args.dtype)
+    ctx = 256 * ((args.frames + 150) // 256 + 1)
+    slots = args.slots
+    if not slots:
+        from engines.runtime.memory import plan_for_engine
+
+        plan = plan_for_engine(eng, ctx)
+        logging.info("auto slots: %s", plan.describe())
+        slots = plan.slots
+    runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, codec_backend=args.codec,
+                          fuse=args.fuse)
+    t_prep = time.perf_counter()
+    prep = runner.prepare()  # start-up (compile, capture) apart from the book's time
+    startup = time.perf_counter() - t_prep
     runner.start()
-    synth = RunnerSynthesizer(eng, runner)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         book = home / "book.txt"
@@ -84,35 +87,28 @@ def main() -> None:
         spec = JobSpec(voice="vivian", language="english", format=args.format, title="Benchmark book",
                        sampling={"max_new_tokens": args.frames + 1, "min_new_tokens": args.frames + 1})
         t0 = time.perf_counter()
-        job_id, _ = submit_file(queue, paths, book, spec)
-        def finished() -> bool:
-            return Queue(paths.db).job(job_id)["state"] in ("done", "failed", "partial")
-
-        def work() -> None:  # each worker claims a batch and waits for it: two keep the engine fed
-            worker = Worker(Queue(paths.db), synth, paths, batch_size=args.batch,
-                            guard=GuardSettings(enabled=False), model=None)
-            while not finished():
-                if not worker.run_once():
-                    time.sleep(0.05)
-            worker.close()
-
-        threads = [threading.Thread(target=work) for _ in range(args.workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        job_id, error = submit_file(queue, paths, book, spec)
+        if error:
+            raise SystemExit(f"submit failed: {error}")
+        t_submitted = time.perf_counter()
+        # one worker keeps every slot busy: it tops up as segments finish (jobs.worker, pipelined)
+        worker = Worker(Queue(paths.db), runner, paths, batch_size=slots, guard=GuardSettings(enabled=False))
+        while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
+            if not worker.run_once():
+                time.sleep(0.01)
         wall = time.perf_counter() - t0
+        worker.close()
         runner.stop()
         manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
         audio = max(ch["book_end_s"] for ch in manifest["chapters"])
-        import torch
-
         res = {"device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
-               "model": args.model or f"dummy-{args.dummy}",
-               "segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
-               "wall_s": wall, "audio_s_per_s": audio / wall, "format": args.format, "batch": args.batch, "workers": args.workers,
-               "state": queue.job(job_id)["state"]}
+               "model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
+               "fuse": args.fuse, "slots": slots, "max_context": ctx, "load_s": t_prep - t_load,
+               "startup_s": startup, "prepare": prep, "segments": len(segs), "chapters": len(manifest["chapters"]),
+               "book_audio_s": audio, "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
+               "format": args.format, "state": queue.job(job_id)["state"],
+               "engine": runner.stats()}
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# One device session for one model shape: engine benchmark, the official qwen-tts package on the same
-# random weights (same run, same GPU), and client-side TTFA over the daemon's Unix socket.
-# Needs the wheels the GPU image lacks in .whl (our runtime deps) and .whl_off (the official package:
-# ../shared/tools/device-wheels.sh). Results land in $OUT (or ./out).
-#   bash benchmarks/device_run.sh 0.6b        # GPU_TESTS=1 also runs the gpu-marked tests first
+# GPU session runner: each argument is a stage, run in order, each under its own time limit, results
+# (JSON, markdown, logs) in $OUT (default ./out). Wheels the GPU image lacks go in .whl (see docs/PERFORMANCE.md).
+#   SHAPE=0.6b bash benchmarks/device_run.sh tests ab bench book
+# Stages: tests (pytest -m gpu), ab (decode-step variants), bench (engine benchmark), book (book job),
+#         load (open-loop streams against the daemon), loadbook (the same with a book running), say (CLI).
+# Knobs: SHAPE, FUSE (layer|pass), CODEC (torch|torch-compiled), BENCH_ARGS, AB_ARGS, BOOK_ARGS, LOAD_ARGS, T_<STAGE>.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "$2"/*.whl; }
-[ -d .whl ] && pipi /tmp/site .whl && export PYTHONPATH=/tmp/site
-[ -d .whl_off ] && pipi /tmp/offsite .whl_off
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-if [ "${GPU_TESTS:-0}" = 1 ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tts-inductor}  # shared by the stages' processes
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
 fi
-for shape in "${@:-0.6b}"; do
-  timeout "${BENCH_TIMEOUT:-330}" python3 -m benchmarks.bench --dummy "$shape" ${BENCH_ARGS:-} \
-    --json "$OUT/bench_$shape.json" --md "$OUT/bench_$shape.md" > "$OUT/bench_$shape.log" 2>&1
-  tail -16 "$OUT/bench_$shape.log"
-  if [ -d /tmp/offsite ]; then
-    PYTHONPATH="/tmp/offsite:$PWD" timeout "${OFFICIAL_TIMEOUT:-150}" python3 -m benchmarks.official_baseline \
-      --dummy "$shape" --seed 0 --device cuda --frames 150 --batch 1,8 --json "$OUT/official_$shape.json" \
-      --md "$OUT/official_$shape.md" --compare "$OUT/bench_$shape.json" > "$OUT/official_$shape.log" 2>&1
-    tail -12 "$OUT/official_$shape.log"
-  fi
-  timeout "${TTFA_TIMEOUT:-120}" python3 -m benchmarks.socket_ttfa --dummy "$shape" --device cuda --concurrency 1,32 \
-    --json "$OUT/ttfa_$shape.json" --md "$OUT/ttfa_$shape.md" > "$OUT/ttfa_$shape.log" 2>&1
-  tail -8 "$OUT/ttfa_$shape.log"
+SHAPE=${SHAPE:-0.6b} FUSE=${FUSE:-layer} CODEC=${CODEC:-torch}
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee -a "$OUT/gpu.txt"
+run() {  # run NAME LIMIT CMD... : time-limited, log in $OUT/NAME.log, its tail printed
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc $? in $((SECONDS - t0)) s"
+  tail -n "${TAIL:-14}" "$OUT/$name.log"
+}
+for stage in "$@"; do
+  case $stage in
+    tests) run gpu_tests "${T_TESTS:-240}" python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ ;;
+    ab) run "ab_$SHAPE" "${T_AB:-240}" python3 -m benchmarks.ab_step --dummy "$SHAPE" ${AB_ARGS:-} --json "$OUT/ab_$SHAPE.json" ;;
+    bench) run "bench_$SHAPE" "${T_BENCH:-240}" python3 -m benchmarks.bench --dummy "$SHAPE" --codec "$CODEC" ${BENCH_ARGS:-} \
+             --json "$OUT/bench_$SHAPE.json" --md "$OUT/bench_$SHAPE.md" ;;
+    book) run "book_$SHAPE" "${T_BOOK:-180}" python3 -m benchmarks.book_job --dummy "$SHAPE" --codec "$CODEC" --fuse "$FUSE" \
+            ${BOOK_ARGS:-} --json "$OUT/book_$SHAPE.json" ;;
+    load) run "load_$SHAPE" "${T_LOAD:-420}" python3 -m benchmarks.load --dummy "$SHAPE" --device cuda --dtype bfloat16 \
+            ${LOAD_ARGS:---slots 64 --frames 60 --rates 1,4,10,20,30} --json "$OUT/load_$SHAPE.json" --md "$OUT/load_$SHAPE.md" ;;
+    loadbook) run "loadbook_$SHAPE" "${T_LOAD:-300}" python3 -m benchmarks.load --dummy "$SHAPE" --device cuda --dtype bfloat16 \
+            ${LOAD_ARGS:---slots 64 --frames 60 --rates 10} --book 300 --json "$OUT/loadbook_$SHAPE.json" --md "$OUT/loadbook_$SHAPE.md" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
 done
