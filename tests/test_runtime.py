@@ -76,7 +76,7 @@ def test_runner_sampled_same_seed_same_codes_any_batch(topk_cap, fuse):
     step sorts only the best 64 ids (topk_cap) or the whole vocabulary."""
     eng = engine()
     reqs = requests(4, greedy=False)
-    kw = dict(max_context=256, topk_cap=topk_cap, fuse=fuse)
+    kw = dict(max_context=256, topk_cap=topk_cap, topk_min_batch=1, fuse=fuse)
     solo = [EngineRunner(eng, max_slots=1, **kw).synthesize([r])[0].codes for r in reqs]
     batched = [r.codes for r in EngineRunner(eng, max_slots=4, **kw).synthesize(reqs)]
     ref = reference(eng, reqs)

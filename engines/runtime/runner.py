@@ -59,6 +59,7 @@ class EngineConfig:
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)
+    topk_min_batch: int = 16  # ... from this batch bucket up (measured: below it the full sort is faster)
     first_chunk_frames: int = 1  # streams: frames in the first codec chunk (then doubling up to max_chunk_frames)
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
@@ -234,9 +235,10 @@ class EngineRunner:
         lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
         for b in self.buckets:
             for length in lengths:
-                if (b, length, self.cfg.topk_cap) not in self.graphs:  # the official sampling defaults' variant
+                cap = self.cfg.topk_cap if b >= self.cfg.topk_min_batch else 0  # the official defaults' variant
+                if (b, length, cap) not in self.graphs:
                     cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-                    args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, self.cfg.topk_cap)
+                    args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, cap)
                     self.fast(*args)  # warm-up (and compilation) on free rows: they write only scratch
                     self._capture_step(b, length, args)
         t1 = time.perf_counter()
@@ -374,7 +376,8 @@ class EngineRunner:
 
     def _decode(self, n: int) -> None:
         """Launch one step; read back the previous one meanwhile (overlap) or this one (no overlap)."""
-        if self.use_graphs and (*self._bucket(n), self._k_cap(self.slots.seqs)) not in self.graphs:
+        b, length = self._bucket(n)
+        if self.use_graphs and (b, length, self._k_cap(self.slots.seqs, b)) not in self.graphs:
             self._drain()
         rec = self._launch(n)
         prev, self._inflight = self._inflight, rec
@@ -423,11 +426,12 @@ class EngineRunner:
                 seq.handle.finished_by_eos = bool(eos[i])
                 self._end(seq)
 
-    def _k_cap(self, seqs) -> int:
-        """The top-k cap a step over `seqs` may sort with: cfg.topk_cap when every sampling row keeps at most
-        that many ids (true for the official defaults, top-k 50), else 0 (the whole vocabulary is sorted)."""
-        cap = self.cfg.topk_cap
-        for seq in seqs:
+    def _k_cap(self, seqs, b: int) -> int:
+        """The top-k cap a step over `seqs` in batch bucket b sorts with: cfg.topk_cap when b >= topk_min_batch
+        and every sampling row keeps at most that many ids (true for the official defaults, top-k 50), else 0
+        (the whole vocabulary is sorted)."""
+        cap = self.cfg.topk_cap if b >= self.cfg.topk_min_batch else 0
+        for seq in seqs if cap else ():
             s = seq.settings
             if (s.do_sample and not 0 < s.top_k <= cap) or (s.subtalker_dosample and not 0 < s.subtalker_top_k <= cap):
                 return 0
@@ -435,7 +439,7 @@ class EngineRunner:
 
     def _run_step(self, b: int, length: int) -> None:
         cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
-        k_cap = self._k_cap(self.slots.seqs)
+        k_cap = self._k_cap(self.slots.seqs, b)
         args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, k_cap)
         if not self.use_graphs:
             self.fast(*args)
