@@ -35,7 +35,7 @@ def fill(runner: EngineRunner, batch: int, frames: int) -> list:
 def drain(runner: EngineRunner, handles: list) -> None:
     for h in handles:
         h.cancel()
-    while runner.slots.n_active or any(l.members for l in runner.lanes.values()) or runner._inflight:
+    while runner.slots.n_active or any(l.busy for l in runner.lanes.values()) or runner._inflight:
         runner.step_once()
 
 

@@ -86,7 +86,7 @@ def step_breakdown(runner: EngineRunner, frames: int, batch: int) -> dict:
         times.append(a.elapsed_time(b))
     for h in handles:
         h.cancel()
-    while runner.slots.n_active or len(runner.sched.queue) or any(l.members for l in runner.lanes.values()):
+    while runner.slots.n_active or len(runner.sched.queue) or any(l.busy for l in runner.lanes.values()):
         runner.step_once()
     codec = {}
     for lane_name, frames in (("stream", 8), ("batch", runner.lanes["batch"].chunk_cap(pick_bucket(batch, runner.lanes["batch"].buckets)))):
@@ -102,6 +102,22 @@ def step_breakdown(runner: EngineRunner, frames: int, batch: int) -> dict:
         codec[lane_name] = {"rows": b, "frames": frames, "ms": statistics.median(times),
                             "audio_s_per_s": b * frames * FRAME_S / (statistics.median(times) / 1e3)}
     return {"batch": batch, "decode_step_ms": statistics.median(times), "codec": codec}
+
+
+def measure(runner: EngineRunner, phases: list, args, slots: int, conc: list, prefix: str) -> dict:
+    """The closed-loop phases (single stream, TTFA at 1 and 32 streams, aggregate); keys get `prefix`."""
+    res = {}
+    if "single" in phases:
+        singles = [closed_loop(runner, 1, 1, args.frames)["wall_s"] for _ in range(3)]
+        wall = statistics.median(singles)
+        res["single"] = {"x_realtime": args.frames * FRAME_S / wall, "ms_per_frame": 1e3 * wall / args.frames}
+    if "ttfa1" in phases:
+        res["ttfa_c1"] = closed_loop(runner, 1, args.ttfa_requests, 20)
+    if "ttfa32" in phases and slots >= 32:
+        res["ttfa_c32"] = closed_loop(runner, 32, max(args.ttfa_requests, 64), args.frames)
+    if "aggregate" in phases:
+        res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames, priority=1) for c in conc]
+    return {prefix + k: v for k, v in res.items()}
 
 
 def main() -> None:
@@ -120,6 +136,8 @@ def main() -> None:
     ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on", help="cuDNN autotuning of the codec convs")
     ap.add_argument("--batch-chunk", type=int, default=64, help="batch work: frames per codec chunk")
+    ap.add_argument("--codec-streams", default="on", help="codec lanes on their own CUDA streams: on, off, or "
+                    "on,off (A/B: the phases run once per setting, same process)")
     ap.add_argument("--phases", default="single,ttfa1,ttfa32,aggregate,breakdown",
                     help="comma list of single, ttfa1, ttfa32, aggregate, breakdown")
     ap.add_argument("--json")
@@ -163,16 +181,11 @@ def main() -> None:
     phases = args.phases.split(",")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    if "single" in phases:
-        singles = [closed_loop(runner, 1, 1, args.frames)["wall_s"] for _ in range(3)]
-        wall = statistics.median(singles)
-        res["single"] = {"x_realtime": args.frames * FRAME_S / wall, "ms_per_frame": 1e3 * wall / args.frames}
-    if "ttfa1" in phases:
-        res["ttfa_c1"] = closed_loop(runner, 1, args.ttfa_requests, 20)
-    if "ttfa32" in phases and slots >= 32:
-        res["ttfa_c32"] = closed_loop(runner, 32, max(args.ttfa_requests, 64), args.frames)
-    if "aggregate" in phases:
-        res["aggregate"] = [closed_loop(runner, c, max(2 * c, 4), args.frames, priority=1) for c in conc]
+    variants = args.codec_streams.split(",")
+    for v in variants:
+        for lane in runner.lanes.values():
+            lane.use_stream(v == "on")
+        res.update(measure(runner, phases, args, slots, conc, "" if len(variants) == 1 else f"codec_streams_{v}:"))
     runner.stop()
     if "breakdown" in phases and cuda:
         sizes = sorted({1, 32, min(128, slots), slots} & set(range(1, slots + 1)))
@@ -193,14 +206,18 @@ def markdown(r: dict) -> str:
     lines = [f"### {r['model']} {r['dtype']} on {r['device']} ({r['frames']} frames per request, "
              f"{r['slots']} slots, codec {r['codec']})", "", "| metric | value |", "|---|---|",
              f"| start-up (graphs captured, regions compiled) | {r['startup_s']:.1f} s |"]
-    if "single" in r:
-        lines.append(f"| single stream | {r['single']['x_realtime']:.1f}x realtime, "
-                     f"{r['single']['ms_per_frame']:.2f} ms/frame |")
-    for key, label in (("ttfa_c1", "TTFA at 1 stream"), ("ttfa_c32", "TTFA at 32 streams")):
-        if key in r:
-            lines.append(f"| {label} | p50 {r[key]['ttfa_p50_ms']:.1f} ms, p95 {r[key]['ttfa_p95_ms']:.1f} ms |")
-    for a in r.get("aggregate", []):
-        lines.append(f"| aggregate (batch work) c={a['concurrency']} | {a['audio_s_per_s']:.0f} audio-s/s |")
+    prefixes = sorted({k.split(":")[0] + ":" for k in r if ":" in k}) or [""]
+    for p in prefixes:
+        tag = f" ({p[:-1]})" if p else ""
+        if p + "single" in r:
+            lines.append(f"| single stream{tag} | {r[p + 'single']['x_realtime']:.1f}x realtime, "
+                         f"{r[p + 'single']['ms_per_frame']:.2f} ms/frame |")
+        for key, label in (("ttfa_c1", "TTFA at 1 stream"), ("ttfa_c32", "TTFA at 32 streams")):
+            if p + key in r:
+                lines.append(f"| {label}{tag} | p50 {r[p + key]['ttfa_p50_ms']:.1f} ms, "
+                             f"p95 {r[p + key]['ttfa_p95_ms']:.1f} ms |")
+        for a in r.get(p + "aggregate", []):
+            lines.append(f"| aggregate (batch work) c={a['concurrency']}{tag} | {a['audio_s_per_s']:.0f} audio-s/s |")
     for b in r.get("breakdown", []):
         c = b["codec"]
         lines.append(f"| step at batch {b['batch']} | decode {b['decode_step_ms']:.2f} ms; codec stream lane "

@@ -38,6 +38,38 @@ def write_book(path: Path, chapters: int, paragraphs: int) -> None:
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
+def run_book(runner: EngineRunner, slots: int, args) -> dict:
+    """Submit a generated book and work it through the real jobs path; its figures (steady state)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        book = home / "book.txt"
+        write_book(book, args.chapters, args.paragraphs)
+        paths = Paths(home).ensure()
+        queue = Queue(paths.db)
+        spec = JobSpec(voice="vivian", language="english", format=args.format, title="Benchmark book",
+                       sampling={"max_new_tokens": args.frames + 1, "min_new_tokens": args.frames + 1})
+        t0 = time.perf_counter()
+        job_id, error = submit_file(queue, paths, book, spec)
+        if error:
+            raise SystemExit(f"submit failed: {error}")
+        t_submitted = time.perf_counter()
+        # one worker keeps every slot busy: it tops up as segments finish (jobs.worker, pipelined)
+        worker = Worker(Queue(paths.db), runner, paths, batch_size=slots, guard=GuardSettings(enabled=False))
+        steps0 = runner.steps
+        while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
+            if not worker.run_once():
+                time.sleep(0.01)
+        wall = time.perf_counter() - t0
+        worker.close()
+        manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
+        segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
+        audio = max(ch["book_end_s"] for ch in manifest["chapters"])
+        return {"segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
+                "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
+                "state": queue.job(job_id)["state"], "decode_steps": runner.steps - steps0,
+                "engine": runner.stats()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dummy", choices=["0.6b", "1.7b"], default="0.6b")
@@ -51,6 +83,8 @@ def main() -> None:
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--fuse", default="layer", help="decode-step regions: layer or pass")
     ap.add_argument("--format", default="flac")
+    ap.add_argument("--codec-streams", default="on", help="codec lanes on their own CUDA streams: on, off, or "
+                    "on,off (A/B: the book runs once per setting, same process)")
     ap.add_argument("--json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -78,37 +112,18 @@ def main() -> None:
     prep = runner.prepare()  # start-up (compile, capture) apart from the book's time
     startup = time.perf_counter() - t_prep
     runner.start()
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        book = home / "book.txt"
-        write_book(book, args.chapters, args.paragraphs)
-        paths = Paths(home).ensure()
-        queue = Queue(paths.db)
-        spec = JobSpec(voice="vivian", language="english", format=args.format, title="Benchmark book",
-                       sampling={"max_new_tokens": args.frames + 1, "min_new_tokens": args.frames + 1})
-        t0 = time.perf_counter()
-        job_id, error = submit_file(queue, paths, book, spec)
-        if error:
-            raise SystemExit(f"submit failed: {error}")
-        t_submitted = time.perf_counter()
-        # one worker keeps every slot busy: it tops up as segments finish (jobs.worker, pipelined)
-        worker = Worker(Queue(paths.db), runner, paths, batch_size=slots, guard=GuardSettings(enabled=False))
-        while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
-            if not worker.run_once():
-                time.sleep(0.01)
-        wall = time.perf_counter() - t0
-        worker.close()
-        runner.stop()
-        manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
-        segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
-        audio = max(ch["book_end_s"] for ch in manifest["chapters"])
-        res = {"device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
-               "model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
-               "fuse": args.fuse, "slots": slots, "max_context": ctx, "load_s": t_prep - t_load,
-               "startup_s": startup, "prepare": prep, "segments": len(segs), "chapters": len(manifest["chapters"]),
-               "book_audio_s": audio, "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
-               "format": args.format, "state": queue.job(job_id)["state"],
-               "engine": runner.stats()}
+    res = {"device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
+           "model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
+           "fuse": args.fuse, "slots": slots, "max_context": ctx, "load_s": t_prep - t_load,
+           "startup_s": startup, "prepare": prep, "format": args.format}
+    variants = args.codec_streams.split(",")
+    for v in variants:
+        for lane in runner.lanes.values():
+            lane.use_stream(v == "on")
+        out = run_book(runner, slots, args)
+        res.update(out if len(variants) == 1 else {f"codec_streams_{v}": out})
+        logging.info("book (codec streams %s): %.1f audio-s/s", v, out["audio_s_per_s"])
+    runner.stop()
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

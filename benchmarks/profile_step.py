@@ -40,7 +40,7 @@ def main() -> None:
             print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
         for h in list(runner.slots.seqs):
             h.handle.cancel()
-        while runner.slots.n_active or any(l.members for l in runner.lanes.values()):
+        while runner.slots.n_active or any(l.busy for l in runner.lanes.values()):
             runner.step_once()
         for lane in runner.lanes.values():
             lane.use_graphs = False  # eager: the profiler sees every kernel

@@ -4,22 +4,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engines.runtime.stream import CodecLane, FrameStore
+from engines.runtime.codec_lane import CodecLane
+from engines.runtime.stream import FrameStore
 
 
 def drive_lane(codec, frames: torch.Tensor, plan, first: int = 1, max_chunk: int = 4, use_graphs: bool = False,
-               device="cpu") -> tuple[list[np.ndarray], CodecLane]:
+               device="cpu", wait: bool = True) -> tuple[list[np.ndarray], CodecLane]:
     """Feed frames [S, T, K] through a codec lane following `plan` (frames per request per round): frames
     written to each request's FrameStore row, the lane told how many there are, one lane call per round
     (then one per round until every request's audio is complete). Returns each request's audio and the lane."""
     s, t_max = frames.shape[0], frames.shape[1]
     store = FrameStore(s, t_max, frames.shape[2], device)
-    lane = CodecLane("test", codec, store, first, max_chunk, 4096, use_graphs=use_graphs)
+    lane = CodecLane("test", codec, store, first, max_chunk, 4096, use_graphs=use_graphs, wait=wait)
     members = [lane.add(i, store.take(), 0) for i in range(s)]
     audio, pos = [[] for _ in range(s)], [0] * s
 
-    def collect():
-        out, _ = lane.run()
+    def collect(drain=False):
+        out, _ = lane.drain() if drain else lane.run()
         for m, a in out:
             audio[m.seq].append(a)
 
@@ -32,5 +33,6 @@ def drive_lane(codec, frames: torch.Tensor, plan, first: int = 1, max_chunk: int
         collect()
     for _ in range(t_max):
         collect()
-    assert not lane.members, "every request's audio should be complete"
+    collect(drain=True)  # calls still in flight (a lane that does not wait)
+    assert not lane.members and not lane.busy, "every request's audio should be complete"
     return [np.concatenate(a) for a in audio], lane

@@ -12,7 +12,8 @@ import torch
 
 from engines.codec import build as B
 from engines.codec.backend_torch import TorchCodec
-from engines.runtime.stream import CodecLane, FrameStore
+from engines.runtime.codec_lane import CodecLane
+from engines.runtime.stream import FrameStore
 from lane_util import drive_lane
 
 TINY = Path(__file__).parent / "data" / "tiny"

@@ -188,11 +188,14 @@ def test_compiled_codec_in_cuda_graphs_matches_eager(codec_dir, tmp_path):  # pr
         frames = torch.randint(0, dec.config.codebook_size, (4, 20, dec.config.num_quantizers), generator=g)
         plan = ((1, 1, 1, 0), (2, 2, 1, 1), (4, 4, 4, 4), (8, 8, 8, 8), (5, 5, 6, 7))
         outs = []
-        for c in (TorchCodec(dec, 4), codec):
-            audio, lane = drive_lane(c, frames, plan, first=1, max_chunk=8, use_graphs=True, device="cuda")
+        for c, wait in ((TorchCodec(dec, 4), True), (codec, True), (TorchCodec(dec, 4), False)):
+            # wait=False: calls overlap on the lane's stream and their audio is collected later (batch lane)
+            audio, lane = drive_lane(c, frames, plan, first=1, max_chunk=8, use_graphs=True, device="cuda", wait=wait)
             assert len(lane.graphs) >= 3  # buckets were captured
             outs.append(audio)
-        for a, b in zip(*outs):
+        for a, b in zip(outs[0], outs[2]):
+            assert a.shape == b.shape and np.abs(a - b).max() <= TOL
+        for a, b in zip(*outs[:2]):
             assert a.shape == b.shape == (20 * dec.samples_per_frame,)
             assert np.abs(a - b).max() <= TOL
         err = ragged_parity(lambda b: TorchCodec(dec, b),

@@ -100,25 +100,29 @@ class StreamGraph(DeviceGraph):
     `ns` must offer Stream, current_stream, stream (context), and `graph(g, pool=, stream=)`;
     `graph_cls` is the native graph class (torch.cuda.CUDAGraph, torch_npu.npu.NPUGraph). `pool`
     (a graph_pool_handle()) lets many bucket graphs share one memory pool.
+
+    `stream`: the stream to capture on (default: a fresh side stream). Library handles keep a workspace
+    per stream (cuBLAS), and a captured graph keeps using the workspace of the stream it was captured on:
+    graphs that may replay at the same time on different streams must be captured on different streams.
     """
 
     kind = "stream"
 
-    def __init__(self, device, ns, graph_cls, pool=None):
+    def __init__(self, device, ns, graph_cls, pool=None, stream=None):
         super().__init__(device)
-        self.ns, self.graph_cls, self.pool = ns, graph_cls, pool
+        self.ns, self.graph_cls, self.pool, self.stream = ns, graph_cls, pool, stream
         self.graph = None
 
     def capture(self, fn: Callable, *static_inputs: Tensor, warmup: int = 1) -> Any:
         ns = self.ns
-        side = ns.Stream(self.device)
+        side = self.stream if self.stream is not None else ns.Stream(self.device)
         side.wait_stream(ns.current_stream(self.device))
         with ns.stream(side):  # warm-up off the capture: lazy inits, allocator, autotuning
             for _ in range(warmup):
                 fn(*static_inputs)
         ns.current_stream(self.device).wait_stream(side)
         self.graph = self.graph_cls()
-        with ns.graph(self.graph, pool=self.pool, stream=side):
+        with ns.graph(self.graph, pool=self.pool, stream=side), _no_autotune_search():
             self.outputs = fn(*static_inputs)
         _tensors(self.outputs)  # type check
         self._fn, self._inputs = fn, static_inputs
@@ -131,16 +135,46 @@ class StreamGraph(DeviceGraph):
         return self.outputs
 
 
+class _no_autotune_search:
+    """cuDNN's benchmark mode times candidate kernels (FIND), which cannot run inside a capture: a conv
+    whose cached choice misses (seen for some codec shapes) would invalidate the capture. Inside a
+    capture cuDNN picks by its heuristics instead."""
+
+    def __enter__(self):
+        self.saved = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.benchmark = self.saved
+
+
 class CudaGraph(StreamGraph):
     """torch.cuda.CUDAGraph behind the DeviceGraph interface."""
 
     kind = "cuda"
 
-    def __init__(self, device="cuda", pool=None):
-        super().__init__(device, torch.cuda, torch.cuda.CUDAGraph, pool)
+    def __init__(self, device="cuda", pool=None, stream=None):
+        super().__init__(device, torch.cuda, torch.cuda.CUDAGraph, pool, stream)
 
 
-def make_graph(device: str | torch.device, pool=None) -> DeviceGraph:
+def distinct_streams(device, priorities: tuple) -> list:
+    """One CUDA stream per entry of `priorities` (lower = more urgent), pairwise distinct: torch hands out
+    pooled streams round-robin, and work that may run at the same time needs different streams (and so
+    different library workspaces, see StreamGraph)."""
+    out, seen = [], set()
+    for p in priorities:
+        for _ in range(64):
+            s = torch.cuda.Stream(device, priority=p)
+            if s.cuda_stream not in seen:
+                break
+        else:
+            raise RuntimeError("could not get distinct CUDA streams")
+        seen.add(s.cuda_stream)
+        out.append(s)
+    return out
+
+
+def make_graph(device: str | torch.device, pool=None, stream=None) -> DeviceGraph:
     """CudaGraph on CUDA, NPUGraph on Ascend (needs torch_npu), EagerGraph elsewhere."""
     if str(device).startswith("npu"):  # checked first: "npu" is only a torch device once torch_npu is loaded
         from engines.device.npu import NPUGraph
@@ -148,5 +182,5 @@ def make_graph(device: str | torch.device, pool=None) -> DeviceGraph:
         return NPUGraph(device, pool)
     dev = torch.device(device)
     if dev.type == "cuda":
-        return CudaGraph(dev, pool)
+        return CudaGraph(dev, pool, stream)
     return EagerGraph(dev)

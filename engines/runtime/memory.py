@@ -2,7 +2,7 @@
 
 Per slot the runner keeps the talker's KV cache (`max_context` positions), the text rows still to feed,
 two codec stream states (one per codec lane) and two FrameStore rows. Besides that, independent of the
-slot count: the prefill side cache, the largest codec call's activations (`batch_call_frames` frames at
+slot count: the prefill side cache, the largest codec call's activations in each of the two codec lanes (`batch_call_frames` frames at
 24 kHz through the last upsampling stage) and the captured graphs' pools. `plan_slots` sizes the slot
 count so all of it fits in the free memory with headroom (before or after the weights are loaded); on
 the CPU it is one slot per core.
@@ -74,7 +74,8 @@ def fixed_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_
     d = codec.decoder
     spf = math.prod(d.upsample_rates) * math.prod(d.upsampling_ratios)
     last_channels = d.decoder_dim // 2 ** len(d.upsample_rates)
-    return side + batch_call_frames * spf * last_channels * b * CODEC_LIVE_TENSORS + GRAPH_RESERVE
+    # two codec lanes (streams, batch work), each with its own graph pool: their calls may run at once
+    return side + 2 * batch_call_frames * spf * last_channels * b * CODEC_LIVE_TENSORS + GRAPH_RESERVE
 
 
 def weights_bytes(model_dir: str | Path, dtype: torch.dtype) -> int:

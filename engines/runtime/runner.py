@@ -28,12 +28,14 @@ import torch
 from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.errors import TTSError
 from engines.model.generate import control_mask
+from engines.device.graphs import distinct_streams, make_graph
 from engines.model.layers import KVCache
 
 from engines.runtime.scheduler import Scheduler, length_bucket, pick_bucket
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
-from engines.runtime.stream import CodecLane, FrameStore, StreamHandle
+from engines.runtime.codec_lane import CodecLane
+from engines.runtime.stream import FrameStore, StreamHandle
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class EngineConfig:
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
     batch_call_frames: int = 4096  # batch work: rows x frames of one codec call (bounds its memory)
+    codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
 
@@ -127,19 +130,23 @@ class EngineRunner:
 
         cfg = self.cfg
         self.store = FrameStore(2 * n, cfg.max_context, tc.num_code_groups, self.device)
-        # one memory pool for every captured graph: they all replay on one stream, one at a time
+        # one memory pool for the decode graphs (they replay on one stream, one at a time); each codec lane
+        # has its own stream and pool, so its calls overlap the decode steps
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs and self.device.type == "cuda" else None
-        codec_pool = self._pool
-        self.lanes = {  # priority 0 (streams) and batch work
+        cuda = self.device.type == "cuda"
+        # decode graphs are captured on one stream, each lane works on its own: never one cuBLAS workspace twice
+        self._capture_stream, s_stream, b_stream = distinct_streams(self.device, (0, -1, 0)) if cuda else (None,) * 3
+        self.lanes = {  # priority 0 (streams): waited for at once, high-priority stream; batch work: collected later
             "stream": CodecLane("stream", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
                                 cfg.first_chunk_frames, cfg.max_chunk_frames, cfg.batch_call_frames, self.use_graphs,
-                                codec_pool),
+                                wait=True, stream=s_stream),
             "batch": CodecLane("batch", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
                                cfg.batch_chunk_frames, cfg.batch_chunk_frames, cfg.batch_call_frames, self.use_graphs,
-                               codec_pool, lazy_finish=True),
+                               lazy_finish=True, wait=False, stream=b_stream),
         }
         for lane in self.lanes.values():
             lane.before_capture = self._drain
+            lane.use_stream(cfg.codec_streams)
         self.sched = Scheduler(n, self.cfg.max_queue, self.cfg.prefill_batch)
         self.slots = self.sched.slots
         self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
@@ -228,7 +235,7 @@ class EngineRunner:
         seconds spent and the graph counts (empty on the CPU, where nothing is captured)."""
         if not self.use_graphs:
             return {}
-        if self.slots.n_active or self.sched.prefilling or any(l.members for l in self.lanes.values()):
+        if self.slots.n_active or self.sched.prefilling or any(l.busy for l in self.lanes.values()):
             raise RuntimeError("prepare() captures graphs on idle slots: call it before submitting requests")
         t0 = time.perf_counter()
         step, cap = self.cfg.length_step, self.cfg.max_context
@@ -291,7 +298,7 @@ class EngineRunner:
                 self._fail_all("internal engine error (see the daemon log)")
 
     def _has_work(self) -> bool:
-        return self.sched.has_work or self._inflight is not None or any(l.members for l in self.lanes.values())
+        return self.sched.has_work or self._inflight is not None or any(l.busy for l in self.lanes.values())
 
     @torch.no_grad()
     def step_once(self) -> None:
@@ -452,9 +459,7 @@ class EngineRunner:
         graph.replay()
 
     def _capture_step(self, b: int, length: int, args: tuple) -> None:
-        from engines.device.graphs import make_graph
-
-        graph = make_graph(self.device, self._pool)
+        graph = make_graph(self.device, self._pool, self._capture_stream)
         graph.capture(lambda: (self.fast(*args), self.table.codes)[1], warmup=0)
         self.graphs[(b, length, args[-1])] = graph
         log.info("captured decode graph batch=%d length=%d top-k cap=%d", b, length, args[-1])
@@ -469,17 +474,20 @@ class EngineRunner:
             seq.slot = -1
 
     def _run_codec(self) -> None:
-        """Every lane that is due decodes; requests whose audio is complete end."""
+        """Every lane that is due launches a call; what finished calls made goes to the requests, and the
+        requests whose audio is complete end (their FrameStore row is free again)."""
+        idle = not self.slots.n_active and self._inflight is None and not self.sched.has_work
         for lane in self.lanes.values():
-            out, complete = lane.run()
-            for m, audio in out:
-                m.seq.handle.add_audio(audio)
-            for m in complete:
-                seq = m.seq
-                if not m.dropped:
-                    seq.handle.codes = self.store.read(m.frame_row, m.n_ref, m.emitted)
-                self.store.give(m.frame_row)
-                seq.handle.finish()
+            self._deliver(*lane.run(block=idle))  # nothing else to do: wait for the codec rather than spin
+
+    def _deliver(self, out: list, complete: list) -> None:
+        for m, audio in out:
+            m.seq.handle.add_audio(audio)
+        for m in complete:
+            if not m.dropped:
+                m.seq.handle.codes = m.codes
+            self.store.give(m.frame_row)
+            m.seq.handle.finish()
 
     def _retire(self, slot: int) -> None:
         move = self.slots.remove(slot)
@@ -499,7 +507,8 @@ class EngineRunner:
         for seq in self.sched.drop_all():
             seq.handle.fail(TTSError(message))
         for lane in self.lanes.values():
-            for m in lane.members:
+            _, complete = lane.drain()
+            for m in complete + lane.members:
                 m.seq.handle.fail(TTSError(message))
                 self.store.give(m.frame_row)
             lane.reset_all()

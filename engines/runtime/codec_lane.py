@@ -1,0 +1,337 @@
+"""Codec lanes: stored code frames -> PCM, batched across requests, on their own device stream.
+
+A `CodecLane` is a contiguous set of codec stream rows with its own chunk policy, its own codec
+backend instance and, on CUDA, its own CUDA stream and graph memory pool. The runner has two:
+streams (priority 0 requests: a small first chunk, then doubling, so audio starts early and later
+chunks are cheap; a high-priority CUDA stream) and batch work (large chunks, frames per call capped so
+one call's memory stays bounded). A lane call decodes its first b members (b a batch bucket) for n
+frames (a frame bucket) in one batched call, captured once per (b, n) in a device graph on CUDA; the
+codes are gathered from the FrameStore inside the call.
+
+Calls overlap the decode steps: they run on the lane's stream, and their audio is copied to pinned
+host memory behind an event. A lane with `wait=True` (streams) waits for its call at once, which
+costs the host only the call itself (the next decode step is already queued on the GPU); the batch
+lane collects finished calls on later `run()`s. A member's FrameStore row is handed back only when
+the call that read its last frames has finished.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from contextlib import nullcontext
+from typing import Optional
+
+import numpy as np
+import torch
+
+from engines.runtime.scheduler import pick_bucket
+
+log = logging.getLogger(__name__)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Member:
+    """A request's place in a codec lane; its row in the lane moves when others leave."""
+
+    __slots__ = ("frame_row", "n_ref", "emitted", "decoded", "target", "discard", "finished", "dropped", "seq",
+                 "codes")
+
+    def __init__(self, seq, frame_row: int, n_ref: int, first: int, spf: int):
+        self.seq, self.frame_row, self.n_ref = seq, frame_row, n_ref
+        self.emitted = n_ref  # frames in the FrameStore row (reference codes first)
+        self.decoded = 0
+        self.target = first + n_ref
+        self.discard = n_ref * spf  # samples of reference audio to drop
+        self.finished = False  # no more frames will come
+        self.dropped = False  # cancelled: decode nothing more
+        self.codes: Optional[np.ndarray] = None  # [frames, K] int64, set when its audio is complete
+
+    @property
+    def pending(self) -> int:
+        return self.emitted - self.decoded
+
+
+class _Call:
+    """A launched lane call: its audio on the way to host memory, and the members it completes."""
+
+    __slots__ = ("event", "wav", "parts", "complete", "codes")
+
+    def __init__(self):
+        self.event = None  # CUDA event after the host copies (None: already done)
+        self.wav = None  # [b, n * spf] float32, host (pinned on CUDA)
+        self.parts: list = []  # (member, row, samples from, samples to)
+        self.complete: list = []  # members whose audio ends with this call
+        self.codes: list = []  # (member, host int32 codes [frames, K])
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
+class CodecLane:
+    """Codec stream rows [0, size) of one backend instance, members packed at the front.
+
+    Chunk policy: a call is due when a member has `target` frames pending (growing from `first` by
+    doubling up to `max_chunk`) or has finished with frames pending. A call covers members [0, b) for
+    n = the frame bucket of the largest pending count, capped so that b * n <= `frames_per_call`.
+    """
+
+    def __init__(self, name: str, codec, frames, first: int, max_chunk: int, frames_per_call: int,
+                 use_graphs: bool, pool=None, lazy_finish: bool = False, wait: bool = True, stream=None,
+                 max_inflight: int = 2):
+        self.name, self.codec, self.frames = name, codec, frames
+        self.first, self.max_chunk, self.frames_per_call = first, max_chunk, frames_per_call
+        # lazy_finish: a finished member's last frames wait for the next call that is due anyway (batch
+        # work: no call of b rows for one member's tail) unless the lane is full or everyone has finished
+        self.lazy_finish = lazy_finish
+        self.spf = codec.samples_per_frame
+        self.k = self._num_quantizers(codec)
+        self.size = codec.batch_size
+        self.buckets = tuple(b for b in BUCKETS if b < self.size) + (self.size,)
+        self.members: list[Member] = []
+        self.use_graphs = use_graphs and getattr(codec, "graphable", False)
+        if use_graphs and not self.use_graphs:
+            log.info("the %s codec is not graph-captured (runs as is)", codec.name)
+        self.graphs: dict = {}  # (b, n) -> (graph, ctrl_in, wav_out), or None: runs eagerly (capture failed)
+        self.pool = pool
+        self.before_capture = None  # called before a new graph is captured (the runner drains its step)
+        self.calls = 0
+        dev = frames.codes.device
+        self.cuda = dev.type == "cuda"
+        # its own stream (given by the runner, distinct from the decode graphs' capture stream)
+        self._own_stream = (stream or torch.cuda.Stream(dev)) if self.cuda else None
+        self._wait, self.max_inflight = wait, max_inflight
+        self._inflight: deque[_Call] = deque()
+        self.use_stream(True)
+
+    def use_stream(self, on: bool) -> None:
+        """Run calls on the lane's own stream, overlapping the decode steps (on: the default), or on the
+        caller's stream, each waited for (off: the behaviour before lanes had streams; for A/B runs)."""
+        if self._inflight:
+            raise RuntimeError("use_stream needs a lane with no call in flight")
+        self.stream = self._own_stream if on else None
+        self.wait = self._wait if on else True
+
+    @staticmethod
+    def _num_quantizers(codec) -> int:
+        dec = getattr(codec, "decoder", None)
+        return dec.config.num_quantizers if dec is not None else codec.num_quantizers
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+
+    @property
+    def free(self) -> int:
+        return self.size - len(self.members)
+
+    @property
+    def busy(self) -> bool:
+        """Members to decode, or calls whose audio has not been handed out yet."""
+        return bool(self.members or self._inflight)
+
+    def add(self, seq, frame_row: int, n_ref: int) -> Member:
+        m = Member(seq, frame_row, n_ref, self.first, self.spf)
+        mask = torch.zeros(self.size, dtype=torch.bool)
+        mask[len(self.members)] = True
+        with self._on_stream():  # after the lane's earlier calls, which may still use the row
+            self.codec.reset(mask)
+        self.members.append(m)
+        return m
+
+    def chunk_cap(self, b: int) -> int:
+        """Largest frame bucket a call over b rows may use."""
+        cap = max(1, min(self.max_chunk, self.frames_per_call // b))
+        return 1 << (cap.bit_length() - 1)
+
+    def _is_due(self, m: Member, cap: int, flush: bool) -> bool:
+        return m.dropped or m.pending >= min(m.target, cap) or (m.finished and m.pending > 0 and flush)
+
+    def _flush(self) -> bool:
+        """Whether finished members' tails are decoded now (always, unless lazy_finish)."""
+        return not self.lazy_finish or self.free == 0 or all(m.finished for m in self.members)
+
+    def due(self) -> bool:
+        cap = self.chunk_cap(pick_bucket(max(len(self.members), 1), self.buckets))
+        flush = self._flush()
+        return any(self._is_due(m, cap, flush) for m in self.members)
+
+    def run(self, block: bool = False) -> tuple[list, list]:
+        """Launch a call when one is due, hand out what finished calls made -> ([(member, audio)], [members
+        whose audio is complete]); `block` (or a lane that waits): wait for the calls in flight first.
+        See `_launch` for what a call covers."""
+        if len(self._inflight) < self.max_inflight:
+            self._launch()
+        return self._harvest(block=self.wait or block)
+
+    def drain(self) -> tuple[list, list]:
+        """Wait for every launched call and hand out its results (stop, failure)."""
+        return self._harvest(block=True)
+
+    def _launch(self) -> None:
+        """One call if any member is due. The call's frame count n is set by the due members (the bucket of
+        their chunk, at most the cap for b rows); every member decodes up to n of its pending frames in the
+        same call (idle rows cost as much as busy ones, so they may as well advance). Completed (and
+        dropped) members leave the lane now (the last member moves into the hole); they are reported
+        complete when the call has finished."""
+        if not self.members:
+            return
+        b = pick_bucket(len(self.members), self.buckets)
+        cap = self.chunk_cap(b)
+        flush = self._flush()
+        due = [m for m in self.members if self._is_due(m, cap, flush)]
+        if not due:
+            return
+        call = _Call()
+        want = max((min(m.pending, m.target) for m in due if not m.dropped and m.pending), default=0)
+        with self._on_stream():
+            if want:
+                n = min(cap, 1 << (want - 1).bit_length())
+                rows, starts, valid = [self.frames.trash] * b, [0] * b, [0] * b
+                for i, m in enumerate(self.members):
+                    rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
+                call.wav = self._call(torch.tensor([rows, starts, valid], dtype=torch.long), b, n)
+                self.calls += 1
+                for i, m in enumerate(self.members):
+                    got = valid[i] * self.spf
+                    if not got:
+                        continue
+                    cut = min(m.discard, got)
+                    m.discard -= cut
+                    call.parts.append((m, i, cut, got))
+                    m.decoded += valid[i]
+                    m.target = min(max(m.target * 2, self.first), self.max_chunk)
+            done = [m for m in self.members if m.dropped or (m.finished and not m.pending)]
+            for m in done:
+                if not m.dropped:
+                    call.codes.append((m, self._codes_to_host(m)))
+                self._remove(m)
+            call.complete = done
+            if self.cuda:
+                call.event = torch.cuda.Event()
+                call.event.record(self.stream)
+        self._inflight.append(call)
+
+    def _codes_to_host(self, m: Member) -> torch.Tensor:
+        src = self.frames.codes[m.frame_row, m.n_ref:m.emitted]
+        if not self.cuda:
+            return src.clone()
+        host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        host.copy_(src, non_blocking=True)
+        return host
+
+    def _harvest(self, block: bool) -> tuple[list, list]:
+        out, complete = [], []
+        while self._inflight and (block or self._inflight[0].ready()):
+            call = self._inflight.popleft()
+            if call.event is not None:
+                call.event.synchronize()
+            wav = call.wav.numpy() if isinstance(call.wav, torch.Tensor) else call.wav
+            for m, row, a, z in call.parts:
+                if z > a:
+                    out.append((m, wav[row, a:z]))
+            for m, codes in call.codes:
+                m.codes = codes.numpy().astype(np.int64)
+            complete.extend(call.complete)
+        return out, complete
+
+    def _remove(self, m: Member) -> None:
+        i, last = self.members.index(m), len(self.members) - 1
+        if i != last:
+            self.codec.move(last, i)
+            self.members[i] = self.members[last]
+        self.members.pop()
+
+    def reset_all(self) -> None:
+        """Forget every member and launched call (engine failure)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+        self._inflight.clear()
+        with self._on_stream():
+            self.codec.reset()
+        self.members.clear()
+
+    # ----- the call itself --------------------------------------------------------------------------
+    def _gather_decode(self, ctrl: torch.Tensor, n: int) -> torch.Tensor:
+        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore."""
+        rows, start, valid = ctrl[0], ctrl[1], ctrl[2]
+        idx = (start[:, None] + torch.arange(n, device=ctrl.device)).clamp(max=self.frames.max_frames - 1)
+        codes = self.frames.codes[rows[:, None], idx]  # [b, n, K]
+        wav = self.codec.push(codes.permute(0, 2, 1).long(), valid)
+        return wav[:, 0].float()
+
+    def _to_host(self, wav: torch.Tensor):
+        """Device wav -> host: numpy at once on the CPU, else a pinned tensor filled behind the call's event."""
+        if not self.cuda:
+            return wav.cpu().numpy()
+        host = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True)
+        host.copy_(wav, non_blocking=True)
+        return host
+
+    @torch.no_grad()
+    def _call(self, ctrl: torch.Tensor, b: int, n: int):
+        """Launch the (b, n) call on the lane's stream (current); returns its host wav (see `_to_host`)."""
+        dev = self.frames.codes.device
+        entry = self.graphs.get((b, n), False) if self.use_graphs else None
+        if entry is False:  # first use of this bucket: run it for real, then capture it for the next calls
+            return self._to_host(self.capture(b, n, ctrl))
+        if entry is None:
+            return self._to_host(self._gather_decode(ctrl.to(dev, non_blocking=True), n))
+        graph, ctrl_in, out = entry
+        ctrl_in.copy_(ctrl.pin_memory() if self.cuda else ctrl, non_blocking=True)
+        graph.replay()
+        return self._to_host(out)
+
+    def capture(self, b: int, n: int, ctrl: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """Capture the (b, n) call in a device graph. With `ctrl`, also run it for real first (its device
+        wav returned); without, a dry capture at start-up (all rows idle: the codec state is untouched).
+        A capture that fails leaves that bucket eager (logged), never the lane broken."""
+        from engines.device.graphs import make_graph
+
+        if self.before_capture is not None:
+            self.before_capture()
+        dev = self.frames.codes.device
+        wav = None
+        with self._on_stream():
+            if ctrl is not None:
+                ctrl_in = ctrl.to(dev)
+                wav = self._gather_decode(ctrl_in, n)
+            else:
+                ctrl_in = torch.zeros(3, b, dtype=torch.long, device=dev)
+                ctrl_in[0].fill_(self.frames.trash)
+                self._gather_decode(ctrl_in, n)  # warm-up (compile, autotune) with every row idle
+            if self.pool is None and self.cuda:
+                self.pool = torch.cuda.graph_pool_handle()  # one pool for the lane: its calls never overlap
+            graph = make_graph(dev, self.pool, self._own_stream)  # its own stream: its own library workspaces
+            try:
+                out = graph.capture(lambda: self._gather_decode(ctrl_in, n), warmup=0)
+            except RuntimeError as exc:
+                log.warning("%s codec lane: capturing the %d x %d call failed (%s); it runs uncaptured",
+                            self.name, b, n, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self.graphs[(b, n)] = None
+                return wav
+        self.graphs[(b, n)] = (graph, ctrl_in, out)
+        log.debug("captured %s codec lane graph batch=%d frames=%d", self.name, b, n)
+        return wav
+
+    def bench_call(self, b: int, n: int) -> np.ndarray:
+        """One (b, n) call with every row decoding n frames of the scratch row, waited for (benchmarks: the
+        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only."""
+        if self.members or self._inflight:
+            raise RuntimeError("bench_call needs an idle lane")
+        ctrl = torch.zeros(3, b, dtype=torch.long)
+        ctrl[0].fill_(self.frames.trash)
+        ctrl[2].fill_(n)
+        with self._on_stream():
+            wav = self._call(ctrl, b, n)
+        if self.stream is not None:
+            self.stream.synchronize()
+        return wav.numpy() if isinstance(wav, torch.Tensor) else wav
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (b, n) call this lane can make (what start-up captures)."""
+        out = []
+        for b in self.buckets:
+            n = 1
+            while n <= self.chunk_cap(b):
+                out.append((b, n))
+                n *= 2
+        return out
