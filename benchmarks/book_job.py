@@ -121,7 +121,9 @@ def main() -> None:
         for lane in runner.lanes.values():
             lane.use_stream(v == "on")
         out = run_book(runner, slots, args)
-        res.update(out if len(variants) == 1 else {f"codec_streams_{v}": out})
+        key = f"codec_streams_{v}"
+        key += f"_{sum(k.startswith(key) for k in res) + 1}" if key in res else ""
+        res.update(out if len(variants) == 1 else {key: out})
         logging.info("book (codec streams %s): %.1f audio-s/s", v, out["audio_s_per_s"])
     runner.stop()
     print(json.dumps(res, indent=1))

@@ -101,6 +101,7 @@ class CodecLane:
         self._own_stream = (stream or torch.cuda.Stream(dev)) if self.cuda else None
         self._wait, self.max_inflight = wait, max_inflight
         self._inflight: deque[_Call] = deque()
+        self._ring: list = []  # pinned host buffers for call outputs, one per call that may be in flight
         self.use_stream(True)
 
     def use_stream(self, on: bool) -> None:
@@ -189,7 +190,7 @@ class CodecLane:
                 for i, m in enumerate(self.members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
                 call.wav = self._call(torch.tensor([rows, starts, valid], dtype=torch.long), b, n)
-                self.calls += 1
+                self.calls += 1  # after _call: it picks the ring buffer by this count
                 for i, m in enumerate(self.members):
                     got = valid[i] * self.spf
                     if not got:
@@ -224,10 +225,11 @@ class CodecLane:
             call = self._inflight.popleft()
             if call.event is not None:
                 call.event.synchronize()
-            wav = call.wav.numpy() if isinstance(call.wav, torch.Tensor) else call.wav
+            pinned = isinstance(call.wav, torch.Tensor)  # a ring buffer the next calls reuse: copy out
+            wav = call.wav.numpy() if pinned else call.wav
             for m, row, a, z in call.parts:
                 if z > a:
-                    out.append((m, wav[row, a:z]))
+                    out.append((m, wav[row, a:z].copy() if pinned else wav[row, a:z]))
             for m, codes in call.codes:
                 m.codes = codes.numpy().astype(np.int64)
             complete.extend(call.complete)
@@ -259,10 +261,14 @@ class CodecLane:
         return wav[:, 0].float()
 
     def _to_host(self, wav: torch.Tensor):
-        """Device wav -> host: numpy at once on the CPU, else a pinned tensor filled behind the call's event."""
+        """Device wav -> host: numpy at once on the CPU, else a view of a pinned ring buffer filled behind the
+        call's event (allocated once: pinned allocations are slow, and the audio is copied out on harvest)."""
         if not self.cuda:
             return wav.cpu().numpy()
-        host = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True)
+        if not self._ring:
+            size = max(self.frames_per_call, self.size) * self.spf
+            self._ring = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(self.max_inflight)]
+        host = self._ring[self.calls % len(self._ring)][:wav.numel()].view(wav.shape)
         host.copy_(wav, non_blocking=True)
         return host
 
@@ -322,9 +328,12 @@ class CodecLane:
         ctrl[2].fill_(n)
         with self._on_stream():
             wav = self._call(ctrl, b, n)
+        self.calls += 1
         if self.stream is not None:
             self.stream.synchronize()
-        return wav.numpy() if isinstance(wav, torch.Tensor) else wav
+        elif self.cuda:
+            torch.cuda.synchronize(self.frames.codes.device)
+        return wav.numpy().copy() if isinstance(wav, torch.Tensor) else wav
 
     def shapes(self) -> list[tuple[int, int]]:
         """Every (b, n) call this lane can make (what start-up captures)."""
