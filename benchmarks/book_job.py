@@ -48,7 +48,7 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         queue = Queue(paths.db)
         spec = JobSpec(voice="vivian", language="english", format=args.format, title="Benchmark book",
                        sampling={"max_new_tokens": args.frames + 1, "min_new_tokens": args.frames + 1})
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         job_id, error = submit_file(queue, paths, book, spec)
         if error:
             raise SystemExit(f"submit failed: {error}")
@@ -64,8 +64,10 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
         audio = max(ch["book_end_s"] for ch in manifest["chapters"])
+        last_segment = max(s["updated_at"] for s in queue.segments(job_id)) - t0_wall
         return {"segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
                 "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
+                "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
                 "state": queue.job(job_id)["state"], "decode_steps": runner.steps - steps0,
                 "engine": runner.stats()}
 

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 import soundfile as sf
 
-from jobs.encode import BookMeta, EncodeError, encode
+from jobs.encode import BookMeta, EncodeError, encode, open_encoder, write_chunk
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,81 @@ def safe_name(text: str, limit: int = 60) -> str:
     return cleaned[:limit] or "untitled"
 
 
+class BookWriter:
+    """Writes a book chapter by chapter: each chapter's file as soon as its pieces are known, and the book
+    file as it goes (streamed for the formats libsndfile writes; m4b, written by ffmpeg, at `finish`).
+
+    Files are written atomically: the book goes to a hidden temp file renamed at `finish`; `abort` (or a
+    crash) leaves no book file behind. `assemble_book` is this over chapters already in memory."""
+
+    def __init__(self, out_dir: str | Path, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
+                 settings: JoinSettings = JoinSettings()):
+        self.out_dir, self.sample_rate, self.fmt, self.meta, self.settings = Path(out_dir), sample_rate, fmt, meta, settings
+        self.outs: list[ChapterOut] = []
+        self.codec = ""
+        self.samples = 0
+        self._held: list[np.ndarray] = []  # m4b: the whole book is encoded at the end
+        self._file = None
+        self.path = self.out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
+        self._tmp = self.out_dir / f".{self.path.stem}.{uuid.uuid4().hex[:8]}.tmp{self.path.suffix}"
+
+    @property
+    def streamed(self) -> bool:
+        return self.fmt != "m4b"
+
+    def add_chapter(self, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> ChapterOut:
+        """Join a chapter's (audio or None, pause_after_ms) pieces, write its file, append it to the book."""
+        audio, spans = join(pieces, self.sample_rate, self.settings)
+        start = self.samples / self.sample_rate
+        path = None
+        if audio.size:
+            path = self.out_dir / "chapters" / f"{len(self.outs) + 1:02d} - {safe_name(title)}.{self.fmt}"
+            self.codec = write_encoded(path, audio, self.sample_rate, self.fmt, self.meta, title=title)
+            self._append(audio)
+        out = ChapterOut(title, path, start, start + audio.size / self.sample_rate, spans)
+        self.outs.append(out)
+        return out
+
+    def _append(self, audio: np.ndarray) -> None:
+        self.samples += audio.size
+        if not self.streamed:
+            self._held.append(audio)
+            return
+        if self._file is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open_encoder(self._tmp, self.sample_rate, self.fmt, self.meta)
+        write_chunk(self._file, audio)
+
+    def finish(self) -> tuple[Path, list[ChapterOut], str]:
+        """Close the book file and put it in place -> (book path, chapter outputs, codec)."""
+        if not self.samples:
+            self.abort()
+            raise AssemblyError("no audio to assemble: every segment failed (see `tts-appliance logs JOB`)")
+        marks = [(c.title, c.start_s, c.end_s) for c in self.outs if c.end_s > c.start_s]
+        if self.streamed:
+            self._file.close()
+            self._file = None
+            with open(self._tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(self._tmp, self.path)
+            fsync_dir(self.out_dir)
+        else:
+            self.codec = write_encoded(self.path, np.concatenate(self._held), self.sample_rate, self.fmt, self.meta,
+                                       chapters=marks)
+            self._held = []
+        log.info("wrote %s (%.1f s, %d chapters, %s)", self.path, self.samples / self.sample_rate, len(self.outs),
+                 self.codec)
+        return self.path, self.outs, self.codec
+
+    def abort(self) -> None:
+        """Drop the unfinished book file (chapter files already written stay)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp.exists():
+            self._tmp.unlink()
+
+
 def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Sequence[tuple[Optional[np.ndarray], int]]]],
                   sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
                   settings: JoinSettings = JoinSettings()) -> tuple[Path, list[ChapterOut], str]:
@@ -186,24 +261,11 @@ def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Sequence[tu
     `chapters` is [(title, [(segment audio or None, pause_after_ms), ...]), ...].
     Returns (book path, chapter outputs with timings, codec).
     """
-    out_dir = Path(out_dir)
-    outs, audios, pos = [], [], 0.0
-    codec = ""
-    for i, (title, pieces) in enumerate(chapters, start=1):
-        audio, spans = join(pieces, sample_rate, settings)
-        dur = audio.size / sample_rate
-        path = None
-        if audio.size:
-            path = out_dir / "chapters" / f"{i:02d} - {safe_name(title)}.{fmt}"
-            codec = write_encoded(path, audio, sample_rate, fmt, meta, title=title)
-        outs.append(ChapterOut(title, path, pos, pos + dur, spans))
-        audios.append(audio)
-        pos += dur
-    book = np.concatenate(audios) if audios else np.zeros(0, dtype=np.float32)
-    if not book.size:
-        raise AssemblyError("no audio to assemble: every segment failed (see `tts-appliance logs JOB`)")
-    marks = [(c.title, c.start_s, c.end_s) for c in outs if c.end_s > c.start_s]
-    book_path = out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
-    codec = write_encoded(book_path, book, sample_rate, fmt, meta, chapters=marks)
-    log.info("wrote %s (%.1f s, %d chapters, %s)", book_path, book.size / sample_rate, len(outs), codec)
-    return book_path, outs, codec
+    writer = BookWriter(out_dir, sample_rate, fmt, meta, settings)
+    try:
+        for title, pieces in chapters:
+            writer.add_chapter(title, pieces)
+        return writer.finish()
+    except BaseException:
+        writer.abort()
+        raise

@@ -1,40 +1,125 @@
-"""Assembly of a finished job: chapter and book files, manifest, final state."""
+"""Assembly of a job: chapter and book files, manifest, final state.
+
+A job's book is written while its synthesis goes on: a `JobBook` takes each chapter as soon as all of
+its segments have ended (chapters in order) and writes its file and its part of the book file on a
+background thread, so that when the last segment is stored only the last chapter is left to write.
+`assemble_job` finishes a job with the `JobBook` that followed it, or from scratch (after a restart,
+a retry, or in another process): both give the same files.
+"""
 from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
-from jobs.assemble import AssemblyError, BookMeta, JoinSettings, assemble_book, read_audio
+from jobs.assemble import AssemblyError, BookMeta, BookWriter, JoinSettings, read_audio
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
 
 log = logging.getLogger(__name__)
+PENDING = ("queued", "leased")  # segment states that have not ended
 
 
-def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = JoinSettings()) -> str:
-    """Write a job's chapter/book files and manifest, then set its final state; returns the state."""
+class JobBook:
+    """One job's chapter files and book file, written chapter by chapter in the order chapters complete.
+
+    `advance(segments)` (any thread; cheap) hands every newly complete chapter to a single background
+    thread; `finish(segments)` waits for it and closes the book. A segment whose state or audio changed
+    after its chapter was written (a retry, a redo) makes `finish` start over from the stored audio."""
+
+    def __init__(self, job: dict, chapters: list[dict], out_dir: Path, join: JoinSettings = JoinSettings()):
+        self.job_id, self.chapters, self.out_dir, self.settings = job["id"], chapters, out_dir, join
+        self.spec = JobSpec.from_dict(json.loads(job["spec"]))
+        meta_raw = json.loads(job["meta"] or "{}")
+        cover = Path(meta_raw["cover_path"]).read_bytes() if meta_raw.get("cover_path") else None
+        self.meta = BookMeta(title=job["title"], author=job["author"], cover=cover,
+                             cover_mime=meta_raw.get("cover_mime"))
+        self.next = 0  # chapters handed to the writer so far
+        self.used: dict[int, tuple] = {}  # segment id -> (state, audio path) its chapter was written with
+        self.sample_rate: Optional[int] = None
+        self.writer: Optional[BookWriter] = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"book-{self.job_id[:8]}")
+        self._last: Optional[Future] = None
+
+    @classmethod
+    def of(cls, queue: Queue, paths: Paths, job_id: str, join: JoinSettings = JoinSettings()) -> "JobBook":
+        return cls(queue.job(job_id), queue.chapters(job_id), paths.output / job_id, join)
+
+    def advance(self, segments: list[dict]) -> int:
+        """Hand the chapters whose segments have all ended to the writer; returns how many."""
+        by_ch: dict[int, list[dict]] = {}
+        for s in segments:
+            by_ch.setdefault(s["chapter_idx"], []).append(s)
+        if self.sample_rate is None:
+            done = next((s for s in segments if s["state"] == "done"), None)
+            if done is None:
+                return 0  # no audio yet: the sample rate is not known
+            self.sample_rate = read_audio(done["audio_path"])[1]
+            self.writer = BookWriter(self.out_dir, self.sample_rate, self.spec.format, self.meta, self.settings)
+        n = 0
+        while self.next < len(self.chapters):
+            ch = self.chapters[self.next]
+            rows = by_ch.get(ch["idx"], [])
+            if any(r["state"] in PENDING for r in rows):
+                break
+            for r in rows:
+                self.used[r["id"]] = (r["state"], r["audio_path"])
+            self._last = self._pool.submit(self._write_chapter, ch["title"], rows)
+            self.next += 1
+            n += 1
+        return n
+
+    def _write_chapter(self, title: str, rows: list[dict]) -> None:
+        pieces = [(read_audio(r["audio_path"])[0] if r["state"] == "done" else None, r["pause_after_ms"])
+                  for r in rows]
+        self.writer.add_chapter(title, pieces)
+
+    def current(self, segments: list[dict]) -> bool:
+        """Whether every chapter was handed over with the segments as they are now."""
+        return self.next == len(self.chapters) and all(
+            self.used.get(s["id"]) == (s["state"], s["audio_path"]) for s in segments)
+
+    def finish(self, segments: list[dict]):
+        """Wait for the chapters in hand and close the book -> (book path, chapter outputs, codec, sample rate).
+        Raises AssemblyError when there is nothing to assemble."""
+        self.advance(segments)
+        try:
+            if self._last is not None:
+                self._last.result()  # the chapters run in order on one thread: the last ends them all
+            if self.writer is None:
+                raise AssemblyError("every segment failed; nothing to assemble (see `tts-appliance logs JOB`)")
+            if not self.current(segments):
+                raise AssemblyError("some segments have not ended yet; the job is assembled when they have")
+            return (*self.writer.finish(), self.sample_rate)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._pool.shutdown(wait=False)
+
+    def abort(self) -> None:
+        """Stop following the job (its partial book file is removed)."""
+        self._pool.shutdown(wait=True)
+        if self.writer is not None:
+            self.writer.abort()
+
+
+def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = JoinSettings(),
+                 book: Optional[JobBook] = None) -> str:
+    """Write a job's chapter/book files and manifest, then set its final state; returns the state.
+    `book`: the JobBook that followed the job's synthesis (used when it is current, else started over)."""
     job, chapters, segs = queue.job(job_id), queue.chapters(job_id), queue.segments(job_id)
-    spec = JobSpec.from_dict(json.loads(job["spec"]))
-    meta_raw = json.loads(job["meta"] or "{}")
-    cover = Path(meta_raw["cover_path"]).read_bytes() if meta_raw.get("cover_path") else None
-    meta = BookMeta(title=job["title"], author=job["author"], cover=cover, cover_mime=meta_raw.get("cover_mime"))
-    out_dir = paths.output / job_id
-    by_ch: dict[int, list] = {c["idx"]: [] for c in chapters}
-    sample_rate = None
-    for s in segs:
-        audio = None
-        if s["state"] == "done":
-            audio, sample_rate = read_audio(s["audio_path"])
-        by_ch[s["chapter_idx"]].append((audio, s["pause_after_ms"]))
+    if book is None or not _usable(book, segs):
+        if book is not None:
+            book.abort()
+        book = JobBook(job, chapters, paths.output / job_id, join)
     n_failed = sum(1 for s in segs if s["state"] != "done")
-    outputs, book, codec, error = None, None, None, None
+    outputs, book_path, codec, sample_rate, error = None, None, None, None, None
     try:
-        if sample_rate is None:
-            raise AssemblyError("every segment failed; nothing to assemble (see `tts-appliance logs JOB`)")
-        book, outputs, codec = assemble_book(out_dir, [(c["title"], by_ch[c["idx"]]) for c in chapters],
-                                             sample_rate, spec.format, meta, join)
+        book_path, outputs, codec, sample_rate = book.finish(segs)
         state = "partial" if n_failed else "done"
         if n_failed:
             error = f"{n_failed} of {len(segs)} segments failed; `tts-appliance retry {job_id}` requeues them"
@@ -42,9 +127,13 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         state, error = "failed", str(exc)
     job["state"] = state
     job["error"] = error
-    manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book, codec, sample_rate)
-    write_manifest(out_dir / "manifest.json", manifest)
-    queue.finish_job(job_id, state, str(out_dir), error)
+    manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate)
+    write_manifest(paths.output / job_id / "manifest.json", manifest)
+    queue.finish_job(job_id, state, str(paths.output / job_id), error)
     log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
 
+
+def _usable(book: JobBook, segs: list[dict]) -> bool:
+    """A followed book is kept when what it wrote so far still matches the segments."""
+    return all(book.used.get(s["id"], (s["state"], s["audio_path"])) == (s["state"], s["audio_path"]) for s in segs)

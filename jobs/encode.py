@@ -73,18 +73,36 @@ def soundfile_format(fmt: str, sample_rate: int) -> tuple[str, str]:
     return major, subtype or ogg_codec(sample_rate)
 
 
-def _soundfile(target, audio: np.ndarray, sr: int, fmt: str, tags: dict) -> str:
+def _open_soundfile(target, sr: int, fmt: str, tags: dict) -> sf.SoundFile:
     major, subtype = soundfile_format(fmt, sr)
-    with sf.SoundFile(str(target) if isinstance(target, (str, Path)) else target, "w", samplerate=sr, channels=1,
-                      format=major, subtype=subtype) as f:
-        for attr, value in tags.items():
-            if value:
-                try:
-                    setattr(f, attr, value)
-                except Exception:  # some containers take no tags; the audio matters more
-                    pass
-        f.write(np.frombuffer(pcm16(audio), "<i2") if subtype == "PCM_16" else np.asarray(audio, dtype=np.float32))
-    return subtype
+    f = sf.SoundFile(str(target) if isinstance(target, (str, Path)) else target, "w", samplerate=sr, channels=1,
+                     format=major, subtype=subtype)
+    for attr, value in tags.items():
+        if value:
+            try:
+                setattr(f, attr, value)
+            except Exception:  # some containers take no tags; the audio matters more
+                pass
+    return f
+
+
+def write_chunk(f: sf.SoundFile, audio: np.ndarray) -> None:
+    """Append audio to an encoder from `open_encoder` (16-bit formats get the same rounding as `pcm16`)."""
+    f.write(np.frombuffer(pcm16(audio), "<i2") if f.subtype == "PCM_16" else np.asarray(audio, dtype=np.float32))
+
+
+def _soundfile(target, audio: np.ndarray, sr: int, fmt: str, tags: dict) -> str:
+    with _open_soundfile(target, sr, fmt, tags) as f:
+        write_chunk(f, audio)
+        return f.subtype
+
+
+def open_encoder(target, sample_rate: int, fmt: str, meta: BookMeta = BookMeta()) -> sf.SoundFile:
+    """An open file to append a book's audio to chunk by chunk (`write_chunk`; close it at the end): the
+    formats libsndfile writes (wav, flac, ogg, mp3), tagged as `encode` tags a book."""
+    if fmt == "m4b":
+        raise EncodeError("m4b is written whole by ffmpeg, not chunk by chunk")
+    return _open_soundfile(target, sample_rate, fmt, {"title": meta.title, "artist": meta.author, "album": meta.title})
 
 
 def _ffmeta_escape(text: str) -> str:

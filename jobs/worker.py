@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from jobs.assemble import JoinSettings, write_segment_audio
-from jobs.book import assemble_job
+from jobs.book import JobBook, assemble_job
 from jobs.guard import GuardSettings, attempt_seed, check_audio
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths, file_digest, segment_key
@@ -111,10 +112,15 @@ class Worker:
         self.heartbeat.start()
         self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
         self._inflight: dict = {}  # handle -> (key, rows, synth log id): pipelined mode
+        self._books: dict[str, JobBook] = {}  # job id -> its book, written as its chapters complete
+        self._advanced: dict[str, float] = {}  # job id -> when its book was last advanced
         self._wake = threading.Event()
 
     def close(self) -> None:
         self.heartbeat.stop()
+        for book in self._books.values():
+            book.abort()
+        self._books.clear()
 
     def release_held(self) -> int:
         """Return the segments this worker holds to the queue (shutdown past its deadline)."""
@@ -193,7 +199,7 @@ class Worker:
 
     def _reap(self) -> int:
         """Store the results of the segments that ended; returns how many segment rows that was."""
-        n = 0
+        n, jobs = 0, set()
         for handle in [h for h in self._inflight if h.done]:
             key, rows, log_id = self._inflight.pop(handle)
             try:
@@ -205,7 +211,27 @@ class Worker:
             finally:
                 self.heartbeat.drop([r["id"] for r in rows])
             n += len(rows)
+            jobs.update(r["job_id"] for r in rows)
+        self._advance_books(jobs)
         return n
+
+    def _advance_books(self, job_ids, every_s: float = 0.5) -> None:
+        """Write the chapters of these jobs whose segments have all ended (at most every `every_s` per job)."""
+        now = time.monotonic()
+        for job_id in job_ids:
+            if now - self._advanced.get(job_id, 0.0) < every_s:
+                continue
+            self._advanced[job_id] = now
+            job = self.queue.job(job_id)
+            if job["state"] not in ("queued", "running"):
+                book = self._books.pop(job_id, None)
+                if book is not None:
+                    book.abort()
+                continue
+            book = self._books.get(job_id)
+            if book is None:
+                book = self._books[job_id] = JobBook.of(self.queue, self.paths, job_id, self.join)
+            book.advance(self.queue.segments(job_id))
 
     # -- segments --------------------------------------------------------------------------
     def _audio_path(self, key: str) -> Path:
@@ -320,7 +346,8 @@ class Worker:
         n = 0
         for job_id in self.queue.ready_jobs():
             if self.queue.begin_assembly(job_id, self.worker_id, self.lease_s):
-                assemble_job(self.queue, self.paths, job_id, self.join)
+                assemble_job(self.queue, self.paths, job_id, self.join, book=self._books.pop(job_id, None))
+                self._advanced.pop(job_id, None)
                 n += 1
         return n
 

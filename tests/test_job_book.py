@@ -1,0 +1,108 @@
+"""A job's book written while its synthesis goes on (jobs.book.JobBook): chapters as they complete, the same
+files as an assembly from scratch, and a fresh start when a segment changed after its chapter was written."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import soundfile as sf
+
+from jobs.assemble import write_segment_audio
+from jobs.book import JobBook, assemble_job
+from jobs.queue import Queue
+from jobs.settings import JobSpec, Paths
+from jobs.submit import submit_file
+
+SR = 24000
+TEXT = """Chapter 1
+
+The first chapter has two short paragraphs of text.
+
+And here is the second one, to make a second segment.
+
+Chapter 2
+
+The second chapter speaks of other things entirely.
+
+Chapter 3
+
+A third and last chapter closes the little book.
+"""
+
+
+def _job(tmp_path, fmt="flac"):
+    paths = Paths(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    src = tmp_path / "book.txt"
+    src.write_text(TEXT)
+    job_id, err = submit_file(q, paths, src, JobSpec(voice="vivian", language="english", format=fmt, title="Little"))
+    assert err is None
+    return paths, q, job_id
+
+
+def _store(paths, q, rows, amp=0.1, tag="a"):
+    """Complete claimed segment rows with distinct, deterministic audio."""
+    for r in rows:
+        rng = np.random.default_rng(r["idx"])
+        audio = (amp * np.sin(np.arange(SR // 2) * (0.01 + 0.002 * r["idx"])) + 0.01 * rng.standard_normal(SR // 2))
+        path = paths.audio / f"{tag}{r['idx']}.wav"
+        write_segment_audio(path, audio.astype(np.float32), SR)
+        assert q.complete(r["id"], f"key-{tag}{r['idx']}", str(path), SR, SR // 2, r["seed"])
+
+
+def _by_chapter(q, job_id):
+    out = {}
+    for s in q.segments(job_id):
+        out.setdefault(s["chapter_idx"], []).append(s)
+    return out
+
+
+def _book_audio(paths, job_id):
+    manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
+    book = sf.read(manifest["output"]["book"])[0]
+    chapters = [sf.read(p)[0] for p in sorted((paths.output / job_id / "chapters").iterdir())]
+    return book, chapters, manifest
+
+
+def test_chapters_are_written_as_they_complete_and_equal_a_fresh_assembly(tmp_path):
+    paths, q, job_id = _job(tmp_path)
+    chapters = _by_chapter(q, job_id)
+    assert len(chapters) >= 3
+    rows = {r["id"]: r for r in q.claim("w", 100, 60)}
+    book = JobBook.of(q, paths, job_id)
+    assert book.advance(q.segments(job_id)) == 0  # no audio yet
+    _store(paths, q, [rows[s["id"]] for s in chapters[min(chapters)]])
+    assert book.advance(q.segments(job_id)) == 1  # chapter 1 complete, the others pending
+    book._last.result()
+    assert len(list((paths.output / job_id / "chapters").iterdir())) == 1  # written before the job ends
+    rest = [rows[s["id"]] for idx in sorted(chapters)[1:] for s in chapters[idx]]
+    _store(paths, q, rest)
+    assert assemble_job(q, paths, job_id, book=book) == "done"
+    followed = _book_audio(paths, job_id)
+    assert assemble_job(q, paths, job_id) == "done"  # from scratch, over the same files
+    fresh = _book_audio(paths, job_id)
+    assert np.array_equal(followed[0], fresh[0]) and followed[0].size > SR
+    assert all(np.array_equal(a, b) for a, b in zip(followed[1], fresh[1])) and len(followed[1]) == len(fresh[1])
+    assert np.array_equal(np.concatenate(followed[1]), followed[0])  # the book is its chapters in order
+    assert [c.get("start_s") for c in followed[2]["chapters"]] == [c.get("start_s") for c in fresh[2]["chapters"]]
+    assert not list((paths.output / job_id).glob(".*"))  # no temp file left behind
+
+
+def test_a_segment_changed_after_its_chapter_was_written_starts_the_book_over(tmp_path):
+    paths, q, job_id = _job(tmp_path)
+    rows = q.claim("w", 100, 60)
+    _store(paths, q, rows, tag="a")
+    book = JobBook.of(q, paths, job_id)
+    assert book.advance(q.segments(job_id)) >= 3
+    book._last.result()
+    stale = sf.read(sorted((paths.output / job_id / "chapters").iterdir())[0])[0]
+    first = min(rows, key=lambda r: r["idx"])
+    q.redo(job_id, first["idx"])  # the user asks for that segment again (a new seed)
+    again = q.claim("w", 100, 60)
+    assert [r["idx"] for r in again] == [first["idx"]]
+    _store(paths, q, [{**again[0], "idx": first["idx"] + 100}], tag="b")  # other audio for it
+    assert assemble_job(q, paths, job_id, book=book) == "done"
+    followed, chapters, _ = _book_audio(paths, job_id)
+    assert not np.array_equal(chapters[0], stale)  # chapter 1 was written again, with the new take
+    assert assemble_job(q, paths, job_id) == "done"
+    assert np.array_equal(followed, _book_audio(paths, job_id)[0])
