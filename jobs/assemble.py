@@ -200,18 +200,29 @@ class BookWriter:
     def streamed(self) -> bool:
         return self.fmt != "m4b"
 
-    def add_chapter(self, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> ChapterOut:
-        """Join a chapter's (audio or None, pause_after_ms) pieces, write its file, append it to the book."""
+    def chapter(self, number: int, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> tuple:
+        """Join chapter `number`'s (audio or None, pause_after_ms) pieces and write its file; returns what
+        `append` takes. Independent of other chapters: chapters may be prepared on several threads."""
         audio, spans = join(pieces, self.sample_rate, self.settings)
-        start = self.samples / self.sample_rate
-        path = None
+        path, codec = None, ""
         if audio.size:
-            path = self.out_dir / "chapters" / f"{len(self.outs) + 1:02d} - {safe_name(title)}.{self.fmt}"
-            self.codec = write_encoded(path, audio, self.sample_rate, self.fmt, self.meta, title=title)
+            path = self.out_dir / "chapters" / f"{number:02d} - {safe_name(title)}.{self.fmt}"
+            codec = write_encoded(path, audio, self.sample_rate, self.fmt, self.meta, title=title)
+        return title, path, audio, spans, codec
+
+    def append(self, title: str, path: Optional[Path], audio: np.ndarray, spans: list, codec: str) -> ChapterOut:
+        """Add a prepared chapter to the book (in chapter order)."""
+        start = self.samples / self.sample_rate
+        if audio.size:
+            self.codec = codec
             self._append(audio)
         out = ChapterOut(title, path, start, start + audio.size / self.sample_rate, spans)
         self.outs.append(out)
         return out
+
+    def add_chapter(self, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> ChapterOut:
+        """`chapter` then `append`: the next chapter, written and added to the book."""
+        return self.append(*self.chapter(len(self.outs) + 1, title, pieces))
 
     def _append(self, audio: np.ndarray) -> None:
         self.samples += audio.size

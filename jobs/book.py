@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -26,8 +27,9 @@ PENDING = ("queued", "leased")  # segment states that have not ended
 class JobBook:
     """One job's chapter files and book file, written chapter by chapter in the order chapters complete.
 
-    `advance(segments)` (any thread; cheap) hands every newly complete chapter to a single background
-    thread; `finish(segments)` waits for it and closes the book. A segment whose state or audio changed
+    `advance(segments)` (cheap) hands every newly complete chapter to background threads: chapters are
+    joined and their files written in parallel, then added to the book file in order by one thread;
+    `finish(segments)` waits for them and closes the book. A segment whose state or audio changed
     after its chapter was written (a retry, a redo) makes `finish` start over from the stored audio."""
 
     def __init__(self, job: dict, chapters: list[dict], out_dir: Path, join: JoinSettings = JoinSettings()):
@@ -41,7 +43,8 @@ class JobBook:
         self.used: dict[int, tuple] = {}  # segment id -> (state, audio path) its chapter was written with
         self.sample_rate: Optional[int] = None
         self.writer: Optional[BookWriter] = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"book-{self.job_id[:8]}")
+        self._chapters = ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="book-chapter")
+        self._book = ThreadPoolExecutor(1, thread_name_prefix="book-file")  # one thread: chapters stay in order
         self._last: Optional[Future] = None
 
     @classmethod
@@ -67,15 +70,16 @@ class JobBook:
                 break
             for r in rows:
                 self.used[r["id"]] = (r["state"], r["audio_path"])
-            self._last = self._pool.submit(self._write_chapter, ch["title"], rows)
             self.next += 1
+            done = self._chapters.submit(self._write_chapter, self.next, ch["title"], rows)
+            self._last = self._book.submit(lambda f=done: self.writer.append(*f.result()))
             n += 1
         return n
 
-    def _write_chapter(self, title: str, rows: list[dict]) -> None:
+    def _write_chapter(self, number: int, title: str, rows: list[dict]) -> tuple:
         pieces = [(read_audio(r["audio_path"])[0] if r["state"] == "done" else None, r["pause_after_ms"])
                   for r in rows]
-        self.writer.add_chapter(title, pieces)
+        return self.writer.chapter(number, title, pieces)
 
     def current(self, segments: list[dict]) -> bool:
         """Whether every chapter was handed over with the segments as they are now."""
@@ -88,7 +92,7 @@ class JobBook:
         self.advance(segments)
         try:
             if self._last is not None:
-                self._last.result()  # the chapters run in order on one thread: the last ends them all
+                self._last.result()  # the book thread adds chapters in order: the last ends them all
             if self.writer is None:
                 raise AssemblyError("every segment failed; nothing to assemble (see `tts-appliance logs JOB`)")
             if not self.current(segments):
@@ -98,11 +102,15 @@ class JobBook:
             self.abort()
             raise
         finally:
-            self._pool.shutdown(wait=False)
+            self._shutdown(wait=False)
+
+    def _shutdown(self, wait: bool) -> None:
+        self._chapters.shutdown(wait=wait)
+        self._book.shutdown(wait=wait)
 
     def abort(self) -> None:
         """Stop following the job (its partial book file is removed)."""
-        self._pool.shutdown(wait=True)
+        self._shutdown(wait=True)
         if self.writer is not None:
             self.writer.abort()
 

@@ -238,6 +238,7 @@ class EngineRunner:
         if self.slots.n_active or self.sched.prefilling or any(l.busy for l in self.lanes.values()):
             raise RuntimeError("prepare() captures graphs on idle slots: call it before submitting requests")
         t0 = time.perf_counter()
+        self._warm_prefill()
         step, cap = self.cfg.length_step, self.cfg.max_context
         lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
         for b in self.buckets:
@@ -260,6 +261,17 @@ class EngineRunner:
         log.info("prepared %d decode graphs in %.1f s and %d codec graphs in %.1f s", out["decode_graphs"],
                  out["decode_capture_s"], out["codec_graphs"], out["codec_capture_s"])
         return out
+
+    def _warm_prefill(self) -> None:
+        """Run the prefill once per kind of shape it meets (one row or many, one token or many) on scratch
+        side-cache rows, so its compiled regions exist before the first request (they are not captured:
+        prompt lengths vary)."""
+        pb, chunk = self.cfg.prefill_batch, self.cfg.prefill_chunk
+        for b, t in {(1, 1), (min(2, pb), 1), (1, 5), (1, 9), (min(2, pb), 7), (min(3, pb), 11), (pb, chunk)}:
+            x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=self.device, dtype=self.table.hidden.dtype)
+            pos = torch.arange(t, device=self.device)[None].expand(b, t).contiguous()
+            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+            self.fast.prefill(x, pos, side, torch.full((b,), t - 1, dtype=torch.long, device=self.device))
 
     def start(self) -> None:
         if self._thread is None:
