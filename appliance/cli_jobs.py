@@ -85,19 +85,24 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.option("--instruct", help="Style instruction / voice description, when the model takes one.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
+@click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, wait,
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, chapters, wait,
            home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids."""
     cfg, paths, queue = open_queue(home, **eng)
     remote = None if wait or eng["model"] else _remote(paths)  # a running daemon takes the files
     runner = _checked_runner(cfg, eng, voice) if wait else None
-    spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
-                   instruct=instruct, seed=seed, sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
-                   model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
+    try:
+        spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
+                       instruct=instruct, seed=seed, chapters=chapters,
+                       sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
+                       model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
+    except ValueError as exc:  # e.g. a bad --chapters
+        fail(str(exc))
     results = _submit_each(files, spec, queue, paths, remote, as_json)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:

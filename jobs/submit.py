@@ -41,14 +41,22 @@ def check_voice(engine, voice: Optional[str]) -> None:
         raise VoiceNotFound(voice, voices)
 
 
-def document_chapters(doc, spec: JobSpec) -> list[tuple[str, list]]:
-    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped)."""
+def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
+    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
+    (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from jobs.preview import select_chapters
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
     per_chapter = segment_document(doc, language, SegmentOptions(), None)
-    return [(ch.title or f"Chapter {i + 1}", segs)
-            for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    found = [(ch.title or f"Chapter {i + 1}", segs)
+             for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    if not select:
+        return found
+    try:
+        return [found[i] for i in select_chapters(spec.chapters, len(found))]
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from None
 
 
 def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Sequence[str] = (),
