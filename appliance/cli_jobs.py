@@ -16,7 +16,7 @@ from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec
 
-from appliance.cli_common import emit, fail, home_option, json_option, load_runner
+from appliance.cli_common import emit, fail, home_option, json_option, known_voices, load_runner
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
@@ -44,13 +44,14 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec: JobSpec, queue, paths, remote, as_json: bool) -> list[dict]:
+def _submit_each(files, spec: JobSpec, queue, paths, remote, as_json: bool, voices=None) -> list[dict]:
     from jobs.submit import SubmitError, submit_file
 
     results = []
     for f in files:
         try:
-            job_id, error = _call(remote.submit_file, f, spec) if remote else submit_file(queue, paths, f, spec)
+            job_id, error = (_call(remote.submit_file, f, spec) if remote
+                             else submit_file(queue, paths, f, spec, voices))
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -103,7 +104,8 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
                        model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
     except ValueError as exc:  # e.g. a bad --chapters
         fail(str(exc))
-    results = _submit_each(files, spec, queue, paths, remote, as_json)
+    voices = None if remote else runner.voices if runner else known_voices(cfg)
+    results = _submit_each(files, spec, queue, paths, remote, as_json, voices)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:
         finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)

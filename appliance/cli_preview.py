@@ -23,7 +23,7 @@ def preview_file(path: str, spec: JobSpec, configured_rate, db_path) -> dict:
         doc = load_document(Path(path), IngestOptions())
         found = document_chapters(doc, spec, select=False)
         language = resolve_language(spec.language if spec.language != "auto" else None, doc)
-        chapters = preview_chapters(found, language, spec.speed, spec.chapters)
+        chapters = preview_chapters(found, spec.speed, spec.chapters)
     except (SubmitError, JobError, ValueError) as exc:
         fail(str(exc))
     return {"file": path, "title": spec.title or doc.title or Path(path).stem, "language": language or "auto",
@@ -72,8 +72,8 @@ def preview(files, language, chapters, speed, home, as_json):
     """Show FILES' chapters (numbers for --chapters), segments, characters, estimated audio length and
     synthesis time on this machine, without queueing anything.
 
-    Audio length assumes jobs.preview.CHARS_PER_SECOND characters a second (fewer for Chinese,
-    Japanese, Korean); the synthesis time uses jobs.synth_rate of the config, else the rate measured
+    Audio length assumes 15 characters a second (5 for Chinese, Japanese, Korean: the speaking rates of
+    engines.model.text) plus the pauses between segments; the synthesis time uses jobs.synth_rate of the config, else the rate measured
     from the segments this spool folder has synthesized."""
     cfg = settings(home=home)
     try:

@@ -5,8 +5,9 @@ Chapters are numbered from 1 in the order `jobs.submit.document_chapters` finds 
 without any text to speak are left out, as they are from the book); `tts-appliance preview` shows
 these numbers and a job's `chapters` and `chapter_voices` use them.
 
-Estimates: audio length = spoken characters / CHARS_PER_SECOND (plus the pauses segmentation puts
-between segments), divided by the job's speed. Synthesis time = audio length / the rate of this
+Estimates: audio length = the segments' non-space characters at the speaking rates of
+`engines.model.text` (CHARS_PER_S, 15 a second; CJK_CHARS_PER_S, 5 a second for Chinese, Japanese and
+Korean characters), plus the pauses segmentation puts between segments, divided by the job's speed. Synthesis time = audio length / the rate of this
 machine in audio seconds per second: `jobs.synth_rate` of the config when set, else measured from
 the segments this spool folder's queue has synthesized (`measured_rate`), else unknown.
 """
@@ -20,11 +21,6 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-# Speaking rate of the Qwen3-TTS voices at their own pace, in characters of normalized text per second
-# of audio: about 150 words a minute in alphabetic languages, about 4.5 characters a second in Chinese,
-# Japanese and Korean (where every character is counted).
-CHARS_PER_SECOND = 15.0
-CJK_CHARS_PER_SECOND = 4.5
 MIN_MEASURED_AUDIO_S = 10.0  # less history than this says too little about the machine's speed
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -62,12 +58,6 @@ def select_chapters(text: Optional[str], count: int) -> list[int]:
     return sorted(chosen)
 
 
-def chars_per_second(language: str) -> float:
-    from jobs.normalize import CJK
-
-    return CJK_CHARS_PER_SECOND if language in CJK else CHARS_PER_SECOND
-
-
 def measured_rate(db_path: str | Path, recent: int = 2000) -> Optional[tuple[float, float]]:
     """(audio seconds per second, audio seconds measured) over the `recent` last syntheses of a queue
     database, or None without enough history. Overlapping syntheses (batches) count their wall time once."""
@@ -100,18 +90,19 @@ def measured_rate(db_path: str | Path, recent: int = 2000) -> Optional[tuple[flo
     return audio / busy, audio
 
 
-def preview_chapters(chapters: Sequence[tuple[str, list]], language: str, speed: float = 1.0,
+def preview_chapters(chapters: Sequence[tuple[str, list]], speed: float = 1.0,
                      selection: Optional[str] = None) -> list[dict]:
     """Per chapter (as `document_chapters` gives them, unselected): number, title, segments, characters,
     estimated audio seconds and whether `selection` keeps it."""
+    from engines.model.text import expected_seconds
+
     keep = set(select_chapters(selection, len(chapters)))
-    cps = chars_per_second(language)
     out = []
     for i, (title, segs) in enumerate(chapters):
         chars = sum(len(s.text) for s in segs)
-        pauses = sum(s.pause_after_ms for s in segs) / 1000
+        spoken = sum(expected_seconds(s.text) for s in segs) + sum(s.pause_after_ms for s in segs) / 1000
         out.append({"number": i + 1, "title": title, "segments": len(segs), "characters": chars,
-                    "audio_s": round((chars / cps + pauses) / speed, 1), "selected": i in keep})
+                    "audio_s": round(spoken / speed, 1), "selected": i in keep})
     return out
 
 

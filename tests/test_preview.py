@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from appliance.cli import cli
 from jobs.ingest import IngestOptions, load_document
-from jobs.preview import CHARS_PER_SECOND, measured_rate, select_chapters
+from engines.model.text import CHARS_PER_S
+from jobs.preview import measured_rate, select_chapters
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
 from jobs.submit import document_chapters, submit_file
@@ -53,7 +54,8 @@ def test_preview_lists_chapters_with_sizes_and_estimates(tmp_path, book):
     for c, (_, segs) in zip(p["chapters"], found):
         assert c["segments"] == len(segs) and c["characters"] == sum(len(s.text) for s in segs)
         pauses = sum(s.pause_after_ms for s in segs) / 1000
-        assert c["audio_s"] == pytest.approx(c["characters"] / CHARS_PER_SECOND + pauses, abs=0.06)
+        letters = sum(len(s.text.replace(" ", "")) for s in segs)
+        assert c["audio_s"] == pytest.approx(letters / CHARS_PER_S + pauses, abs=0.06)
     t = p["total"]
     assert t["chapters"] == 2 and t["segments"] == p["chapters"][0]["segments"] + p["chapters"][2]["segments"]
     assert t["rate_source"] is None and t["synthesis_s"] is None  # nothing synthesized in this spool yet
