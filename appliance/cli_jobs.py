@@ -86,12 +86,14 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.option("--instruct", help="Style instruction / voice description, when the model takes one.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
 @click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, chapters, wait,
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
            home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids."""
     cfg, paths, queue = open_queue(home, **eng)
@@ -99,7 +101,7 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     runner = _checked_runner(cfg, eng, voice) if wait else None
     try:
         spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
-                       instruct=instruct, seed=seed, chapters=chapters,
+                       instruct=instruct, seed=seed, chapters=chapters, speed=speed,
                        sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
                        model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
     except ValueError as exc:  # e.g. a bad --chapters

@@ -19,6 +19,7 @@ from jobs.assemble import AssemblyError, BookMeta, BookWriter, JoinSettings, rea
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
+from jobs.speed import stretch
 from jobs.subtitles import write_job_subtitles
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,8 @@ class JobBook:
         return n
 
     def _write_chapter(self, number: int, title: str, rows: list[dict]) -> tuple:
-        pieces = [(read_audio(r["audio_path"])[0] if r["state"] == "done" else None, r["pause_after_ms"])
-                  for r in rows]
+        pieces = [(stretch(read_audio(r["audio_path"])[0], self.sample_rate, self.spec.speed)
+                   if r["state"] == "done" else None, r["pause_after_ms"]) for r in rows]
         return self.writer.chapter(number, title, pieces)
 
     def current(self, segments: list[dict]) -> bool:
