@@ -16,7 +16,7 @@ from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec
 
-from appliance.cli_common import emit, fail, home_option, json_option, load_runner
+from appliance.cli_common import emit, fail, home_option, json_option, known_voices, load_runner
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
@@ -44,13 +44,14 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec: JobSpec, queue, paths, remote, as_json: bool) -> list[dict]:
+def _submit_each(files, spec: JobSpec, queue, paths, remote, as_json: bool, voices=None) -> list[dict]:
     from jobs.submit import SubmitError, submit_file
 
     results = []
     for f in files:
         try:
-            job_id, error = _call(remote.submit_file, f, spec) if remote else submit_file(queue, paths, f, spec)
+            job_id, error = (_call(remote.submit_file, f, spec) if remote
+                             else submit_file(queue, paths, f, spec, voices))
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -85,20 +86,28 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.option("--instruct", help="Style instruction / voice description, when the model takes one.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
+@click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, wait,
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
            home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids."""
     cfg, paths, queue = open_queue(home, **eng)
     remote = None if wait or eng["model"] else _remote(paths)  # a running daemon takes the files
     runner = _checked_runner(cfg, eng, voice) if wait else None
-    spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
-                   instruct=instruct, seed=seed, sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
-                   model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
-    results = _submit_each(files, spec, queue, paths, remote, as_json)
+    try:
+        spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
+                       instruct=instruct, seed=seed, chapters=chapters, speed=speed,
+                       sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
+                       model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
+    except ValueError as exc:  # e.g. a bad --chapters
+        fail(str(exc))
+    voices = None if remote else runner.voices if runner else known_voices(cfg)
+    results = _submit_each(files, spec, queue, paths, remote, as_json, voices)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:
         finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)

@@ -75,6 +75,7 @@ class JobsSection:
     watch_quiet_s: float = 5.0
     watch_poll: bool = False          # poll instead of inotify (network mounts)
     allowed_dirs: list = field(default_factory=list)  # server-side paths the API may submit from
+    synth_rate: Optional[float] = None  # audio s synthesized per s, for `preview` (None: measured from past jobs)
 
 
 @dataclass

@@ -128,7 +128,7 @@ async def submit(request):
         from jobs.submit import SubmitError, submit_file
 
         try:
-            job_id, error = submit_file(q, ctx.paths, path, spec)
+            job_id, error = submit_file(q, ctx.paths, path, spec, ctx.host.engine.voices)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         return {**job_summary(q, job_id), "submit_error": error}

@@ -41,14 +41,26 @@ def check_voice(engine, voice: Optional[str]) -> None:
         raise VoiceNotFound(voice, voices)
 
 
-def document_chapters(doc, spec: JobSpec) -> list[tuple[str, list]]:
-    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped)."""
+def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
+    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
+    (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from jobs.preview import select_chapters
+    from jobs.tags import apply_chapter_voices
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
     per_chapter = segment_document(doc, language, SegmentOptions(), None)
-    return [(ch.title or f"Chapter {i + 1}", segs)
-            for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    found = [(ch.title or f"Chapter {i + 1}", segs)
+             for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    if not select:
+        return found
+    try:
+        chosen = select_chapters(spec.chapters, len(found))
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from None
+    out = [found[i] for i in chosen]
+    apply_chapter_voices(out, [i + 1 for i in chosen], spec)
+    return out
 
 
 def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Sequence[str] = (),
@@ -69,13 +81,16 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
     return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta)
 
 
-def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec) -> tuple[str, Optional[str]]:
+def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
+                voices: Optional[Sequence[str]] = None) -> tuple[str, Optional[str]]:
     """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
+    `voices`: the engine's voices, when known: a voice the job names elsewhere fails it here.
 
     The user's file is only read, never moved or deleted.
     """
     from jobs.errors import JobError
     from jobs.queue import QueueError
+    from jobs.tags import TagError, check_job_voices
 
     path = Path(path)
     try:
@@ -83,8 +98,10 @@ def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec) -> 
         from jobs.ingest import IngestOptions, load_document
 
         doc = load_document(path, IngestOptions())
-        return submit_document(queue, paths, doc, spec, [str(path.resolve())]), None
-    except (SubmitError, JobError, QueueError) as exc:
+        chapters = document_chapters(doc, spec)
+        check_job_voices(chapters, spec, voices)
+        return submit_document(queue, paths, doc, spec, [str(path.resolve())], chapters), None
+    except (SubmitError, JobError, QueueError, TagError) as exc:
         error = str(exc)
     except (ImportError, ModuleNotFoundError) as exc:
         raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")
