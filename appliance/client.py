@@ -26,6 +26,10 @@ NO_DAEMON_ENV = "TTS_APPLIANCE_NO_DAEMON"
 log = logging.getLogger(__name__)
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 class DaemonError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -91,8 +95,8 @@ class DaemonClient:
         limit = (self.health.get("limits") or {}).get("max_body_bytes") or max_body_bytes
         size = p.stat().st_size
         if limit and len(head) + size + len(tail) > limit:
-            raise SubmitError(f"{p.name} is {size / 2**20:.1f} MiB; the daemon takes uploads up to {limit / 2**20:.1f} "
-                              "MiB (http.max_body_bytes): raise http.max_body_bytes in the daemon's config, or put "
+            raise SubmitError(f"{p.name} is {_size(size)}; the daemon takes uploads up to {_size(limit)} "
+                              "(http.max_body_bytes, with the request's own few hundred bytes): raise http.max_body_bytes in the daemon's config, or put "
                               "the file in a folder of jobs.allowed_dirs and submit it by path (POST /v1/jobs "
                               '{"path": ...}) or drop it into the inbox')
         try:

@@ -221,3 +221,63 @@ def test_permission_denied_names_the_group_and_the_fix(tmp_path):
     assert r.returncode != 0 and "permission denied" in r.stderr, r.stderr
     assert f"sudo usermod -aG {group} $USER" in r.stderr and "log in again" in r.stderr and str(path) in r.stderr
     assert not (work / "home" / "queue.db").exists()
+
+
+# -- through a real daemon -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    from daemon_util import Daemon, base_config, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    tmp = tmp_path_factory.mktemp("submit")
+    cfg = base_config(tmp, jobs={"watch": True, "watch_quiet_s": 0.5}, http={"max_body_bytes": 65536})
+    d = Daemon(tmp, cfg).start()
+    yield d
+    assert d.stop() == 0
+
+
+def test_inbox_file_without_sidecar_becomes_audio_on_a_custom_voice_model(daemon):
+    (daemon.home / "inbox" / "plain.txt").write_text("Alpha is read aloud.\n")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((daemon.home / "done").glob("*/plain.txt")):
+        assert not (daemon.home / "failed" / "plain.txt.reason.txt").exists(), \
+            (daemon.home / "failed" / "plain.txt.reason.txt").read_text()
+        time.sleep(0.2)
+    done = list((daemon.home / "done").glob("*/plain.txt"))
+    assert done and list(done[0].parent.rglob("*.flac")), daemon.log_text()[-2000:]
+    assert "'dylan', the model's first speaker" in daemon.log_text()
+
+
+def test_upload_twice_is_one_job(daemon, tmp_path):
+    from appliance.client import DaemonClient
+
+    src = book(tmp_path, "twice.txt", "Charlie is read twice.\n")
+    client = DaemonClient(daemon.socket)
+    first = client.submit_file(src, {"voice": "ryan", "sampling": {"max_new_tokens": 4}})
+    second = client.submit_file(src, {"voice": "ryan", "sampling": {"max_new_tokens": 4}})
+    assert first == second and first[1] is None
+    assert [j["id"] for j in daemon.get("/v1/jobs")[1]].count(first[0]) == 1
+    uploads = [p for p in (daemon.home / "uploads").glob("*/twice.txt")]
+    assert len(uploads) == 1, "the second upload of the same content must not stay behind"
+
+
+def test_cli_checks_type_and_size_before_uploading(daemon, tmp_path):
+    before = len(daemon.get("/v1/jobs")[1])
+    env = {"TTS_APPLIANCE_SOCKET": daemon.socket}
+    picture = tmp_path / "cover.img"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    r = cli(["submit", str(picture), "--voice", "ryan"], env=env)
+    assert r.exit_code != 0 and "PNG image" in r.output, r.output
+    big = book(tmp_path, "big.txt", "Delta is a long book. " * 4000)  # ~88 KB > the daemon's 64 KiB
+    r = cli(["submit", str(big), "--voice", "ryan"], env=env)
+    assert r.exit_code != 0 and "http.max_body_bytes" in r.output and "up to 64 KiB" in r.output, r.output
+    assert len(daemon.get("/v1/jobs")[1]) == before
+    assert not list((daemon.home / "uploads").glob("*/big.txt")), "nothing may be uploaded"
+
+
+def test_cli_submit_without_voice_takes_the_daemons_default(daemon, tmp_path):
+    r = cli(["submit", str(book(tmp_path, "novoice.txt", "Echo is read.\n")), "--max-new-tokens", "4", "--json"],
+            env={"TTS_APPLIANCE_SOCKET": daemon.socket})
+    assert r.exit_code == 0, r.output
+    assert daemon.wait_job(json.loads(r.stdout)[0]["job_id"])["state"] == "done"
