@@ -132,17 +132,17 @@ async def submit(request):
     uploaded = path.parent if path.parent.parent == ctx.paths.home / "uploads" else None
 
     def do(q):
-        from jobs.submit import SubmitError, submit_file
+        from jobs.submit import SubmitError, submit_file_once
 
         try:
-            job_id, error = submit_file(q, ctx.paths, path, spec)
+            job_id, error, new = submit_file_once(q, ctx.paths, path, spec)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         try:
             s = job_summary(q, job_id)
         except QueueError:  # an earlier submit of the same content and options is still reading it
-            return {"id": job_id, "state": "ingesting", "submit_error": None, "existing": True}
-        return {**s, "submit_error": error, "existing": str(path.resolve()) not in s["sources"]}
+            s = {"id": job_id, "state": "ingesting"}
+        return {**s, "submit_error": error, "existing": not new}
 
     s = await _q(ctx, do)
     if s["existing"] and uploaded:

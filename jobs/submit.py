@@ -134,24 +134,32 @@ def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
                 wait_s: float = 30.0) -> tuple[str, Optional[str]]:
     """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
 
-    Idempotent (jobs.submissions): the same content with the same options gives the job of the
-    earlier submit, waiting up to `wait_s` while that one is still being ingested (the id is
-    returned either way). The user's file is only read, never moved or deleted.
+    Idempotent: the same content with the same options gives the job of the earlier submit
+    (`submit_file_once`). The user's file is only read, never moved or deleted.
     """
+    job_id, error, _ = submit_file_once(queue, paths, path, spec, wait_s)
+    return job_id, error
+
+
+def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
+                     wait_s: float = 30.0) -> tuple[str, Optional[str], bool]:
+    """`submit_file` that also says whether this call made the job: (job id, error or None, new).
+    Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
+    to `wait_s` while that one is still being ingested, and returns its id either way."""
     from jobs import submissions
 
     path = Path(path)
     if not path.is_file():
-        return _ingest(queue, paths, path, spec, None)
+        return (*_ingest(queue, paths, path, spec, None), True)
     key = submissions.submit_key(path, spec)
     job_id, mine = submissions.claim(queue, key)
     if not mine:
         row = submissions.wait_for_job(queue, job_id, wait_s)
         log.info("submit of %s: same content and options as job %s (%s); not queued again", path.name, job_id,
                  row["state"] if row else "still being ingested")
-        return job_id, row["error"] if row and row["state"] == "failed" else None
+        return job_id, row["error"] if row and row["state"] == "failed" else None, False
     try:
-        return _ingest(queue, paths, path, spec, job_id)
+        return (*_ingest(queue, paths, path, spec, job_id), True)
     except BaseException:
         submissions.release(queue, key, job_id)
         raise

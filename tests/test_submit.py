@@ -231,7 +231,9 @@ def daemon(tmp_path_factory):
     if skip_reason():
         pytest.skip(skip_reason())
     tmp = tmp_path_factory.mktemp("submit")
-    cfg = base_config(tmp, jobs={"watch": True, "watch_quiet_s": 0.5}, http={"max_body_bytes": 65536})
+    (tmp / "allowed").mkdir()
+    cfg = base_config(tmp, jobs={"watch": True, "watch_quiet_s": 0.5, "allowed_dirs": [str(tmp / "allowed")]},
+                      http={"max_body_bytes": 65536})
     d = Daemon(tmp, cfg).start()
     yield d
     assert d.stop() == 0
@@ -260,6 +262,10 @@ def test_upload_twice_is_one_job(daemon, tmp_path):
     assert [j["id"] for j in daemon.get("/v1/jobs")[1]].count(first[0]) == 1
     uploads = [p for p in (daemon.home / "uploads").glob("*/twice.txt")]
     assert len(uploads) == 1, "the second upload of the same content must not stay behind"
+    server_side = book(daemon.tmp / "allowed", "by-path.txt", "Foxtrot is read by path.\n")
+    body = {"path": str(server_side), "spec": {"voice": "ryan", "sampling": {"max_new_tokens": 4}}}
+    (s1, a, _), (s2, b, _) = daemon.post("/v1/jobs", body), daemon.post("/v1/jobs", body)
+    assert (s1, a["existing"], s2, b["existing"]) == (201, False, 200, True) and a["id"] == b["id"], (a, b)
 
 
 def test_cli_checks_type_and_size_before_uploading(daemon, tmp_path):
