@@ -8,7 +8,7 @@ reading the document (it waits for the job to appear, `wait_for_job`).
 
 A key whose job ended `failed` or `cancelled` is claimed anew (a new job), so a submit after fixing
 a problem is not answered with the old failure. A claim whose holder died before the job was
-queued (same host, process gone; or older than `STALE_S` elsewhere) is taken over.
+queued (same host, process gone; or older than `STALE_S`) is taken over.
 """
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def _holder() -> str:
 
 
 def _abandoned(row: dict, now: float) -> bool:
-    """The claim's holder is gone without having queued the job."""
+    """The claim's holder is gone without having queued the job (or has held it for STALE_S)."""
+    if now - row["claimed_at"] > STALE_S:
+        return True
     host, _, pid = (row["holder"] or "").rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
         try:
@@ -55,8 +57,7 @@ def _abandoned(row: dict, now: float) -> bool:
             return True
         except PermissionError:  # alive, owned by another user
             return False
-        return False
-    return now - row["claimed_at"] > STALE_S
+    return False
 
 
 def claim(queue: Queue, key: str) -> tuple[str, bool]:
