@@ -19,7 +19,7 @@ from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec, with_defaults
 from jobs.submit import checkpoint_voices, job_defaults
 
-from appliance.cli_common import emit, fail, home_option, json_option, load_runner
+from appliance.cli_common import emit, fail, home_option, json_option, known_voices, load_runner
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
@@ -57,16 +57,17 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec, queue, paths, remote, as_json: bool, max_body_bytes: int) -> list[dict]:
+def _submit_each(files, spec, queue, paths, remote, as_json: bool, max_body_bytes: int, voices=None) -> list[dict]:
     """Submit each file (through `remote` with `spec` the options given, else to `queue` with `spec`
-    a JobSpec); a file that cannot be sent stops the command before it is uploaded."""
+    a JobSpec, `voices` the engine's when known); a file that cannot be sent stops the command before
+    it is uploaded."""
     from jobs.submit import SubmitError, submit_file
 
     results = []
     for f in files:
         try:
             job_id, error = (_call(remote.submit_file, f, spec, max_body_bytes) if remote
-                             else submit_file(queue, paths, f, spec))
+                             else submit_file(queue, paths, f, spec, voices))
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -102,11 +103,14 @@ def _checked_runner(cfg, eng: dict, voice):
                                  "(default: jobs.instruct of the config, VoiceDesign models).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
+@click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, wait,
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
            home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids.
 
@@ -118,18 +122,23 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     cfg, paths = spool(home, **eng)
     remote = None if wait or eng["model"] else _remote(cfg, paths, note=True)  # a running daemon takes the files
     given = {"voice": voice, "language": language, "format": fmt, "title": title, "author": author,
-             "priority": priority, "instruct": instruct, "seed": seed,
+             "priority": priority, "instruct": instruct, "seed": seed, "chapters": chapters, "speed": speed,
              "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
              "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
     given = {k: v for k, v in given.items() if v is not None}
-    spec, queue = given, None
-    if not remote:  # the defaults of this process's settings, fitted to its checkpoint
-        j = cfg.jobs
-        spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
-                                                                   *checkpoint_voices(cfg.model.path))))
-        queue = Queue(paths.ensure().db)
+    try:
+        spec = JobSpec.from_dict(given)  # e.g. a bad --chapters stops here, before anything is sent
+        if not remote:  # the defaults of this process's settings, fitted to its checkpoint
+            j = cfg.jobs
+            spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
+                                                                       *checkpoint_voices(cfg.model.path))))
+    except ValueError as exc:
+        fail(str(exc))
+    queue = None if remote else Queue(paths.ensure().db)
     runner = _checked_runner(cfg, eng, spec.voice) if wait else None
-    results = _submit_each(files, spec, queue, paths, remote, as_json, cfg.http.max_body_bytes)
+    voices = None if remote else runner.voices if runner else known_voices(cfg)
+    results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json,
+                           cfg.http.max_body_bytes, voices)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:
         finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)

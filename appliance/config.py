@@ -78,6 +78,7 @@ class JobsSection:
     voice: Optional[str] = None       # voice of jobs that name none (None: a CustomVoice model's first speaker)
     language: str = "auto"            # language of jobs that name none
     instruct: Optional[str] = None    # voice description of jobs that give none (VoiceDesign checkpoints)
+    synth_rate: Optional[float] = None  # audio s synthesized per s, for `preview` (None: measured from past jobs)
 
 
 @dataclass

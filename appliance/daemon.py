@@ -105,6 +105,7 @@ class Daemon:
 
             watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
                                    defaults=self.job_defaults)
+            watcher.voices = lambda: self.host.engine.voices
             t = threading.Thread(target=watcher.run, args=(self.stop_jobs,), name="inbox", daemon=True)
             t.start()
             self.threads.append(t)

@@ -135,7 +135,7 @@ async def submit(request):
         from jobs.submit import SubmitError, submit_file_once
 
         try:
-            job_id, error, new = submit_file_once(q, ctx.paths, path, spec)
+            job_id, error, new = submit_file_once(q, ctx.paths, path, spec, ctx.host.engine.voices)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         try:

@@ -30,11 +30,13 @@ SENTENCES = ["The morning light fell across the valley and the river shone like 
 
 
 def write_book(path: Path, chapters: int, paragraphs: int) -> None:
+    """Every paragraph distinct (its own number in words), so no segment is served from the audio cache."""
     parts = []
     for c in range(chapters):
         parts.append(f"Chapter {c + 1}\n")
         for p in range(paragraphs):
-            parts.append(" ".join(SENTENCES[(p + i) % len(SENTENCES)] for i in range(2)) + "\n")
+            lead = f"Part {p + 1} of chapter {c + 1}."
+            parts.append(" ".join([lead] + [SENTENCES[(p + i) % len(SENTENCES)] for i in range(2)]) + "\n")
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
@@ -55,7 +57,7 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         t_submitted = time.perf_counter()
         # one worker keeps every slot busy: it tops up as segments finish (jobs.worker, pipelined)
         worker = Worker(Queue(paths.db), runner, paths, batch_size=slots, guard=GuardSettings(enabled=False))
-        steps0 = runner.steps
+        steps0, frames0 = runner.steps, runner.frames
         while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
             if not worker.run_once():
                 time.sleep(0.01)
@@ -65,7 +67,11 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
         audio = max(ch["book_end_s"] for ch in manifest["chapters"])
         last_segment = max(s["updated_at"] for s in queue.segments(job_id)) - t0_wall
-        return {"segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
+        synthesized = runner.frames - frames0
+        if synthesized < len(segs) * args.frames:  # a figure from cached audio would not be the engine's
+            raise SystemExit(f"only {synthesized} of {len(segs) * args.frames} frames were synthesized: "
+                             "segments came from the audio cache; the book must have distinct paragraphs")
+        return {"segments": len(segs), "frames_synthesized": synthesized, "chapters": len(manifest["chapters"]), "book_audio_s": audio,
                 "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
                 "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
                 "state": queue.job(job_id)["state"], "decode_steps": runner.steps - steps0,

@@ -100,14 +100,26 @@ def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], m
     return out
 
 
-def document_chapters(doc, spec: JobSpec) -> list[tuple[str, list]]:
-    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped)."""
+def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
+    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
+    (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from jobs.preview import select_chapters
+    from jobs.tags import apply_chapter_voices
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
     per_chapter = segment_document(doc, language, SegmentOptions(), None)
-    return [(ch.title or f"Chapter {i + 1}", segs)
-            for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    found = [(ch.title or f"Chapter {i + 1}", segs)
+             for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    if not select:
+        return found
+    try:
+        chosen = select_chapters(spec.chapters, len(found))
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from None
+    out = [found[i] for i in chosen]
+    apply_chapter_voices(out, [i + 1 for i in chosen], spec)
+    return out
 
 
 def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Sequence[str] = (),
@@ -131,18 +143,19 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
 
 
 def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
-                wait_s: float = 30.0) -> tuple[str, Optional[str]]:
+                voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str]]:
     """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
+    `voices`: the engine's voices, when known: a voice the job names elsewhere fails it here.
 
     Idempotent: the same content with the same options gives the job of the earlier submit
     (`submit_file_once`). The user's file is only read, never moved or deleted.
     """
-    job_id, error, _ = submit_file_once(queue, paths, path, spec, wait_s)
+    job_id, error, _ = submit_file_once(queue, paths, path, spec, voices, wait_s)
     return job_id, error
 
 
 def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
-                     wait_s: float = 30.0) -> tuple[str, Optional[str], bool]:
+                     voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str], bool]:
     """`submit_file` that also says whether this call made the job: (job id, error or None, new).
     Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
     to `wait_s` while that one is still being ingested, and returns its id either way."""
@@ -150,7 +163,7 @@ def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec
 
     path = Path(path)
     if not path.is_file():
-        return (*_ingest(queue, paths, path, spec, None), True)
+        return (*_ingest(queue, paths, path, spec, None, voices), True)
     key = submissions.submit_key(path, spec)
     job_id, mine = submissions.claim(queue, key)
     if not mine:
@@ -159,24 +172,28 @@ def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec
                  row["state"] if row else "still being ingested")
         return job_id, row["error"] if row and row["state"] == "failed" else None, False
     try:
-        return (*_ingest(queue, paths, path, spec, job_id), True)
+        return (*_ingest(queue, paths, path, spec, job_id, voices), True)
     except BaseException:
         submissions.release(queue, key, job_id)
         raise
 
 
-def _ingest(queue: Queue, paths: Paths, path: Path, spec: JobSpec, job_id: Optional[str]):
-    """Read `path` and queue it (as `job_id` when given); bad input -> a failed job."""
+def _ingest(queue: Queue, paths: Paths, path: Path, spec: JobSpec, job_id: Optional[str],
+            voices: Optional[Sequence[str]]):
+    """Read `path` and queue it (as `job_id` when given; `voices`: see submit_file); bad input -> a failed job."""
     from jobs.errors import JobError
     from jobs.queue import QueueError
+    from jobs.tags import TagError, check_job_voices
 
     try:
         precheck_file(path)
         from jobs.ingest import IngestOptions, load_document
 
         doc = load_document(path, IngestOptions())
-        return submit_document(queue, paths, doc, spec, [str(path.resolve())], job_id=job_id), None
-    except (SubmitError, JobError, QueueError) as exc:
+        chapters = document_chapters(doc, spec)
+        check_job_voices(chapters, spec, voices)
+        return submit_document(queue, paths, doc, spec, [str(path.resolve())], chapters, job_id=job_id), None
+    except (SubmitError, JobError, QueueError, TagError) as exc:
         error = str(exc)
     except (ImportError, ModuleNotFoundError) as exc:
         raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")

@@ -55,7 +55,7 @@ def test_speech_streams_pcm_chunked(daemon):
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked"
-    assert "speed is ignored" in r.getheader("X-TTS-Note")
+    assert r.getheader("X-TTS-Note") is None  # speed is applied (tests/test_speed.py)
     data = r.read()
     c.close()
     assert len(data) > 0 and len(data) % 2 == 0 and len(data) <= 2 * 1920 * 6
