@@ -167,6 +167,14 @@ class JobSpec:
         return cls(**{k: v for k, v in data.items() if v is not None})
 
 
+def with_defaults(given: Optional[dict], defaults: Optional[dict]) -> dict:
+    """`given` (a spec mapping as sent or read from a sidecar) with every key that is absent or None
+    taken from `defaults` (e.g. the jobs.voice / jobs.language / jobs.instruct of the settings)."""
+    out = {k: v for k, v in (defaults or {}).items() if v is not None}
+    out.update({k: v for k, v in (given or {}).items() if v is not None})
+    return out
+
+
 def file_digest(path: Optional[str]) -> Optional[str]:
     """sha256 of a file's content (the path itself when it is not a readable file; None for None)."""
     if not path or not Path(path).is_file():

@@ -111,7 +111,7 @@ def test_submit_chapters_from_cli_sidecar_and_api_spec(tmp_path, book):
     res = run("submit", str(book), "--chapters", "1,3", "--home", str(home))
     assert res.exit_code == 0, res.output
     q = Queue(Paths(home).db)
-    job_id = res.output.strip()
+    job_id = res.stdout.strip()  # stderr: the in-process note
     assert [c["title"] for c in q.chapters(job_id)] == ["The Start", "The End"]
     assert {s["chapter_idx"] for s in q.segments(job_id)} == {0, 1}
 
