@@ -109,6 +109,9 @@ def test_stream_first_chunk_is_one_frame_and_chunks_join_exactly():
     assert [c.shape[0] // 1920 for c in chunks[:4]] == [1, 2, 4, 8]
     [(codes, wav)] = reference(eng, [req])
     assert np.abs(np.concatenate(chunks) - wav).max() < 1e-4
+    # a handle already iterated to its end still gives its whole result (it used to wait forever)
+    res = h.result()
+    assert np.array_equal(res.audio, np.concatenate(chunks)) and list(h) == []
 
 
 def test_cancel_frees_slot_and_errors_reach_the_handle():

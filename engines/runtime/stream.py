@@ -35,6 +35,7 @@ class StreamHandle:
         self.finished_by_eos = False
         self.codes: Optional[np.ndarray] = None  # [frames, 16], set when the request ends
         self._consumed: list[np.ndarray] = []
+        self._ended = False  # the end marker was read (iterating again yields nothing more)
         self.on_done = None  # optional callback(handle), called from the runner thread at the end
 
     @property
@@ -46,14 +47,15 @@ class StreamHandle:
         self._runner.wake()
 
     def __iter__(self):
-        while True:
+        while not self._ended:
             item = self._q.get()
             if item is _END:
-                if self.error is not None:
-                    raise self.error
-                return
+                self._ended = True
+                break
             self._consumed.append(item)
             yield item
+        if self.error is not None:
+            raise self.error
 
     def result(self, timeout: Optional[float] = None) -> SynthesisResult:
         """Wait for the end and return the whole audio (chunks not yet iterated included)."""
