@@ -34,10 +34,10 @@ def q(tmp_path):
 def test_migrations_recorded_once(tmp_path):
     q1 = Queue(tmp_path / "q.db")
     ids = [m["id"] for m in q1.migrations()]
-    assert ids == [1, 2]
+    assert ids == [1, 2, 3]
     q1.close()
     q2 = Queue(tmp_path / "q.db")
-    assert [m["id"] for m in q2.migrations()] == [1, 2]
+    assert [m["id"] for m in q2.migrations()] == [1, 2, 3]
     assert q2.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     q2.close()
 
@@ -59,8 +59,9 @@ def test_expired_lease_returns_to_queue(q):
     time.sleep(0.15)
     again = q.claim("alive", 2, lease_s=60)
     assert {r["id"] for r in again} == {r["id"] for r in first}
-    assert all(r["attempts"] == 2 and r["worker_id"] == "alive" for r in again)
-    assert all("expired" in r["last_error"] for r in again)
+    # the expired attempt was lost with its worker: it does not count, it is counted apart
+    assert all(r["attempts"] == 1 and r["lost"] == 1 and r["worker_id"] == "alive" for r in again)
+    assert all("expired" in r["last_error"] and "not counted" in r["last_error"] for r in again)
 
 
 def test_heartbeat_keeps_lease_alive(q):
@@ -94,14 +95,16 @@ def test_attempts_end_in_failed_and_job_reports(q):
     assert q.retry(job) == 1 and q.job(job)["state"] == "queued"
 
 
-def test_lease_expiry_at_max_attempts_fails(tmp_path):
-    q = Queue(tmp_path / "q.db", max_attempts=1)
+def test_lost_leases_end_failed_only_at_max_lost(tmp_path):
+    q = Queue(tmp_path / "q.db", max_attempts=1, max_lost=2)
     job = q.add_job(JobSpec(), [("One", [SegmentText("a", "a")])])
     q.claim("dead", 1, lease_s=0.01)
     time.sleep(0.05)
+    assert len(q.claim("dead2", 1, lease_s=0.01)) == 1  # max_attempts=1, yet the lost lease did not use it up
+    time.sleep(0.05)
     assert q.claim("w", 1, lease_s=60) == []
     seg = q.segments(job)[0]
-    assert seg["state"] == "failed" and "expired" in seg["last_error"]
+    assert seg["state"] == "failed" and "expired" in seg["last_error"] and "2 workers died" in seg["last_error"]
     q.close()
 
 
