@@ -92,3 +92,125 @@ def test_dead_assembler_gives_the_assembly_back(tmp_path):
     proc.wait(10)
     assert q.begin_assembly(job, "other", 60)
     q.close()
+
+
+def _engine_missing() -> str | None:
+    if not (MODEL / "model.safetensors").is_file():
+        return f"tiny checkpoint missing: {MODEL} (build it with tests/fixtures/build_fixtures.py)"
+    return None
+
+
+ZYGOTE = """
+import os, signal, sys, traceback
+from appliance.cli import cli
+import appliance.engine_host  # the slow imports (torch), done once
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(fd, 1), os.dup2(fd, 2)
+        code = 0
+        try:
+            cli.main(args=line.split(), prog_name="tts-appliance", standalone_mode=False)
+        except SystemExit as exc:
+            code = exc.code or 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        print("worker", os.getpid(), "exit", code, flush=True)
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+    print(pid, flush=True)
+"""
+
+
+class Workers:
+    """Starts `tts-appliance work` processes: each runs the real CLI command in a process of its own,
+    forked from one that has done the slow imports already (20 cold starts would take minutes here)."""
+
+    def __init__(self, home: Path, log: Path):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.args = ["work", "--home", str(home), "--model", str(MODEL), "--device", "cpu", "--batch-size", "4",
+                     "--no-guard", "--until-idle", "--lease-seconds", "3600"]  # only the dead-worker check is fast
+        self.zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(log)], cwd=ROOT, env=env, text=True,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def start(self) -> int:
+        self.zygote.stdin.write(" ".join(self.args) + "\n")
+        self.zygote.stdin.flush()
+        return int(self.zygote.stdout.readline())
+
+    def close(self) -> None:
+        self.zygote.stdin.close()
+        self.zygote.wait(10)
+
+
+def _running(pid: int) -> bool:
+    return holders.alive(pid, None)
+
+
+def _tail(tmp_path) -> str:
+    return (tmp_path / "workers.log").read_text()[-3000:]
+
+
+def _registered(q: Queue, pid: int) -> bool:
+    return bool(q._rows("SELECT 1 FROM workers WHERE pid = ?", [pid]))
+
+
+@pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+def test_book_survives_20_sigkills(tmp_path):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    spec = JobSpec(voice="ryan", language="english", format="wav", seed=3, sampling={"max_new_tokens": 3},
+                   model=str(MODEL.resolve()))
+    chapters = [(f"Chapter {c}", [SegmentText(f"Part {c} line {i}.", f"Part {c} line {i}.", 0) for i in range(30)])
+                for c in range(10)]
+    job = q.add_job(spec, chapters)
+    rng = random.Random(14)
+    workers = Workers(paths.home, tmp_path / "workers.log")
+    pids, kills, hits, deadline = [], 0, 0, time.time() + 110
+    try:
+        while kills < 20 and time.time() < deadline:
+            pids = [p for p in pids if _running(p)]
+            while len(pids) < 2:
+                pids.append(workers.start())
+            victim = rng.choice(pids)
+            while not _registered(q, victim) and _running(victim) and time.time() < deadline:
+                time.sleep(0.02)  # killed once it holds segments, at a random moment of its work
+            time.sleep(rng.uniform(0.0, 0.5))
+            hits += bool(q._rows("SELECT 1 FROM segments s JOIN workers w ON w.id = s.worker_id "
+                                 "WHERE w.pid = ? AND s.state = 'leased'", [victim]))
+            if not _running(victim):
+                raise AssertionError(f"worker {victim} ended by itself after {kills} kills:\n{_tail(tmp_path)}")
+            os.kill(victim, signal.SIGKILL)
+            kills += 1
+            pids.remove(victim)
+            while _running(victim):
+                time.sleep(0.01)
+        assert kills == 20, f"only {kills} kills in time; see {tmp_path / 'workers.log'}"
+        pids = [p for p in pids if _running(p)] or [workers.start()]
+        end = time.time() + 60
+        while any(_running(p) for p in pids) and time.time() < end:
+            time.sleep(0.1)
+    finally:
+        for p in pids:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
+        workers.close()
+    tail = (tmp_path / "workers.log").read_text()[-3000:]
+    assert hits >= 10, f"only {hits} kills found segments in flight\n{tail}"
+
+    segs = q.segments(job)
+    assert len(segs) == 300 and all(s["state"] == "done" for s in segs), (q.counts(job), tail)
+    assert max(s["attempts"] for s in segs) == 1  # kills never used up an attempt
+    assert sum(s["lost"] for s in segs) >= hits
+    recorded = q._rows("SELECT segment_id, COUNT(*) AS n FROM synth_log WHERE finished_at IS NOT NULL "
+                       "GROUP BY segment_id")
+    assert sorted(r["segment_id"] for r in recorded) == sorted(s["id"] for s in segs)
+    assert all(r["n"] == 1 for r in recorded)  # each segment's audio recorded exactly once
+    j = q.job(job)
+    assert j["state"] == "done", (j, tail)
+    assert (Path(j["output_dir"]) / "manifest.json").is_file()
+    q.close()
