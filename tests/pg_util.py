@@ -49,9 +49,16 @@ class PgServer:
             shutil.chown(pwfile, "nobody")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "--pwfile", str(pwfile), "-A", "scram-sha-256",
                   "--no-sync", "-E", "UTF8")
+        self._dbs: set[str] = set()
+        self.start()
+
+    def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60", "-o",
                   f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        self._dbs: set[str] = set()
+
+    def halt(self) -> None:
+        """Stop the server abruptly (clients lose their connections); `start()` brings it back."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def _run(self, tool: str, *args: str) -> None:
         out = subprocess.run([*self.as_user, str(self.bindir / tool), *args], capture_output=True, text=True,
@@ -73,13 +80,9 @@ class PgServer:
 
     def stop(self) -> None:
         try:
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self.halt()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def restart(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-m", "immediate", "-w",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "restart")
 
 
 def pg_server() -> PgServer:

@@ -336,3 +336,41 @@ def test_racing_workers_with_one_sigkilled_mid_lease(location):
     assert all(s["state"] == "done" and s["attempts"] == 1 for s in segs)
     assert sum(s["lost"] for s in segs) == 5
     q.close()
+
+
+def test_postgresql_start_up_errors_are_one_line(pg):
+    unreachable = f"postgresql://tts:secret@127.0.0.1:{pg.port + 1 if pg.port < 65535 else 1}/tts"
+    with pytest.raises(QueueError) as exc:
+        Queue(unreachable)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("cannot connect to the queue database") and "secret" not in msg
+    with pytest.raises(QueueError) as exc:
+        Queue(pg.url("tts", password="wrong"))
+    msg = str(exc.value)
+    assert "\n" not in msg and "password authentication failed" in msg and "wrong" not in msg
+
+
+def test_workers_back_off_while_postgresql_is_away_and_resume(pg, tmp_path):
+    import threading
+
+    url = pg.url(f"t{uuid.uuid4().hex[:12]}")
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(url)
+    job = q.add_job(JobSpec(format="wav"), _chapters(2, 4))
+    q.close()
+    worker = Worker(Queue(url), ToneEngine(), paths, batch_size=2, heartbeat_s=0.2)
+    pg.halt()  # the database goes away under a running worker
+    stop = threading.Event()
+    t = threading.Thread(target=worker.run_forever, args=(stop, 0.1), daemon=True)
+    t.start()
+    time.sleep(1.5)
+    assert t.is_alive()  # backing off, not dead
+    pg.start()
+    q = Queue(url)
+    deadline = time.time() + 60
+    while q.job(job)["state"] != "done" and time.time() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    t.join(10)
+    assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
+    q.close()
