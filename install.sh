@@ -59,6 +59,13 @@ fi
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-pin.txt"
 "$VENV/bin/python" -c "import torch; print(torch.__version__)" | sed 's/^/install.sh: torch /'
 if [ "$DEV" = 1 ]; then
+  # the PostgreSQL queue tests start a throwaway server from Debian's postgresql package (best effort:
+  # without it those tests skip with the reason)
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get -q -y install postgresql >/dev/null 2>&1 \
+      || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y install postgresql >/dev/null 2>&1; } \
+      || echo "install.sh: apt-get install postgresql failed; the PostgreSQL queue tests will skip"
+  fi
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e ".[test]"
 else
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e .

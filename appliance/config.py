@@ -66,6 +66,7 @@ class JobsSection:
     """Batch (audiobook) jobs and the watched folder."""
 
     home: Optional[str] = None        # spool folder (else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance)
+    queue: Optional[str] = None       # job queue: HOME/queue.db (SQLite), or postgresql://user@host/db (several hosts)
     enabled: bool = True              # run a queue worker inside the daemon
     batch_size: int = 0               # segments a worker keeps in flight (0: the engine's slot count)
     workers: int = 1                  # worker threads (each tops up its segments as they finish)
@@ -141,7 +142,7 @@ class Config:
     def home(self):
         from jobs.settings import resolve_home
 
-        return resolve_home(self.jobs.home)
+        return resolve_home(self.jobs.home, queue=self.jobs.queue)
 
     def runtime_dir(self) -> Path:
         raw = (self.service.runtime_dir or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]

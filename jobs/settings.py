@@ -29,10 +29,12 @@ class Paths:
     """Locations inside one spool folder."""
 
     home: Path
+    queue: Optional[str] = None  # a postgresql:// URL (jobs.queue); None: the SQLite file below
 
     @property
-    def db(self) -> Path:
-        return self.home / "queue.db"
+    def db(self) -> Path | str:
+        """Where the queue lives: what `jobs.queue.Queue` opens."""
+        return self.queue or self.home / "queue.db"
 
     @property
     def audio(self) -> Path:
@@ -65,9 +67,10 @@ class Paths:
         return self
 
 
-def resolve_home(home: Optional[str | os.PathLike] = None) -> Paths:
-    """The spool folder: `home` (the settings' jobs.home), else ~/.local/share/tts-appliance."""
-    return Paths(Path(home or DEFAULT_HOME).expanduser().resolve())
+def resolve_home(home: Optional[str | os.PathLike] = None, queue: Optional[str] = None) -> Paths:
+    """The spool folder: `home` (the settings' jobs.home), else ~/.local/share/tts-appliance; `queue`:
+    the settings' jobs.queue."""
+    return Paths(Path(home or DEFAULT_HOME).expanduser().resolve(), queue or None)
 
 
 def _plain_types(cls) -> dict[str, type]:

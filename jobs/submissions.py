@@ -79,8 +79,9 @@ def claim(queue: Queue, key: str) -> tuple[str, bool]:
                 c.execute("UPDATE submissions SET holder = ?, claimed_at = ? WHERE key = ?", (_holder(), now, key))
                 return row["job_id"], True
         job_id = uuid.uuid4().hex[:12]
-        c.execute("INSERT OR REPLACE INTO submissions (key, job_id, holder, claimed_at) VALUES (?, ?, ?, ?)",
-                  (key, job_id, _holder(), now))
+        c.execute("""INSERT INTO submissions (key, job_id, holder, claimed_at) VALUES (?, ?, ?, ?)
+                     ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, holder = excluded.holder,
+                     claimed_at = excluded.claimed_at""", (key, job_id, _holder(), now))
     return job_id, True
 
 

@@ -169,8 +169,10 @@ class InboxWatcher:
 
     def _record(self, digest, path, job_id, state, reason, side=None) -> None:
         with self.queue.tx() as c:
-            c.execute("""INSERT OR REPLACE INTO inbox_files (sha256, name, job_id, state, path, sidecar, reason,
-                         taken_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            c.execute("""INSERT INTO inbox_files (sha256, name, job_id, state, path, sidecar, reason, taken_at)
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha256) DO UPDATE SET name = excluded.name,
+                         job_id = excluded.job_id, state = excluded.state, path = excluded.path,
+                         sidecar = excluded.sidecar, reason = excluded.reason, taken_at = excluded.taken_at""",
                       (digest, path.name, job_id, state, str(path), str(side) if side else None, reason, time.time()))
 
     def _to_failed(self, path: Path, side: Optional[Path], reason: str) -> None:

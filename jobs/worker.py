@@ -25,7 +25,7 @@ import numpy as np
 from jobs.assemble import JoinSettings, write_segment_audio
 from jobs.book import JobBook, assemble_job
 from jobs.guard import GuardSettings, attempt_seed, check_audio
-from jobs.queue import Queue
+from jobs.queue import Queue, QueueError, QueueUnavailable
 from jobs.settings import JobSpec, Paths, file_digest, segment_key
 
 log = logging.getLogger(__name__)
@@ -79,17 +79,21 @@ class Heartbeat(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        q = Queue(self.db_path)
+        q = None
         try:
             while not self._halt.wait(self.interval_s):
                 with self._lock:
                     ids = sorted(self._held)
                 try:
+                    q = q or Queue(self.db_path)
                     q.renew(self.worker_id, ids, self.lease_s)
+                except (QueueError, QueueUnavailable) as exc:  # database away: keep trying
+                    log.warning("heartbeat: cannot renew leases (%s); will retry", exc)
                 except Exception:  # a busy database must not kill the heartbeat
                     log.exception("heartbeat: renewing leases failed; will retry")
         finally:
-            q.close()
+            if q is not None:
+                q.close()
 
 
 def segment_voice(row: dict) -> Optional[str]:
@@ -161,9 +165,18 @@ class Worker:
     def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
         """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do; then let the
         segments in flight finish (the caller gives their leases back if that takes too long)."""
+        backoff = 0.0
         try:
             while not stop_event.is_set():
-                if self.run_once() == 0 and not self._inflight:
+                try:
+                    worked = self.run_once()
+                    backoff = 0.0
+                except QueueUnavailable as exc:  # the database went away: wait, then resume
+                    backoff = min(30.0, max(0.5, backoff * 2))
+                    log.warning("worker %s: %s; retrying in %.1f s", self.worker_id, exc, backoff)
+                    stop_event.wait(backoff)
+                    continue
+                if worked == 0 and not self._inflight:
                     stop_event.wait(idle_sleep_s)
             while self._inflight:
                 self._wake.wait(0.2)
@@ -351,9 +364,9 @@ class Worker:
             return
         path = self._audio_path(key)
         write_segment_audio(path, audio, sr)
-        for r in rows:
-            self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"])
-        self.queue.synth_finished([log_id])
+        for r in rows:  # the synthesis counts as finished with the first row it recorded
+            if self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"], log_id=log_id):
+                log_id = None
 
     # -- assembly --------------------------------------------------------------------------
     def assemble_ready(self) -> int:

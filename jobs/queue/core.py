@@ -1,0 +1,142 @@
+"""Durable job queue: SQLite (WAL, `BEGIN IMMEDIATE` claims) or PostgreSQL (`SKIP LOCKED` claims).
+
+    q = Queue(paths.db)                      # a SQLite file (the default), or
+    q = Queue("postgresql://tts@db/tts")     # one database several hosts share (jobs.queue)
+
+Both hold the same tables (`schema`) with the same semantics: leases that expire, attempts and
+retries, a `dead` end state (`failed`) with the last error, each segment's audio recorded exactly
+once. Several processes may share one queue: each opens its own `Queue`. Claims and leases are in
+`leases.Leases`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from jobs.queue.leases import Leases
+from jobs.queue.records import ACTIVE, TERMINAL, QueueError, Records
+from jobs.queue.schema import SchemaTooNew, migrate
+from jobs.queue.store import QueueUnavailable, is_url, open_store, redact
+from jobs.settings import JobSpec
+
+log = logging.getLogger(__name__)
+
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled", "partial")
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Queue(Leases, Records):
+    """One connection to the queue database. Not thread-safe: one per thread/process.
+
+    `location` is a SQLite file path or a `postgresql://` URL. Start-up problems (unreachable
+    server, wrong credentials, a schema from a newer version) raise `QueueError` in one line."""
+
+    def __init__(self, location: str | Path, max_attempts: int = 3, busy_timeout_s: float = 30.0,
+                 max_lost: int = 25):
+        self.path = location if is_url(location) else Path(location)
+        self.where = redact(str(location))
+        self.max_attempts, self.max_lost = int(max_attempts), int(max_lost)
+        try:
+            self.store = open_store(location, busy_timeout_s)
+            migrate(self.store, self.where)
+        except (QueueUnavailable, SchemaTooNew) as exc:
+            if getattr(self, "store", None) is not None:
+                self.store.close()
+            raise QueueError(str(exc)) from None
+
+    @property
+    def conn(self):
+        """The raw database connection (sqlite3 or psycopg)."""
+        return self.store.conn
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+    @contextmanager
+    def tx(self):
+        """A write transaction; yields the store (`execute(sql, args)` with `?` placeholders)."""
+        with self.store.tx() as c:
+            yield c
+
+    def _rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        return self.store.rows(sql, params)
+
+    def migrations(self) -> list[dict]:
+        return self._rows("SELECT * FROM migrations ORDER BY id")
+
+    # -- jobs ------------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec, chapters: Sequence[tuple[str, Sequence]], sources: Iterable[str] = (),
+                meta: Optional[dict] = None, job_id: Optional[str] = None) -> str:
+        """Queue a job: `chapters` is [(title, [SegmentText, ...]), ...]. Returns the job id (`job_id`:
+        one reserved earlier, jobs.submissions)."""
+        if not any(segs for _, segs in chapters):
+            raise QueueError("the document has no text to speak (no segments)")
+        job_id = job_id or uuid.uuid4().hex[:12]
+        now = _now()
+        with self.tx() as c:
+            c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model,
+                         created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                      (job_id, spec.priority, spec.to_json(), spec.title, spec.author, json.dumps(list(sources)),
+                       json.dumps(meta or {}), spec.model, now, now))
+            idx = 0
+            for ci, (title, segs) in enumerate(chapters):
+                c.execute("INSERT INTO chapters (job_id, idx, title) VALUES (?, ?, ?)", (job_id, ci, title))
+                for s in segs:
+                    c.execute("""INSERT INTO segments (job_id, idx, chapter_idx, text, original, pause_after_ms,
+                                 metadata, seed, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                              (job_id, idx, ci, s.text, s.original, int(s.pause_after_ms or 0),
+                               json.dumps(getattr(s, "metadata", None) or {}, default=str), spec.seed, now))
+                    idx += 1
+            self._event(c, job_id, f"submitted: {idx} segments in {len(chapters)} chapters")
+        return job_id
+
+    def add_failed_job(self, spec: JobSpec, sources: Iterable[str], error: str, job_id: Optional[str] = None) -> str:
+        """Record a job that failed before it had segments (bad input), so status/logs show why."""
+        job_id = job_id or uuid.uuid4().hex[:12]
+        now = _now()
+        with self.tx() as c:
+            c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model, error,
+                         created_at, updated_at, finished_at) VALUES (?, 'failed', ?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, ?)""",
+                      (job_id, spec.priority, spec.to_json(), spec.title, spec.author, json.dumps(list(sources)),
+                       spec.model, error, now, now, now))
+            self._event(c, job_id, f"failed: {error}", level="error")
+        return job_id
+
+    def job(self, job_id: str) -> dict:
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])
+        if not rows:
+            raise QueueError(f"no job {job_id!r}: see `tts-appliance list` for job ids")
+        return rows[0]
+
+    def jobs(self, states: Optional[Sequence[str]] = None) -> list[dict]:
+        if states:
+            marks = ",".join("?" * len(states))
+            return self._rows(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at", list(states))
+        return self._rows("SELECT * FROM jobs ORDER BY created_at")
+
+    def chapters(self, job_id: str) -> list[dict]:
+        return self._rows("SELECT * FROM chapters WHERE job_id = ? ORDER BY idx", [job_id])
+
+    def segments(self, job_id: str) -> list[dict]:
+        return self._rows("SELECT * FROM segments WHERE job_id = ? ORDER BY idx", [job_id])
+
+    def counts(self, job_id: Optional[str] = None) -> dict:
+        """Segment counts by state, for one job or all."""
+        where, args = ("WHERE job_id = ?", [job_id]) if job_id else ("", [])
+        rows = self.store.execute(f"SELECT state, COUNT(*) FROM segments {where} GROUP BY state", args)
+        out = {"queued": 0, "leased": 0, "done": 0, "failed": 0, "cancelled": 0}
+        out.update(dict(rows.fetchall()))
+        return out
+
+    def job_counts(self) -> dict:
+        """Job counts by state (states without jobs are left out)."""
+        return dict(self.store.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())

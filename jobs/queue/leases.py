@@ -1,0 +1,137 @@
+"""Claims and leases of the queue (a mixin of `jobs.queue.Queue`).
+
+A worker *claims* segments: they get its id and a lease expiry; a heartbeat renews the lease.
+Every claim counts as an attempt until it ends. An attempt that ends because its worker died is
+handed back and does not count: a dead worker on this host (its process gone; see `holders`) gives
+its leases back at the next claim at once, one elsewhere when its lease expires. Such lost leases
+are counted apart (`lost`); a segment that lost `max_lost` workers ends `failed`, as it may be what
+kills them. Only real synthesis failures (`fail`) use up `max_attempts`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional, Sequence
+
+from jobs.queue import holders
+
+log = logging.getLogger(__name__)
+
+# a lost lease goes back to the queue with its attempt given back, or fails at max_lost
+_GIVE_BACK = """UPDATE segments SET
+    state = CASE WHEN lost + 1 >= ? THEN 'failed' ELSE 'queued' END,
+    attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, lost = lost + 1,
+    last_error = CAST(? AS TEXT) || CASE WHEN lost + 1 >= ? THEN '; gave up: ' || (lost + 1) || ' workers died holding it'
+                           ELSE ' (attempt not counted)' END,
+    worker_id = NULL, lease_expires = NULL, updated_at = ?"""
+
+
+class Leases:
+    """Claims, heartbeats and lease recovery; needs `store`, `max_lost` and `tx()` of the Queue."""
+
+    max_lost: int
+
+    def _register(self, c, worker_id: str, now: float) -> None:
+        """Record which process of which host holds `worker_id`'s leases."""
+        host, pid, token = holders.me()
+        c.execute("""INSERT INTO workers (id, host, pid, started, seen_at) VALUES (?, ?, ?, ?, ?)
+                     ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+                     started = excluded.started, seen_at = excluded.seen_at""", (worker_id, host, pid, token, now))
+
+    def _reap_dead(self, c, now: float) -> int:
+        """Give back, at once, the leases of workers of this host whose process is gone."""
+        host = holders.host_key()
+        n = 0
+        for wid, pid, token in c.execute("SELECT id, pid, started FROM workers WHERE host = ?", (host,)).fetchall():
+            if holders.alive(int(pid), token):
+                continue
+            msg = f"worker {wid} died holding this segment"
+            got = c.execute(_GIVE_BACK + " WHERE state = 'leased' AND worker_id = ?",
+                            (self.max_lost, msg, self.max_lost, now, wid)).rowcount
+            c.execute("UPDATE jobs SET assembly_worker = NULL, assembly_expires = NULL WHERE assembly_worker = ?",
+                      (wid,))
+            c.execute("DELETE FROM workers WHERE id = ?", (wid,))
+            if got:
+                log.warning("worker %s (pid %s) is gone: %d segment lease(s) given back", wid, pid, got)
+            n += got
+        return n
+
+    def _expire(self, c, now: float) -> None:
+        """Return expired leases to the queue: the worker stopped renewing (died on another host, hung)."""
+        c.execute(_GIVE_BACK + " WHERE state = 'leased' AND lease_expires < ?",
+                  (self.max_lost, "lease of a worker expired (worker stopped or unreachable)", self.max_lost, now, now))
+
+    def reap(self) -> int:
+        """Give back the leases of dead workers of this host now; returns how many segments."""
+        with self.tx() as c:
+            return self._reap_dead(c, time.time())
+
+    def claim(self, worker_id: str, limit: int, lease_s: float, model: Optional[str] = None,
+              min_priority: Optional[int] = None) -> list[dict]:
+        """Lease up to `limit` queued segments, highest job priority first, oldest job first.
+
+        Only jobs whose model is unset or equals `model` are served. Returns segment rows with
+        the job's `spec` (JSON) and `priority` joined in.
+        """
+        now = time.time()
+        with self.tx() as c:
+            self._reap_dead(c, now)
+            self._expire(c, now)
+            self._register(c, worker_id, now)
+            sql = """SELECT s.id FROM segments s JOIN jobs j ON j.id = s.job_id
+                     WHERE s.state = 'queued' AND j.state IN ('queued', 'running')
+                       AND (j.model IS NULL OR j.model = ?)"""
+            args: list = [model]
+            if min_priority is not None:
+                sql += " AND j.priority >= ?"
+                args.append(min_priority)
+            sql += " ORDER BY j.priority DESC, j.created_at, j.id, s.idx LIMIT ?" + self.store.skip_locked
+            ids = [r[0] for r in c.execute(sql, args + [int(limit)]).fetchall()]
+            if not ids:
+                return []
+            marks = ",".join("?" * len(ids))
+            c.execute(f"""UPDATE segments SET state = 'leased', worker_id = ?, lease_expires = ?,
+                          attempts = attempts + 1, updated_at = ? WHERE id IN ({marks})""",
+                      [worker_id, now + lease_s, now] + ids)
+            c.execute(f"""UPDATE jobs SET state = 'running', updated_at = ? WHERE state = 'queued'
+                          AND id IN (SELECT job_id FROM segments WHERE id IN ({marks}))""", [now] + ids)
+        return self._rows(f"""SELECT s.*, j.spec AS spec, j.priority AS priority FROM segments s
+                              JOIN jobs j ON j.id = s.job_id WHERE s.id IN ({marks}) ORDER BY j.priority DESC,
+                              j.created_at, j.id, s.idx""", ids)
+
+    def renew(self, worker_id: str, ids: Sequence[int], lease_s: float) -> int:
+        """Extend this worker's leases; returns how many are still held."""
+        held = 0
+        now = time.time()
+        with self.tx() as c:
+            if ids:
+                marks = ",".join("?" * len(ids))
+                held = c.execute(f"""UPDATE segments SET lease_expires = ? WHERE state = 'leased' AND worker_id = ?
+                                     AND id IN ({marks})""", [now + lease_s, worker_id] + list(ids)).rowcount
+            c.execute("UPDATE jobs SET assembly_expires = ? WHERE assembly_worker = ?", (now + lease_s, worker_id))
+            c.execute("UPDATE workers SET seen_at = ? WHERE id = ?", (now, worker_id))
+        return held
+
+    def release(self, worker_id: str, ids: Sequence[int]) -> None:
+        """Give leased segments back unworked (clean shutdown): the attempt does not count."""
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        with self.tx() as c:
+            c.execute(f"""UPDATE segments SET state = 'queued', worker_id = NULL, lease_expires = NULL,
+                          attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
+                          WHERE state = 'leased' AND worker_id = ? AND id IN ({marks})""", [worker_id] + list(ids))
+
+    def begin_assembly(self, job_id: str, worker_id: str, lease_s: float) -> bool:
+        """Take the right to assemble a finished job (one worker wins)."""
+        now = time.time()
+        with self.tx() as c:
+            self._reap_dead(c, now)
+            self._register(c, worker_id, now)
+            cur = c.execute("""UPDATE jobs SET assembly_worker = ?, assembly_expires = ?, state = 'running'
+                               WHERE id = ? AND state IN ('queued', 'running')
+                               AND (assembly_worker IS NULL OR assembly_expires < ?)
+                               AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.job_id = ?
+                                               AND s.state IN ('queued', 'leased'))""",
+                            (worker_id, now + lease_s, job_id, now, job_id))
+        return cur.rowcount == 1

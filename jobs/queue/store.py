@@ -1,0 +1,175 @@
+"""The two places a queue can live, behind one small interface: a SQLite file (default) or a
+PostgreSQL database (`jobs.queue: postgresql://user@host/db`).
+
+Queue code writes one SQL text with `?` placeholders and the subset both databases share
+(`ON CONFLICT ... DO UPDATE`, `RETURNING`, `CASE`); a store runs it. The differences live here:
+DDL words (`{id}`, `{real}`), write transactions (SQLite `BEGIN IMMEDIATE`; PostgreSQL row locks
+with `FOR UPDATE ... SKIP LOCKED` claims) and what a lost connection means.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class QueueUnavailable(Exception):
+    """The queue database cannot be reached right now (workers back off and try again)."""
+
+
+def is_url(location) -> bool:
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def redact(url: str) -> str:
+    """A database URL with its password hidden, fit for logs and error messages."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+class SqliteStore:
+    """A SQLite file in WAL mode; writes serialize on `BEGIN IMMEDIATE`."""
+
+    dialect = "sqlite"
+    skip_locked = ""  # BEGIN IMMEDIATE already makes a claim exclusive
+    for_update = ""
+    ddl = {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"}
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0):
+        self.location = Path(path)
+        self.location.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.location), timeout=busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        self.conn = conn
+
+    def execute(self, sql: str, args: Sequence | dict = ()):
+        return self.conn.execute(sql, args)
+
+    def rows(self, sql: str, args: Sequence | dict = ()) -> list[dict]:
+        cur = self.conn.execute(sql, args)
+        names = [d[0] for d in cur.description or ()]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    @contextmanager
+    def tx(self, lock: bool = False):
+        """A write transaction (waits up to the busy timeout for other writers)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@functools.lru_cache(maxsize=512)
+def to_pyformat(sql: str) -> str:
+    """`?` placeholders outside quoted literals -> `%s`; literal `%` doubled (psycopg's format)."""
+    out, quoted = [], False
+    for ch in sql:
+        if ch == "'":
+            quoted = not quoted
+        if ch == "%":
+            out.append("%%")
+        elif ch == "?" and not quoted:
+            out.append("%s")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class PostgresStore:
+    """A PostgreSQL database through psycopg 3. Claims lock rows with `FOR UPDATE ... SKIP LOCKED`,
+    so workers on several hosts never wait on each other's segments."""
+
+    dialect = "postgresql"
+    skip_locked = " FOR UPDATE OF s SKIP LOCKED"
+    for_update = " FOR UPDATE"
+    ddl = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
+
+    def __init__(self, url: str, connect_timeout_s: float = 10.0):
+        try:
+            import psycopg
+        except ImportError as exc:  # pragma: no cover - a dependency of the package
+            raise QueueUnavailable("jobs.queue names PostgreSQL but psycopg is not installed: "
+                                   "pip install 'psycopg[binary]>=3.1'") from exc
+        self._psycopg = psycopg
+        self.location = url
+        self.connect_timeout_s = connect_timeout_s
+        self.conn = None
+        self._connect()
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self.conn = psycopg.connect(self.location, autocommit=True,
+                                        connect_timeout=max(1, int(self.connect_timeout_s)))
+        except psycopg.OperationalError as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise QueueUnavailable(f"cannot connect to the queue database {redact(self.location)}: {reason}") from exc
+
+    def _lost(self, exc: Exception) -> QueueUnavailable:
+        """The connection broke: drop it (the next call reconnects) and say so."""
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+        self.conn = None
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return QueueUnavailable(f"lost the queue database {redact(self.location)}: {reason}")
+
+    def _ready(self):
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        return self.conn
+
+    def execute(self, sql: str, args: Sequence | dict = ()):
+        conn = self._ready()
+        try:
+            return conn.execute(to_pyformat(sql), args)
+        except self._psycopg.OperationalError as exc:
+            if conn.closed or conn.broken:
+                raise self._lost(exc) from exc
+            raise
+
+    def rows(self, sql: str, args: Sequence | dict = ()) -> list[dict]:
+        cur = self.execute(sql, args)
+        names = [d.name for d in cur.description or ()]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    @contextmanager
+    def tx(self, lock: bool = False):
+        """A transaction; `lock=True` also serializes it with every other `lock=True` one
+        (schema changes), like SQLite's single writer."""
+        conn = self._ready()
+        try:
+            with conn.transaction():
+                if lock:
+                    conn.execute("SELECT pg_advisory_xact_lock(7215001)")
+                yield self
+        except self._psycopg.OperationalError as exc:
+            if conn.closed or conn.broken:
+                raise self._lost(exc) from exc
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def open_store(location, busy_timeout_s: float = 30.0):
+    """The store of `location`: a `postgresql://` URL or the path of a SQLite file."""
+    if is_url(location):
+        return PostgresStore(location)
+    return SqliteStore(location, busy_timeout_s)
