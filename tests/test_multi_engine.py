@@ -1,0 +1,91 @@
+"""Several engines in one daemon (model.device: a list, here `cpu,cpu`): one book's segments run on
+both engines, streams go to the least-loaded engine, and the config rejects malformed device lists."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from daemon_util import Daemon, base_config, book_text, needs_daemon
+
+
+def engines(d: Daemon) -> list[dict]:
+    status, health, _ = d.get("/health")
+    assert status == 200, health
+    return health["engine"]["engines"]
+
+
+def open_stream(d: Daemon, frames: int) -> socket.socket:
+    """A pcm stream on a raw socket, returned once its first audio arrived (so it holds a slot)."""
+    body = json.dumps({"input": "A long text to read aloud. " * 4, "voice": "ryan", "response_format": "pcm",
+                       "max_frames": frames}).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(d.socket)
+    s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while len(got) < 4000:
+        chunk = s.recv(65536)
+        assert chunk, "stream ended early"
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    return s
+
+
+@needs_daemon
+def test_two_cpu_engines_share_a_book_and_streams(tmp_path):
+    cfg = base_config(tmp_path, model={"device": "cpu,cpu", "warmup": False},
+                      runtime={"max_slots": 2, "max_queue": 8}, jobs={"watch": False, "batch_size": 0})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        first = engines(d)
+        assert [e["device"] for e in first] == ["cpu", "cpu"] and all(e["max_slots"] == 2 for e in first)
+        assert all(e["frames"] == 0 and e["dtype"] == "float32" for e in first), first
+        assert "2 engines: cpu 2 slots, cpu 2 slots" in d.log_text()
+
+        book = tmp_path / "allowed.txt"
+        book.write_text(book_text(8))
+        spec = {"voice": "ryan", "sampling": {"max_new_tokens": 6}}
+        boundary = "b0undary"
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"spec\"\r\n\r\n{json.dumps(spec)}\r\n"
+                f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"book.txt\"\r\n\r\n"
+                f"{book.read_text()}\r\n--{boundary}--\r\n").encode()
+        status, job, _ = d.request("POST", "/v1/jobs", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        assert status == 201, job
+        assert d.wait_job(job["id"])["state"] == "done"
+        after_book = engines(d)
+        assert all(e["frames"] > 0 for e in after_book), after_book  # both engines made segments of the book
+
+        # a long stream holds engine 0; the next stream goes to the idle engine 1
+        a = open_stream(d, frames=300)
+        try:
+            now = engines(d)
+            assert [e["streams"] for e in now] == [1, 0], now
+            status, audio, _ = d.post("/v1/audio/speech", {"input": "Hi there.", "voice": "ryan",
+                                                            "response_format": "pcm", "max_frames": 8})
+            assert status == 200 and len(audio) > 0
+            later = engines(d)
+            assert later[1]["frames"] > after_book[1]["frames"], later
+        finally:
+            a.close()
+    finally:
+        assert d.stop() == 0
+
+
+def test_device_lists_are_checked(tmp_path):
+    from appliance.config import ConfigError, resolve
+    from engines.device.detect import resolve_device, resolve_devices
+
+    path = tmp_path / "c.yaml"
+    for bad, needle in [("cpu,auto", "'auto' not allowed in a list"), ("gpu", "give auto, all, cpu"),
+                        ("cuda:0,,cuda:1", "'' not allowed")]:
+        path.write_text(f"model: {{device: '{bad}'}}\n")
+        with pytest.raises(ConfigError, match="model.device") as err:
+            resolve(str(path))
+        assert needle in str(err.value)
+    path.write_text("model: {device: 'cpu, cpu'}\n")
+    assert resolve_devices(resolve(str(path)).model.device) == ["cpu", "cpu"]
+    assert resolve_device("cuda:1,cuda:0") == "cuda:1"  # one-engine commands take the first
+    assert resolve_devices("cuda:1") == ["cuda:1"]
