@@ -3,6 +3,7 @@ both engines, streams go to the least-loaded engine, and the config rejects malf
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -89,3 +90,29 @@ def test_device_lists_are_checked(tmp_path):
     assert resolve_devices(resolve(str(path)).model.device) == ["cpu", "cpu"]
     assert resolve_device("cuda:1,cuda:0") == "cuda:1"  # one-engine commands take the first
     assert resolve_devices("cuda:1") == ["cuda:1"]
+
+
+def test_book_bench_compares_device_sets(tmp_path):
+    """benchmarks/book_job.py --devices cpu --devices cpu,cpu: two runs in one call, the second on two
+    engines that both synthesize segments of the book, and their ratio."""
+    import subprocess
+    import sys
+
+    from daemon_util import CV, ROOT, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    out = tmp_path / "book.json"
+    cmd = [sys.executable, "-m", "benchmarks.book_job", "--model", str(CV), "--dtype", "float32", "--devices", "cpu",
+           "--devices", "cpu,cpu", "--chapters", "1", "--paragraphs", "4", "--frames", "6", "--slots", "2",
+           "--codec-streams", "off", "--json", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    one, two = res["runs"]
+    assert (one["devices"], two["devices"]) == ("cpu", "cpu,cpu") and (one["slots"], two["slots"]) == (2, 4)
+    assert one["state"] == two["state"] == "done"
+    assert all(e["frames"] > 0 for e in two["engines"]) and len(two["engines"]) == 2
+    assert set(res["scaling"]) == {"cpu codec_streams_off", "cpu,cpu codec_streams_off"}
+    assert res["scaling"]["cpu codec_streams_off"] == 1.0
