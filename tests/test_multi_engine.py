@@ -116,3 +116,18 @@ def test_book_bench_compares_device_sets(tmp_path):
     assert all(e["frames"] > 0 for e in two["engines"]) and len(two["engines"]) == 2
     assert set(res["scaling"]) == {"cpu codec_streams_off", "cpu,cpu codec_streams_off"}
     assert res["scaling"]["cpu codec_streams_off"] == 1.0
+
+
+def test_print_config_resolves_every_engine(tmp_path):
+    from click.testing import CliRunner
+
+    from appliance.cli import cli
+    from daemon_util import CV
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{path: {CV}, device: 'cpu,cpu'}}\nruntime: {{max_slots: 3}}\n")
+    r = CliRunner().invoke(cli, ["--config", str(path), "daemon", "--print-config"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["resolved"]["device"] == "cpu" and out["resolved"]["max_slots"] == 3
+    assert [(e["device"], e["dtype"], e["max_slots"]) for e in out["resolved_engines"]] == [("cpu", "float32", 3)] * 2
