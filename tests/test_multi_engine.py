@@ -131,3 +131,13 @@ def test_print_config_resolves_every_engine(tmp_path):
     out = json.loads(r.output)
     assert out["resolved"]["device"] == "cpu" and out["resolved"]["max_slots"] == 3
     assert [(e["device"], e["dtype"], e["max_slots"]) for e in out["resolved_engines"]] == [("cpu", "float32", 3)] * 2
+
+
+def test_instance_takes_its_device_of_the_list(tmp_path, capsys):
+    from appliance.daemon import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{device: 'cpu,cpu'}}\nservice: {{runtime_dir: {tmp_path / 'run'}}}\n")
+    assert main(str(path), instance="1", check_only=True) == 0
+    assert main(str(path), instance="2", check_only=True) == 78
+    assert "instance '2' has no device in model.device = 'cpu,cpu' (cpu, cpu); use 0..1" in capsys.readouterr().err
