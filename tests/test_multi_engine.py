@@ -141,3 +141,38 @@ def test_instance_takes_its_device_of_the_list(tmp_path, capsys):
     assert main(str(path), instance="1", check_only=True) == 0
     assert main(str(path), instance="2", check_only=True) == 78
     assert "instance '2' has no device in model.device = 'cpu,cpu' (cpu, cpu); use 0..1" in capsys.readouterr().err
+
+
+def test_pool_routes_streams_and_batch_work(one_thread):
+    """Two real tiny engines (loops not started, so requests stay queued where they were put): a stream
+    goes to the emptier engine, batch work avoids an engine where a stream waits, and a full engine
+    passes a stream on; EngineBusy only when every engine is full."""
+    from daemon_util import CV, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    from appliance.config import Config
+    from appliance.engine_host import BATCH_PRIORITY, STREAM_PRIORITY, load_runner
+    from appliance.engine_pool import EnginePool
+    from engines.api import SynthesisRequest
+    from engines.runtime.runner import EngineBusy
+
+    cfg = Config()
+    cfg.model.path, cfg.runtime.max_slots, cfg.runtime.max_queue = str(CV), "2", 1
+    pool = EnginePool([load_runner(cfg, device="cpu"), load_runner(cfg, device="cpu")])
+    req = SynthesisRequest(text="Hello.", voice="ryan")
+
+    def queued():
+        return [r.stats()["queued"] for r in pool.runners]
+
+    a = pool.submit(req, STREAM_PRIORITY)
+    assert queued() == [1, 0] and pool.streams == [1, 0]
+    pool.submit(req, BATCH_PRIORITY)  # engine 0 has a stream waiting: batch work goes to engine 1
+    assert queued() == [1, 1] and pool.streams == [1, 0]
+    pool.submit(req, STREAM_PRIORITY)  # equal load: the engine serving fewer streams
+    assert queued() == [1, 2] and pool.streams == [1, 1]
+    with pytest.raises(EngineBusy):  # one stream waits on each engine (max_queue 1): all full
+        pool.submit(req, STREAM_PRIORITY)
+    assert pool.stats()["queued"] == 3 and [e["streams"] for e in pool.stats()["engines"]] == [1, 1]
+    pool.finished(a)
+    assert pool.streams == [0, 1]
