@@ -3,6 +3,7 @@ both engines, streams go to the least-loaded engine, and the config rejects malf
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 
@@ -138,8 +139,14 @@ def test_instance_takes_its_device_of_the_list(tmp_path, capsys):
 
     path = tmp_path / "c.yaml"
     path.write_text(f"model: {{device: 'cpu,cpu'}}\nservice: {{runtime_dir: {tmp_path / 'run'}}}\n")
-    assert main(str(path), instance="1", check_only=True) == 0
-    assert main(str(path), instance="2", check_only=True) == 78
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:  # main() points the root logger at this test's captured stdout: put it back afterwards
+        assert main(str(path), instance="1", check_only=True) == 0
+        assert main(str(path), instance="2", check_only=True) == 78
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
     assert "instance '2' has no device in model.device = 'cpu,cpu' (cpu, cpu); use 0..1" in capsys.readouterr().err
 
 
