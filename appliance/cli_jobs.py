@@ -1,12 +1,14 @@
 """Batch job commands: submit, status, list, cancel, retry, redo, logs (work and watch: cli_work).
 
 The queue lives in the spool folder of the settings (`--home`, jobs.home of the config,
-$TTS_APPLIANCE_HOME, default ~/.local/share/tts-appliance). When a daemon serves that folder,
-submit (without --wait/--model), status, list and cancel go through its API; otherwise, and for
-`--wait`, the work is done in this process (appliance.cli_work).
+$TTS_APPLIANCE_HOME, default ~/.local/share/tts-appliance). When a daemon is configured
+($TTS_APPLIANCE_SOCKET, http.socket) or runs for that folder, submit (without --wait/--model),
+status, list and cancel go through its API (a configured daemon that does not answer is an error,
+appliance.client); otherwise, and for `--wait`, the work is done in this process (appliance.cli_work).
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -14,24 +16,35 @@ import click
 
 from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
-from jobs.settings import FORMATS, JobSpec
+from jobs.settings import FORMATS, JobSpec, with_defaults
+from jobs.submit import checkpoint_voices, job_defaults
 
-from appliance.cli_common import emit, fail, home_option, json_option, load_runner
+from appliance.cli_common import emit, fail, home_option, json_option, known_voices, load_runner
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
-def _remote(paths):
-    """The running daemon's API client when one serves this spool folder, else None (work in-process)."""
-    from appliance.client import daemon_client
+def _remote(cfg, paths, note: bool = False):
+    """The daemon's API client when one is configured ($TTS_APPLIANCE_SOCKET, http.socket) or runs
+    for this spool folder; None when there is none (then, with `note`, say that the work stays in
+    this spool folder). A configured daemon that does not answer stops the command."""
+    from appliance.client import NO_DAEMON_ENV, DaemonUnreachable, daemon_client
 
-    return daemon_client(paths.home)
+    try:
+        client = daemon_client(paths.home, cfg.http.socket or None)
+    except DaemonUnreachable as exc:
+        fail(str(exc))
+    if client is None and note and os.environ.get(NO_DAEMON_ENV, "") in ("", "0"):
+        click.echo(f"note: no daemon is configured ($TTS_APPLIANCE_SOCKET, http.socket) or running for "
+                   f"{paths.home}; queued there in this process: a daemon serving that folder or "
+                   "`tts-appliance work` will synthesize it", err=True)
+    return client
 
 
 def _daemon_or_queue(home):
     """The running daemon's API client, else the local queue (opened only then: the spool folder of a
     daemon may not be writable by this user)."""
-    _, paths = spool(home)
-    return _remote(paths) or Queue(paths.ensure().db)
+    cfg, paths = spool(home)
+    return _remote(cfg, paths) or Queue(paths.ensure().db)
 
 
 def _call(fn, *args):
@@ -44,13 +57,17 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec: JobSpec, queue, paths, remote, as_json: bool) -> list[dict]:
+def _submit_each(files, spec, queue, paths, remote, as_json: bool, max_body_bytes: int, voices=None) -> list[dict]:
+    """Submit each file (through `remote` with `spec` the options given, else to `queue` with `spec`
+    a JobSpec, `voices` the engine's when known); a file that cannot be sent stops the command before
+    it is uploaded."""
     from jobs.submit import SubmitError, submit_file
 
     results = []
     for f in files:
         try:
-            job_id, error = _call(remote.submit_file, f, spec) if remote else submit_file(queue, paths, f, spec)
+            job_id, error = (_call(remote.submit_file, f, spec, max_body_bytes) if remote
+                             else submit_file(queue, paths, f, spec, voices))
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -77,28 +94,51 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--voice", help="Speaker name (see the model's voices) or a saved voice file.")
-@click.option("--language", default="auto", show_default=True, help="Language name (e.g. english) or auto.")
+@click.option("--language", help="Language name (e.g. english) or auto (default: jobs.language of the config).")
 @click.option("--format", "fmt", default="flac", show_default=True, type=click.Choice(FORMATS))
 @click.option("--title", help="Book title (default: from the document or file name).")
 @click.option("--author", help="Book author (default: from the document).")
 @click.option("--priority", default=0, show_default=True, help="Higher runs first.")
-@click.option("--instruct", help="Style instruction / voice description, when the model takes one.")
+@click.option("--instruct", help="Style instruction / voice description, when the model takes one "
+                                 "(default: jobs.instruct of the config, VoiceDesign models).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
+@click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, wait,
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
            home, as_json, **eng):
-    """Queue FILES (one job per file) and print the job ids."""
-    cfg, paths, queue = open_queue(home, **eng)
-    remote = None if wait or eng["model"] else _remote(paths)  # a running daemon takes the files
-    runner = _checked_runner(cfg, eng, voice) if wait else None
-    spec = JobSpec(voice=voice, language=language, format=fmt, title=title, author=author, priority=priority,
-                   instruct=instruct, seed=seed, sampling={"max_new_tokens": max_new_tokens} if max_new_tokens else {},
-                   model=str(Path(eng["model"]).resolve()) if eng["model"] else None)
-    results = _submit_each(files, spec, queue, paths, remote, as_json)
+    """Queue FILES (one job per file) and print the job ids.
+
+    Options not given come from the config (jobs.voice, jobs.language, jobs.instruct; a CustomVoice
+    model without jobs.voice uses its first speaker). Submitting the same file content with the same
+    options again gives the same job id. With a daemon configured ($TTS_APPLIANCE_SOCKET, http.socket)
+    or running for the spool folder the file is uploaded to it (type and size checked first); a
+    configured daemon that cannot be reached is an error."""
+    cfg, paths = spool(home, **eng)
+    remote = None if wait or eng["model"] else _remote(cfg, paths, note=True)  # a running daemon takes the files
+    given = {"voice": voice, "language": language, "format": fmt, "title": title, "author": author,
+             "priority": priority, "instruct": instruct, "seed": seed, "chapters": chapters, "speed": speed,
+             "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
+             "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        spec = JobSpec.from_dict(given)  # e.g. a bad --chapters stops here, before anything is sent
+        if not remote:  # the defaults of this process's settings, fitted to its checkpoint
+            j = cfg.jobs
+            spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
+                                                                       *checkpoint_voices(cfg.model.path))))
+    except ValueError as exc:
+        fail(str(exc))
+    queue = None if remote else Queue(paths.ensure().db)
+    runner = _checked_runner(cfg, eng, spec.voice) if wait else None
+    voices = None if remote else runner.voices if runner else known_voices(cfg)
+    results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json,
+                           cfg.http.max_body_bytes, voices)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:
         finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)

@@ -1,22 +1,33 @@
 """Small synchronous client of the daemon's HTTP API over its Unix socket (stdlib only).
 
-The CLI job commands use it when a daemon serves the spool folder: `daemon_client(home)` finds the
-socket through $TTS_APPLIANCE_SOCKET or the HOME/daemon*.json file the daemon writes at start-up,
-checks `/health`, and returns None when no daemon answers (the CLI then works in-process).
-Set $TTS_APPLIANCE_NO_DAEMON=1 to always work in-process.
+The CLI job commands use it when a daemon serves them: `daemon_client(home, socket)` takes the
+socket of $TTS_APPLIANCE_SOCKET, else http.socket of the config, else the one a running daemon
+announced in HOME/daemon*.json, and checks `/health`. A daemon that is configured (or announced
+by a live process) but does not answer is an error (DaemonUnreachable: socket path, the reason,
+what to do), never a silent switch to work in this process; None means no daemon is configured
+or running (the CLI then works in-process and says so). $TTS_APPLIANCE_NO_DAEMON=1 always works
+in-process.
 """
 from __future__ import annotations
 
+import grp
 import http.client
 import json
+import logging
 import os
 import socket
+import stat
 import uuid
 from pathlib import Path
 from typing import Optional
 
 SOCKET_ENV = "TTS_APPLIANCE_SOCKET"
 NO_DAEMON_ENV = "TTS_APPLIANCE_NO_DAEMON"
+log = logging.getLogger(__name__)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 class DaemonError(Exception):
@@ -40,6 +51,7 @@ class _UnixConnection(http.client.HTTPConnection):
 class DaemonClient:
     def __init__(self, socket_path: str, timeout: float = 60.0):
         self.socket_path, self.timeout = socket_path, timeout
+        self.health: dict = {}  # the daemon's /health answer (daemon_client fills it)
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
                 timeout: Optional[float] = None):
@@ -61,25 +73,37 @@ class DaemonClient:
         return self.request(method, path, body, {"Content-Type": "application/json"} if body else None)
 
     # -- what the CLI needs ----------------------------------------------------------------------
-    def submit_file(self, path, spec) -> tuple[str, Optional[str]]:
-        """Upload one file as a job with its JobSpec (the `spec` part: `spec.to_json()`); returns
-        (job id, error or None) like jobs.submit.submit_file."""
-        from jobs.submit import SubmitError
+    def submit_file(self, path, spec, max_body_bytes: Optional[int] = None) -> tuple[str, Optional[str]]:
+        """Upload one file as a job; returns (job id, error or None) like jobs.submit.submit_file.
+        `spec`: the options the user gave (a mapping: what it leaves out, the daemon's job defaults
+        fill in) or a JobSpec. Before anything is sent, a file the daemon would refuse raises
+        SubmitError: a type ingestion cannot read, or larger than the daemon's http.max_body_bytes
+        (from its /health, else `max_body_bytes`)."""
+        from jobs.settings import JobSpec
+        from jobs.submit import SubmitError, precheck_type
 
         p = Path(path)
-        if not p.is_file():
-            raise SubmitError(f"{p}: no such file")
+        precheck_type(p)
+        spec_json = spec.to_json() if isinstance(spec, JobSpec) else json.dumps(spec)
         boundary = uuid.uuid4().hex
         name = p.name.replace('"', "_")
-        body = (f'--{boundary}\r\nContent-Disposition: form-data; name="spec"\r\n'
-                f"Content-Type: application/json\r\n\r\n{spec.to_json()}\r\n".encode()
-                + f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-                  f"Content-Type: application/octet-stream\r\n\r\n".encode() + p.read_bytes()
-                + f"\r\n--{boundary}--\r\n".encode())
+        head = (f'--{boundary}\r\nContent-Disposition: form-data; name="spec"\r\n'
+                f"Content-Type: application/json\r\n\r\n{spec_json}\r\n"
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                f"Content-Type: application/octet-stream\r\n\r\n").encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+        limit = (self.health.get("limits") or {}).get("max_body_bytes") or max_body_bytes
+        size = p.stat().st_size
+        if limit and len(head) + size + len(tail) > limit:
+            raise SubmitError(f"{p.name} is {_size(size)}; the daemon takes uploads up to {_size(limit)} "
+                              "(http.max_body_bytes, with the request's own few hundred bytes): raise http.max_body_bytes in the daemon's config, or put "
+                              "the file in a folder of jobs.allowed_dirs and submit it by path (POST /v1/jobs "
+                              '{"path": ...}) or drop it into the inbox')
         try:
-            s = self.request("POST", "/v1/jobs", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            s = self.request("POST", "/v1/jobs", head + p.read_bytes() + tail,
+                             {"Content-Type": f"multipart/form-data; boundary={boundary}"})
         except DaemonError as exc:
-            if exc.status == 400:
+            if exc.status in (400, 413, 415):
                 raise SubmitError(str(exc)) from None
             raise
         return s["id"], s.get("submit_error")
@@ -95,24 +119,77 @@ class DaemonClient:
         return self.json("DELETE", f"/v1/jobs/{job_id}")
 
 
-def daemon_client(home) -> Optional[DaemonClient]:
-    """A client of the daemon serving the spool folder `home` (see the module docstring), or None."""
+class DaemonUnreachable(Exception):
+    """A daemon is configured (or announced and alive) but cannot be reached; the message says why
+    and what to do. The CLI stops: work is never queued elsewhere behind the user's back."""
+
+
+def _why(path: str, exc: BaseException) -> str:
+    """What went wrong connecting to `path`, and what to do about it."""
+    if isinstance(exc, PermissionError):
+        try:
+            st = os.stat(path)
+            group = grp.getgrgid(st.st_gid).gr_name
+        except (OSError, KeyError):
+            return ("permission denied; ask the administrator for access to the daemon's socket (its group, "
+                    "then log in again)")
+        return (f"permission denied: the socket belongs to group {group!r} (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"add yourself to group {group}: sudo usermod -aG {group} $USER, then log in again")
+    if isinstance(exc, FileNotFoundError):
+        return "no such socket: is the daemon running? (systemctl status tts-appliance)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused: nothing listens there (the daemon stopped or crashed; systemctl status tts-appliance)"
+    if isinstance(exc, DaemonError):
+        return f"it answered /health with HTTP {exc.status}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def connect(path: str, origin: str) -> DaemonClient:
+    """A client of the daemon at `path` that answered /health; DaemonUnreachable naming `origin`
+    (where the path came from) otherwise."""
+    client = DaemonClient(path)
+    try:
+        client.health = client.request("GET", "/health", timeout=5.0)
+    except (OSError, DaemonError, http.client.HTTPException) as exc:
+        raise DaemonUnreachable(
+            f"cannot reach the tts-appliance daemon at {path} ({origin}): {_why(path, exc)}. Nothing was done; "
+            f"to work in this process instead, set {NO_DAEMON_ENV}=1") from None
+    return client
+
+
+def daemon_client(home, configured_socket: Optional[str] = None) -> Optional[DaemonClient]:
+    """The daemon to use for the spool folder `home` (see the module docstring): the socket of
+    $TTS_APPLIANCE_SOCKET, else `configured_socket` (http.socket of the config), else the one a
+    live daemon announced in HOME/daemon*.json. None only when no daemon is configured or running;
+    DaemonUnreachable when one is but does not answer."""
     if os.environ.get(NO_DAEMON_ENV, "") not in ("", "0"):
         return None
-    candidates = [os.environ[SOCKET_ENV]] if os.environ.get(SOCKET_ENV) else []
-    if not candidates:
-        for f in sorted(Path(home).glob("daemon*.json")):
-            try:
-                candidates.append(json.loads(f.read_text(encoding="utf-8"))["socket"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-    for path in candidates:
+    if os.environ.get(SOCKET_ENV):
+        return connect(os.environ[SOCKET_ENV], f"${SOCKET_ENV}")
+    if configured_socket:
+        return connect(str(configured_socket), "http.socket of the config")
+    for f in sorted(Path(home).glob("daemon*.json")):
+        try:
+            info = json.loads(f.read_text(encoding="utf-8"))
+            path, pid = info["socket"], info.get("pid")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
         if not path:
             continue
-        client = DaemonClient(path)
         try:
-            client.request("GET", "/health", timeout=3.0)
-            return client
-        except (OSError, DaemonError, http.client.HTTPException):
-            continue
+            return connect(path, f"announced in {f}")
+        except DaemonUnreachable:
+            if _alive(pid):
+                raise
+            log.info("%s is left from a daemon that is gone (pid %s); ignored", f, pid)
     return None

@@ -75,6 +75,10 @@ class JobsSection:
     watch_quiet_s: float = 5.0
     watch_poll: bool = False          # poll instead of inotify (network mounts)
     allowed_dirs: list = field(default_factory=list)  # server-side paths the API may submit from
+    voice: Optional[str] = None       # voice of jobs that name none (None: a CustomVoice model's first speaker)
+    language: str = "auto"            # language of jobs that name none
+    instruct: Optional[str] = None    # voice description of jobs that give none (VoiceDesign checkpoints)
+    synth_rate: Optional[float] = None  # audio s synthesized per s, for `preview` (None: measured from past jobs)
 
 
 @dataclass

@@ -28,7 +28,8 @@ from appliance.sdnotify import Notifier
 
 log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
-                "http.mode", "wyoming", "jobs.home", "jobs.enabled", "service.runtime_dir"}
+                "http.mode", "wyoming", "jobs.home", "jobs.enabled", "jobs.voice", "jobs.language", "jobs.instruct",
+                "service.runtime_dir"}
 
 
 def setup_logging(level: str) -> None:
@@ -63,6 +64,7 @@ class Daemon:
         self.stop_jobs = threading.Event()
         self.workers: list = []
         self.threads: list[threading.Thread] = []
+        self.job_defaults: dict = {}  # spec values of jobs that name none (jobs.submit.job_defaults)
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
 
     # -- queue side ------------------------------------------------------------------------------
@@ -79,9 +81,12 @@ class Daemon:
     def _start_workers(self) -> None:
         from jobs.queue import Queue
         from jobs.guard import GuardSettings
+        from jobs.submit import job_defaults
         from jobs.worker import Worker
 
-        j = self.cfg.jobs
+        j, engine = self.cfg.jobs, self.host.engine
+        self.job_defaults = job_defaults(j.voice, j.language, j.instruct, engine.model_type,
+                                         engine.voices if engine.model_type == "custom_voice" else ())
         if j.enabled:
             model = str(Path(self.cfg.model.path).resolve())
             pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
@@ -99,7 +104,9 @@ class Daemon:
         if j.watch:
             from jobs.watch import InboxWatcher
 
-            watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll)
+            watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
+                                   defaults=self.job_defaults)
+            watcher.voices = lambda: self.host.engine.voices
             t = threading.Thread(target=watcher.run, args=(self.stop_jobs,), name="inbox", daemon=True)
             t.start()
             self.threads.append(t)

@@ -72,7 +72,9 @@ async def health(request):
     e = ctx.host.engine
     return web.json_response({"status": ctx.state, "model": str(ctx.cfg.model.path), "model_type": e.model_type,
                               "sample_rate": e.sample_rate, "runtime": getattr(ctx.host.runner, "settings", None),
-                              "engine": ctx.host.stats(), "pid": ctx.pid})
+                              "engine": ctx.host.stats(), "pid": ctx.pid,
+                              "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes,
+                                         "max_text_chars": ctx.cfg.http.max_text_chars}})
 
 
 async def metrics(request):

@@ -5,8 +5,12 @@
                                     JSON {"path": "<server-side file inside jobs.allowed_dirs>",
                                     "spec": {...}}, or multipart/form-data with a `file` part and a
                                     `spec` part holding the JSON. -> 201 job summary (422: the file
-                                    could not become a job). A spec's ref_audio is a server-side
-                                    path too (inside jobs.allowed_dirs).
+                                    could not become a job). Idempotent: the same content with the
+                                    same options answers 200 with the earlier job ("existing": true;
+                                    202 {"id", "state": "ingesting"} while that one is still read).
+                                    What the spec does not name comes from jobs.voice, jobs.language
+                                    and jobs.instruct. A spec's ref_audio is a server-side path too
+                                    (inside jobs.allowed_dirs).
     GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
     DELETE /v1/jobs/{id}            cancel
@@ -28,7 +32,7 @@ from aiohttp import web
 
 from jobs.queue import TERMINAL, Queue, QueueError
 from jobs.report import job_summary
-from jobs.settings import JobSpec
+from jobs.settings import JobSpec, with_defaults
 
 from appliance.http_common import CTX, ApiError, field, parse_object, read_json
 
@@ -53,9 +57,11 @@ async def _q(ctx, fn, *args):
 
 
 def _spec(ctx, raw) -> JobSpec:
-    """The submitted spec (absent: the defaults), strictly parsed."""
+    """The submitted spec, strictly parsed; what it does not name comes from the daemon's job
+    defaults (jobs.voice, jobs.language, jobs.instruct), then JobSpec's."""
     try:
-        spec = JobSpec.parse({} if raw is None else raw)
+        JobSpec.parse({} if raw is None else raw)  # the client's own keys and types
+        spec = JobSpec.parse(with_defaults(raw, ctx.job_defaults))
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     if spec.ref_audio:
@@ -123,18 +129,26 @@ async def submit(request):
     """POST /v1/jobs"""
     ctx = request.app[CTX]
     path, spec = await _read_submit(ctx, request)
+    uploaded = path.parent if path.parent.parent == ctx.paths.home / "uploads" else None
 
     def do(q):
-        from jobs.submit import SubmitError, submit_file
+        from jobs.submit import SubmitError, submit_file_once
 
         try:
-            job_id, error = submit_file(q, ctx.paths, path, spec)
+            job_id, error, new = submit_file_once(q, ctx.paths, path, spec, ctx.host.engine.voices)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
-        return {**job_summary(q, job_id), "submit_error": error}
+        try:
+            s = job_summary(q, job_id)
+        except QueueError:  # an earlier submit of the same content and options is still reading it
+            s = {"id": job_id, "state": "ingesting"}
+        return {**s, "submit_error": error, "existing": not new}
 
     s = await _q(ctx, do)
-    return web.json_response(s, status=422 if s["submit_error"] else 201)
+    if s["existing"] and uploaded:
+        shutil.rmtree(uploaded, ignore_errors=True)  # the job reads the earlier upload of the same content
+    status = 422 if s["submit_error"] else 200 if s["existing"] else 201
+    return web.json_response(s, status=202 if s["state"] == "ingesting" else status)
 
 
 async def list_jobs(request):

@@ -20,6 +20,7 @@ from aiohttp import web
 from engines.model.errors import TTSError
 from engines.runtime.runner import EngineBusy
 from jobs.encode import encode_bytes
+from jobs.speed import StreamStretcher, check_speed, stretch
 
 from appliance.audio_stream import EncoderUnavailable, StreamEncoder
 from appliance.http_common import CTX, ApiError, decode_b64_audio, field, read_json
@@ -33,8 +34,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     """POST /v1/audio/speech — OpenAI speech API.
 
     Body: model (ignored: one model is loaded), input (text), voice, instructions, response_format
-    (pcm | wav | flac | mp3 | opus; default mp3 as OpenAI), speed (ignored, noted in the
-    X-TTS-Note header), stream_format ("audio" only), stream (default true: encoded chunk by chunk as
+    (pcm | wav | flac | mp3 | opus; default mp3 as OpenAI), speed (0.5-2.0, default 1.0: time-stretched
+    with the pitch kept; a stream stays chunked, its first audio up to 0.4 s of speech later), stream_format ("audio" only), stream (default true: encoded chunk by chunk as
     audio is made; false: one complete file when done), and extras: language, ref_audio (base64),
     ref_text, seed, max_frames (cap on generated frames, 12.5 per second; model.max_frames caps it too).
     """
@@ -54,8 +55,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
                             "as it is made); server-sent events are not")
     stream = field(data, "stream", bool) is not False  # absent or null: stream, as OpenAI does
     notes = []
-    if field(data, "speed", (int, float)) not in (None, 1, 1.0):
-        notes.append("speed is ignored (the model speaks at its own pace)")
+    try:
+        speed = check_speed(field(data, "speed", (int, float)))
+    except ValueError as exc:
+        raise ApiError(400, f"'speed': {exc}") from None
     try:  # opening an encoder also tells, before any synthesis, whether this machine can write fmt
         encoder = StreamEncoder(fmt, ctx.host.engine.sample_rate)
     except EncoderUnavailable as exc:
@@ -74,13 +77,13 @@ async def speech(request: web.Request) -> web.StreamResponse:
             if req is None:
                 raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
                                     "(POST /v1/voices adds one)")
-            return await _serve(request, req, fmt, encoder, notes)
+            return await _serve(request, req, fmt, encoder, notes, speed)
     finally:
         if encoder is not None:
             encoder.close()  # no-op once finished
 
 
-async def _serve(request, req, fmt: str, encoder, notes: list) -> web.StreamResponse:
+async def _serve(request, req, fmt: str, encoder, notes: list, speed: float = 1.0) -> web.StreamResponse:
     ctx = request.app[CTX]
     if not ctx.accepting:
         raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
@@ -105,6 +108,7 @@ async def _serve(request, req, fmt: str, encoder, notes: list) -> web.StreamResp
             headers["X-TTS-Note"] = "; ".join(notes)
         if encoder is None:
             audio = np.concatenate([first] + [c async for c in chunks])
+            audio = await loop.run_in_executor(None, stretch, audio, sr, speed)
             body = await loop.run_in_executor(None, encode_bytes, audio, sr, fmt)
             outcome = "ok"
             return web.Response(body=body, headers=headers)
@@ -113,16 +117,25 @@ async def _serve(request, req, fmt: str, encoder, notes: list) -> web.StreamResp
         await resp.prepare(request)
         timeout = ctx.cfg.http.write_timeout_s
 
+        stretcher = StreamStretcher(sr, speed) if speed != 1.0 else None
+
+        def push(chunk) -> bytes:
+            return encoder.push(stretcher.push(chunk) if stretcher else chunk)
+
+        def finish() -> bytes:
+            return (encoder.push(stretcher.finish()) if stretcher else b"") + encoder.finish()
+
         async def send(work, *args):
-            # coded formats take a few ms per chunk: a worker thread keeps other streams flowing
-            data = await loop.run_in_executor(None, work, *args) if encoder.blocking else work(*args)
+            # coded formats and time-stretching take ms per chunk: a worker thread keeps other streams flowing
+            blocking = encoder.blocking or stretcher is not None
+            data = await loop.run_in_executor(None, work, *args) if blocking else work(*args)
             if data:
                 await asyncio.wait_for(resp.write(data), timeout)
 
-        await send(encoder.push, first)
+        await send(push, first)
         async for chunk in chunks:
-            await send(encoder.push, chunk)
-        await send(encoder.finish)
+            await send(push, chunk)
+        await send(finish)
         await resp.write_eof()
         outcome = "ok"
         return resp

@@ -37,11 +37,13 @@ SENTENCES = ["The morning light fell across the valley and the river shone like 
 
 
 def write_book(path: Path, chapters: int, paragraphs: int) -> None:
+    """Every paragraph distinct (its own number in words), so no segment is served from the audio cache."""
     parts = []
     for c in range(chapters):
         parts.append(f"Chapter {c + 1}\n")
         for p in range(paragraphs):
-            parts.append(" ".join(SENTENCES[(p + i) % len(SENTENCES)] for i in range(2)) + "\n")
+            lead = f"Part {p + 1} of chapter {c + 1}."
+            parts.append(" ".join([lead] + [SENTENCES[(p + i) % len(SENTENCES)] for i in range(2)]) + "\n")
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
@@ -75,7 +77,12 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
         last_segment = max(s["updated_at"] for s in queue.segments(job_id)) - t0_wall
         per = [{"device": str(r.device), "slots": r.cfg.max_slots, "decode_steps": r.stats()["steps"] - b["steps"],
                 "frames": r.stats()["frames"] - b["frames"]} for r, b in zip(engines.runners, before)]
-        return {"segments": len(segs), "chapters": len(manifest["chapters"]), "book_audio_s": audio,
+        synthesized = sum(e["frames"] for e in per)
+        if synthesized < len(segs) * args.frames:  # a figure from cached audio would not be the engine's
+            raise SystemExit(f"only {synthesized} of {len(segs) * args.frames} frames were synthesized: "
+                             "segments came from the audio cache; the book must have distinct paragraphs")
+        return {"segments": len(segs), "frames_synthesized": synthesized, "chapters": len(manifest["chapters"]),
+                "book_audio_s": audio,
                 "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
                 "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
                 "state": queue.job(job_id)["state"], "decode_steps": sum(e["decode_steps"] for e in per),

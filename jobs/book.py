@@ -19,6 +19,8 @@ from jobs.assemble import AssemblyError, BookMeta, BookWriter, JoinSettings, rea
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
+from jobs.speed import stretch
+from jobs.subtitles import write_job_subtitles
 
 log = logging.getLogger(__name__)
 PENDING = ("queued", "leased")  # segment states that have not ended
@@ -77,8 +79,8 @@ class JobBook:
         return n
 
     def _write_chapter(self, number: int, title: str, rows: list[dict]) -> tuple:
-        pieces = [(read_audio(r["audio_path"])[0] if r["state"] == "done" else None, r["pause_after_ms"])
-                  for r in rows]
+        pieces = [(stretch(read_audio(r["audio_path"])[0], self.sample_rate, self.spec.speed)
+                   if r["state"] == "done" else None, r["pause_after_ms"]) for r in rows]
         return self.writer.chapter(number, title, pieces)
 
     def current(self, segments: list[dict]) -> bool:
@@ -125,9 +127,10 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
             book.abort()
         book = JobBook(job, chapters, paths.output / job_id, join)
     n_failed = sum(1 for s in segs if s["state"] != "done")
-    outputs, book_path, codec, sample_rate, error = None, None, None, None, None
+    outputs, book_path, codec, sample_rate, error, subtitles = None, None, None, None, None, None
     try:
         book_path, outputs, codec, sample_rate = book.finish(segs)
+        subtitles = write_job_subtitles(outputs, _texts(chapters, segs), book_path)
         state = "partial" if n_failed else "done"
         if n_failed:
             error = f"{n_failed} of {len(segs)} segments failed; `tts-appliance retry {job_id}` requeues them"
@@ -135,11 +138,20 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         state, error = "failed", str(exc)
     job["state"] = state
     job["error"] = error
-    manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate)
+    manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate,
+                              subtitles)
     write_manifest(paths.output / job_id / "manifest.json", manifest)
     queue.finish_job(job_id, state, str(paths.output / job_id), error)
     log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
+
+
+def _texts(chapters: list[dict], segs: list[dict]) -> list[list[str]]:
+    """Each chapter's segment texts as the document had them (the subtitles' cue texts), in segment order."""
+    by_ch: dict[int, list[str]] = {}
+    for s in segs:
+        by_ch.setdefault(s["chapter_idx"], []).append(s["original"] or s["text"])
+    return [by_ch.get(ch["idx"], []) for ch in chapters]
 
 
 def _usable(book: JobBook, segs: list[dict]) -> bool:

@@ -21,12 +21,15 @@ def _r(x: Optional[float]) -> Optional[float]:
 
 def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict],
                    outputs: Optional[Sequence[ChapterOut]] = None, book_path: Optional[Path] = None,
-                   codec: Optional[str] = None, sample_rate: Optional[int] = None) -> dict:
-    """Assemble the manifest dict from queue rows and (when assembled) the chapter outputs."""
+                   codec: Optional[str] = None, sample_rate: Optional[int] = None,
+                   subtitles: Optional[dict] = None) -> dict:
+    """Assemble the manifest dict from queue rows and (when assembled) the chapter outputs; `subtitles` as
+    `jobs.subtitles.write_job_subtitles` returns it."""
     spec = json.loads(job["spec"]) if isinstance(job.get("spec"), str) else job.get("spec")
     by_chapter: dict[int, list[dict]] = {}
     for s in segments:
         by_chapter.setdefault(s["chapter_idx"], []).append(s)
+    ch_subs = (subtitles or {}).get("chapters") or []
     out_chapters = []
     for ch in chapters:
         segs = by_chapter.get(ch["idx"], [])
@@ -56,6 +59,7 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
             "index": ch["idx"],
             "title": ch["title"],
             "file": str(out.path) if out and out.path else None,
+            "subtitles": ch_subs[ch["idx"]] if ch["idx"] < len(ch_subs) else None,
             "book_start_s": _r(out.start_s) if out else None,
             "book_end_s": _r(out.end_s) if out else None,
             "segments": entries,
@@ -68,7 +72,10 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
         "sources": json.loads(job.get("sources") or "[]"),
         "settings": spec,
         "output": {"book": str(book_path) if book_path else None, "format": (spec or {}).get("format"),
-                   "codec": codec, "sample_rate": sample_rate},
+                   "codec": codec, "sample_rate": sample_rate,
+                   "subtitles": (subtitles or {}).get("book") or None},
+        "chapter_list": [{"title": c["title"], "start_s": c["book_start_s"], "end_s": c["book_end_s"]}
+                         for c in out_chapters if c["book_end_s"] is not None and c["book_end_s"] > c["book_start_s"]],
         "chapters": out_chapters,
         "failed_segments": [{"index": e["index"], "error": e["error"]} for e in failed],
     }

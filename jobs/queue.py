@@ -1,8 +1,8 @@
 """Durable job queue in SQLite (WAL, `BEGIN IMMEDIATE` claims, leases).
 
 Tables: `jobs`, `chapters`, `segments`, `audio_cache` (content key -> audio file), `events`
-(the job log), `synth_log` (one row per synthesis of a key, for audits) and `inbox_files`
-(watched folder). Schema steps are numbered and recorded in `migrations`.
+(the job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files`
+(watched folder) and `submissions` (idempotency keys of submits: jobs.submissions). Schema steps are numbered and recorded in `migrations`.
 
 A worker *claims* segments: they get its id and a lease expiry; a heartbeat renews the lease.
 A lease that expires (worker killed, hung) returns the segment to the queue; every claim counts
@@ -59,6 +59,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (2, "watched inbox files", [
         """CREATE TABLE inbox_files (sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, job_id TEXT, state TEXT NOT NULL,
             path TEXT, sidecar TEXT, reason TEXT, taken_at REAL, finished_at REAL)""",
+    ]),
+    (3, "idempotent submits (jobs.submissions)", [
+        """CREATE TABLE submissions (key TEXT PRIMARY KEY, job_id TEXT NOT NULL, holder TEXT, claimed_at REAL)""",
     ]),
 ]
 
@@ -122,11 +125,12 @@ class Queue:
 
     # -- jobs ------------------------------------------------------------------------------
     def add_job(self, spec: JobSpec, chapters: Sequence[tuple[str, Sequence]], sources: Iterable[str] = (),
-                meta: Optional[dict] = None) -> str:
-        """Queue a job: `chapters` is [(title, [SegmentText, ...]), ...]. Returns the job id."""
+                meta: Optional[dict] = None, job_id: Optional[str] = None) -> str:
+        """Queue a job: `chapters` is [(title, [SegmentText, ...]), ...]. Returns the job id (`job_id`:
+        one reserved earlier, jobs.submissions)."""
         if not any(segs for _, segs in chapters):
             raise QueueError("the document has no text to speak (no segments)")
-        job_id = uuid.uuid4().hex[:12]
+        job_id = job_id or uuid.uuid4().hex[:12]
         now = _now()
         with self.tx() as c:
             c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model,
@@ -145,9 +149,9 @@ class Queue:
             self._event(c, job_id, f"submitted: {idx} segments in {len(chapters)} chapters")
         return job_id
 
-    def add_failed_job(self, spec: JobSpec, sources: Iterable[str], error: str) -> str:
+    def add_failed_job(self, spec: JobSpec, sources: Iterable[str], error: str, job_id: Optional[str] = None) -> str:
         """Record a job that failed before it had segments (bad input), so status/logs show why."""
-        job_id = uuid.uuid4().hex[:12]
+        job_id = job_id or uuid.uuid4().hex[:12]
         now = _now()
         with self.tx() as c:
             c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model, error,

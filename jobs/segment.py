@@ -7,7 +7,9 @@ word is cut only when it alone exceeds the budget. Segments never cross a
 paragraph. Pauses: ``sentence_pause_ms`` after a segment ending a sentence
 inside a paragraph, ``clause_pause_ms`` after a split at a comma/dash (0 after
 a bare word split), ``paragraph_pause_ms`` at a paragraph end, and
-``chapter_pause_ms`` after the chapter's last segment. With
+``chapter_pause_ms`` after the chapter's last segment. Inline tags (`jobs.tags`) are taken out:
+``[voice=NAME]`` runs become segments of their own with ``metadata["voice"]``, and a ``[pause=S]``
+ends a segment with that pause (``metadata["pause_tag"]``). With
 ``speak_chapter_titles`` the title is its own segment (``metadata["kind"] ==
 "title"``) followed by a paragraph pause. A chapter with nothing to say yields
 an empty list, so the result always has one list per chapter.
@@ -22,6 +24,7 @@ from jobs.document import Document, SegmentText
 from jobs.normalize import CJK, Lexicon, cleanup, language_code, normalize
 from engines.model.text import is_cjk_text
 from jobs.segment_split import hard_split, split_clauses, split_sentences, split_words
+from jobs.tags import TagState, split_tags, strip_tags
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,16 @@ def _title_text(spoken: str, lang: str) -> str:
     return spoken
 
 
+def _pause_after(out: list[SegmentText], ms: int) -> None:
+    """A [pause=...] tag: its silence replaces the usual pause after the last segment (tags in a row add up)."""
+    if not out:
+        log.info("a [pause=...] tag before the first words of a chapter is ignored")
+        return
+    last = out[-1]
+    last.pause_after_ms = last.pause_after_ms + ms if last.metadata.get("pause_tag") else ms
+    last.metadata["pause_tag"] = True
+
+
 def resolve_language(language: Optional[str], doc: Document) -> str:
     """Short language code from the caller, else the document's hint, else a CJK guess, else ""."""
     lang = language_code(language) or language_code(doc.language)
@@ -154,26 +167,36 @@ def segment_document(
     seg = _Segmenter(lang, max_chars, min_chars, lexicon)
     pauses = {"sentence": options.sentence_pause_ms, "clause": options.clause_pause_ms, "word": 0}
     result: list[list[SegmentText]] = []
+    tags = TagState()  # voice tags stay open across paragraphs and chapters
     for ci, chapter in enumerate(doc.chapters):
         out: list[SegmentText] = []
-        title = cleanup(chapter.title or "")
+        title = cleanup(strip_tags(chapter.title or ""))
         if options.speak_chapter_titles and title:
             for u in seg.fit(title, "sentence"):
                 text = u.text if len(u.text) >= max_chars else _title_text(u.text, lang)
                 out.append(SegmentText(text, u.original, options.paragraph_pause_ms,
                                        {"chapter_index": ci, "paragraph_index": None, "kind": "title"}))
         for pi, para in enumerate(chapter.paragraphs):
-            groups = seg.paragraph(cleanup(para))
-            for gi, group in enumerate(groups):
-                last = gi == len(groups) - 1
-                out.append(SegmentText(
-                    text=seg.joiner.join(u.text for u in group),
-                    original=seg.joiner.join(u.original for u in group),
-                    pause_after_ms=options.paragraph_pause_ms if last else pauses[group[-1].end],
-                    metadata={"chapter_index": ci, "paragraph_index": pi, "kind": "text"},
-                ))
+            pieces = split_tags(para, tags)
+            for k, piece in enumerate(pieces):  # runs of one voice, or ending at a [pause=...]
+                groups = seg.paragraph(cleanup(piece.text)) if piece.text.strip() else []
+                end_pause = options.paragraph_pause_ms if k == len(pieces) - 1 else options.sentence_pause_ms
+                for gi, group in enumerate(groups):
+                    meta = {"chapter_index": ci, "paragraph_index": pi, "kind": "text"}
+                    if piece.voice:
+                        meta["voice"] = piece.voice
+                    out.append(SegmentText(
+                        text=seg.joiner.join(u.text for u in group),
+                        original=seg.joiner.join(u.original for u in group),
+                        pause_after_ms=end_pause if gi == len(groups) - 1 else pauses[group[-1].end],
+                        metadata=meta,
+                    ))
+                if piece.pause_ms is not None:
+                    _pause_after(out, piece.pause_ms)
         if out:
-            out[-1].pause_after_ms = options.chapter_pause_ms
+            tagged = out[-1].metadata.get("pause_tag")
+            out[-1].pause_after_ms = max(out[-1].pause_after_ms, options.chapter_pause_ms) if tagged \
+                else options.chapter_pause_ms
         for si, s in enumerate(out):
             s.metadata["segment_index"] = si
         result.append(out)

@@ -107,7 +107,9 @@ class JobSpec:
 
     `sampling` holds `engines.api.SamplingParams` overrides other than the seed (e.g.
     `{"max_new_tokens": 200}`); `seed` is the base seed of every segment (a redo may give one
-    segment its own seed).
+    segment its own seed). `chapters` selects chapters by number as `tts-appliance preview` lists
+    them ("1,3-5"; None: all); `chapter_voices` maps a chapter number to its voice (e.g. {"2": "ryan"});
+    `speed` (0.5-2.0) time-stretches the book's audio, pitch kept.
     """
 
     voice: Optional[str] = None
@@ -122,11 +124,21 @@ class JobSpec:
     model: Optional[str] = None
     seed: int = 0
     sampling: dict = field(default_factory=dict)
+    chapters: Optional[str] = None
+    chapter_voices: dict = field(default_factory=dict)
+    speed: float = 1.0
 
     def __post_init__(self):
         self.format = (self.format or "flac").lower()
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}: choose one of {', '.join(FORMATS)}")
+        from jobs.preview import check_chapter_ranges
+        from jobs.speed import check_speed
+
+        if self.chapters is not None:  # YAML reads `chapters: 3` as a number
+            self.chapters = check_chapter_ranges(str(self.chapters))
+        self.chapter_voices = {str(k): str(v) for k, v in (self.chapter_voices or {}).items()}
+        self.speed = check_speed(self.speed)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -153,6 +165,14 @@ class JobSpec:
         sampling = {k: t for k, t in _plain_types(SamplingParams).items() if k != "seed"}
         check_keys(data.get("sampling") or {}, sampling, "spec.sampling")
         return cls(**{k: v for k, v in data.items() if v is not None})
+
+
+def with_defaults(given: Optional[dict], defaults: Optional[dict]) -> dict:
+    """`given` (a spec mapping as sent or read from a sidecar) with every key that is absent or None
+    taken from `defaults` (e.g. the jobs.voice / jobs.language / jobs.instruct of the settings)."""
+    out = {k: v for k, v in (defaults or {}).items() if v is not None}
+    out.update({k: v for k, v in (given or {}).items() if v is not None})
+    return out
 
 
 def file_digest(path: Optional[str]) -> Optional[str]:

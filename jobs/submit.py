@@ -26,10 +26,29 @@ def precheck_file(path: Path) -> None:
     if path.stat().st_size == 0:
         raise SubmitError(f"{path.name}: the file is empty; nothing to read aloud")
     if path.suffix.lower() in TEXT_SUFFIXES:
-        head = path.read_bytes()[:8192]
+        with open(path, "rb") as f:
+            head = f.read(8192)
         if b"\x00" in head and not head.startswith((b"\xff\xfe", b"\xfe\xff")):
             raise SubmitError(f"{path.name}: this looks like a binary file, not text; "
                               "save it as plain text (UTF-8), EPUB, HTML or another supported format")
+
+
+def precheck_type(path: Path) -> str:
+    """The format ingestion will read `path` as (jobs.ingest's rules, applied to the name and the
+    first and last 64 KiB), after precheck_file; SubmitError for a file it would refuse. Lets a
+    client refuse a file before uploading it."""
+    from jobs.errors import IngestError
+    from jobs.ingest import _guess_format
+
+    precheck_file(path)
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+        f.seek(max(f.seek(0, 2) - (1 << 16), len(head)))
+        tail = f.read()
+    try:
+        return _guess_format(path, head + tail)
+    except IngestError as exc:
+        raise SubmitError(f"{path.name}: {exc}") from None
 
 
 def check_voice(engine, voice: Optional[str]) -> None:
@@ -41,19 +60,72 @@ def check_voice(engine, voice: Optional[str]) -> None:
         raise VoiceNotFound(voice, voices)
 
 
-def document_chapters(doc, spec: JobSpec) -> list[tuple[str, list]]:
-    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped)."""
+def checkpoint_voices(model_path) -> tuple[Optional[str], list[str]]:
+    """(model type, speakers) of the checkpoint at `model_path`, read from its config.json without
+    loading weights; (None, []) when there is none or it cannot be read (logged)."""
+    if not model_path:
+        return None, []
+    from engines.model.config import ModelConfig
+    from engines.model.errors import CheckpointError
+
+    try:
+        mc = ModelConfig.from_dir(model_path)
+    except (CheckpointError, OSError, ValueError) as exc:
+        log.warning("job defaults: cannot read the checkpoint at %s (%s); jobs.voice is used as configured",
+                    model_path, exc)
+        return None, []
+    return mc.tts_model_type, sorted(mc.talker.spk_id)
+
+
+def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], model_type: Optional[str] = None,
+                 speakers: Sequence[str] = ()) -> dict:
+    """The spec values a job takes when it names none (the settings' jobs.voice, jobs.language,
+    jobs.instruct), fitted to the checkpoint (`model_type`, its `speakers`; see checkpoint_voices):
+    a CustomVoice model without jobs.voice speaks with its first speaker (alphabetical), said in the
+    log; the instruction goes only to VoiceDesign models, the voice only to the others."""
+    out = {"language": language or "auto"}
+    if model_type == "voice_design":
+        out["instruct"] = instruct
+        if voice:
+            log.warning("jobs.voice = %r is ignored: VoiceDesign checkpoints have no named voices "
+                        "(describe the voice with jobs.instruct)", voice)
+        return out
+    if instruct and model_type is not None:
+        log.warning("jobs.instruct is only used with VoiceDesign checkpoints; this one is %s", model_type)
+    if voice is None and model_type == "custom_voice" and speakers:
+        voice = speakers[0]
+        log.info("jobs.voice is not set: jobs that name no voice speak with %r, the model's first speaker "
+                 "(voices: %s; set jobs.voice in the config to choose)", voice, ", ".join(speakers))
+    out["voice"] = voice
+    return out
+
+
+def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
+    """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
+    (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from jobs.preview import select_chapters
+    from jobs.tags import apply_chapter_voices
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
     per_chapter = segment_document(doc, language, SegmentOptions(), None)
-    return [(ch.title or f"Chapter {i + 1}", segs)
-            for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    found = [(ch.title or f"Chapter {i + 1}", segs)
+             for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    if not select:
+        return found
+    try:
+        chosen = select_chapters(spec.chapters, len(found))
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from None
+    out = [found[i] for i in chosen]
+    apply_chapter_voices(out, [i + 1 for i in chosen], spec)
+    return out
 
 
 def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Sequence[str] = (),
-                    chapters: Optional[list] = None) -> str:
-    """Queue a Document (already segmented `chapters` may be given). Returns the job id."""
+                    chapters: Optional[list] = None, job_id: Optional[str] = None) -> str:
+    """Queue a Document (already segmented `chapters` may be given; `job_id`: a reserved id).
+    Returns the job id."""
     spec = JobSpec.from_dict({**json.loads(spec.to_json()),
                               "title": spec.title or doc.title or (Path(sources[0]).stem if sources else None),
                               "author": spec.author or doc.author})
@@ -66,29 +138,66 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
 
             write_bytes_atomic(cover, doc.cover)
         meta.update(cover_path=str(cover), cover_mime=doc.cover_mime)
-    return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta)
+    return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta,
+                         job_id=job_id)
 
 
-def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec) -> tuple[str, Optional[str]]:
+def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
+                voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str]]:
     """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
+    `voices`: the engine's voices, when known: a voice the job names elsewhere fails it here.
 
-    The user's file is only read, never moved or deleted.
+    Idempotent: the same content with the same options gives the job of the earlier submit
+    (`submit_file_once`). The user's file is only read, never moved or deleted.
     """
-    from jobs.errors import JobError
-    from jobs.queue import QueueError
+    job_id, error, _ = submit_file_once(queue, paths, path, spec, voices, wait_s)
+    return job_id, error
+
+
+def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
+                     voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str], bool]:
+    """`submit_file` that also says whether this call made the job: (job id, error or None, new).
+    Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
+    to `wait_s` while that one is still being ingested, and returns its id either way."""
+    from jobs import submissions
 
     path = Path(path)
+    if not path.is_file():
+        return (*_ingest(queue, paths, path, spec, None, voices), True)
+    key = submissions.submit_key(path, spec)
+    job_id, mine = submissions.claim(queue, key)
+    if not mine:
+        row = submissions.wait_for_job(queue, job_id, wait_s)
+        log.info("submit of %s: same content and options as job %s (%s); not queued again", path.name, job_id,
+                 row["state"] if row else "still being ingested")
+        return job_id, row["error"] if row and row["state"] == "failed" else None, False
+    try:
+        return (*_ingest(queue, paths, path, spec, job_id, voices), True)
+    except BaseException:
+        submissions.release(queue, key, job_id)
+        raise
+
+
+def _ingest(queue: Queue, paths: Paths, path: Path, spec: JobSpec, job_id: Optional[str],
+            voices: Optional[Sequence[str]]):
+    """Read `path` and queue it (as `job_id` when given; `voices`: see submit_file); bad input -> a failed job."""
+    from jobs.errors import JobError
+    from jobs.queue import QueueError
+    from jobs.tags import TagError, check_job_voices
+
     try:
         precheck_file(path)
         from jobs.ingest import IngestOptions, load_document
 
         doc = load_document(path, IngestOptions())
-        return submit_document(queue, paths, doc, spec, [str(path.resolve())]), None
-    except (SubmitError, JobError, QueueError) as exc:
+        chapters = document_chapters(doc, spec)
+        check_job_voices(chapters, spec, voices)
+        return submit_document(queue, paths, doc, spec, [str(path.resolve())], chapters, job_id=job_id), None
+    except (SubmitError, JobError, QueueError, TagError) as exc:
         error = str(exc)
     except (ImportError, ModuleNotFoundError) as exc:
         raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")
     except Exception as exc:  # unexpected reader failure: still a clear job error, other jobs carry on
         log.exception("ingesting %s failed", path)
         error = f"could not read {path.name}: {type(exc).__name__}: {exc}"
-    return queue.add_failed_job(spec, [str(path.resolve())], error), error
+    return queue.add_failed_job(spec, [str(path.resolve())], error, job_id=job_id), error

@@ -76,6 +76,7 @@ class InboxWatcher:
         self.quiet_s, self.closed_quiet_s, self.polling = quiet_s, closed_quiet_s, polling
         self.defaults = dict(defaults or {})
         self.queue = queue or Queue(paths.db)
+        self.voices = None  # () -> the engine's voices, when one is at hand: unknown voices fail at submit
         self._seen: dict[str, tuple[int, int, float]] = {}  # name -> (size, mtime_ns, stable since)
         self._closed: dict[str, float] = {}  # name -> time of last close-after-write / moved-in event
         self._lock = threading.Lock()
@@ -148,7 +149,7 @@ class InboxWatcher:
             self._record(digest, moved, None, "failed", str(exc))
             self._to_failed(moved, side, f"bad sidecar {side.name if side else ''}: {exc}")
             return None
-        job_id, error = submit_file(self.queue, self.paths, moved, spec)
+        job_id, error = submit_file(self.queue, self.paths, moved, spec, self.voices() if self.voices else None)
         if error:
             self._record(digest, moved, job_id, "failed", error, side)
             self._to_failed(moved, side, error)

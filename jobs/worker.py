@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -90,6 +90,12 @@ class Heartbeat(threading.Thread):
                     log.exception("heartbeat: renewing leases failed; will retry")
         finally:
             q.close()
+
+
+def segment_voice(row: dict) -> Optional[str]:
+    """The voice a segment row names for itself (inline tag or chapter voice), else None: the job's."""
+    meta = row.get("metadata")
+    return (json.loads(meta) if isinstance(meta, str) else meta or {}).get("voice")
 
 
 JOB_LEVEL_ERRORS = ("VoiceNotFound", "LanguageNotSupported", "UnsupportedMode")
@@ -264,7 +270,12 @@ class Worker:
                 self.queue.fail_job(row["job_id"], f"the reference audio cannot be used: {ctx.error}")
                 self.heartbeat.drop([row["id"]])
                 continue
-            key = segment_key(row["text"], ctx.spec, row["seed"], self.engine.model_id, ctx.ref_digest)
+            voice = segment_voice(row)
+            if voice:  # a [voice=...] tag or the chapter's voice: this segment's own speaker, nothing cloned
+                key = segment_key(row["text"], replace(ctx.spec, voice=voice, ref_audio=None, ref_text=None),
+                                  row["seed"], self.engine.model_id)
+            else:
+                key = segment_key(row["text"], ctx.spec, row["seed"], self.engine.model_id, ctx.ref_digest)
             hit = self.queue.cached(key)
             if hit:
                 self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
@@ -291,6 +302,10 @@ class Worker:
         spec = ctx.spec
         row["_seed"] = attempt_seed(row["seed"], row["guard_failures"])
         sampling = SamplingParams(**{**spec.sampling, "seed": row["_seed"]})
+        voice = segment_voice(row)
+        if voice:
+            return SynthesisRequest(text=row["text"], voice=voice, language=spec.language, instruct=spec.instruct,
+                                    sampling=sampling)
         if ctx.voice is not None:  # cloned once for the job
             return SynthesisRequest(text=row["text"], voice=ctx.voice, language=spec.language,
                                     instruct=spec.instruct, sampling=sampling)

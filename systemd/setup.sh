@@ -85,6 +85,8 @@ if model:
     cfg.setdefault("model", {})["path"] = model
     if mode == "user":
         cfg.setdefault("jobs", {}).setdefault("home", data)
+    else:  # so that every user's CLI finds the daemon (and says so when it cannot reach it)
+        cfg.setdefault("http", {}).setdefault("socket", "/run/tts-appliance/api.sock")
     with open(conf, "w") as f:
         f.write("# written by install.sh; all keys with comments: configs/default.yaml\n")
         yaml.safe_dump(cfg, f, sort_keys=False)

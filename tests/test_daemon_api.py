@@ -55,7 +55,7 @@ def test_speech_streams_pcm_chunked(daemon):
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked"
-    assert "speed is ignored" in r.getheader("X-TTS-Note")
+    assert r.getheader("X-TTS-Note") is None  # speed is applied (tests/test_speed.py)
     data = r.read()
     c.close()
     assert len(data) > 0 and len(data) % 2 == 0 and len(data) <= 2 * 1920 * 6
@@ -215,10 +215,11 @@ def test_cli_falls_back_in_process_without_daemon(tmp_path, monkeypatch):
     book.write_text(book_text(1))
     monkeypatch.setenv("TTS_APPLIANCE_HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "daemon.json").write_text(json.dumps({"socket": str(tmp_path / "gone.sock")}))  # stale
+    (tmp_path / "home" / "daemon.json").write_text(json.dumps({"socket": str(tmp_path / "gone.sock")}))  # stale: no pid
     r = CliRunner().invoke(cli, ["submit", str(book), "--voice", "ryan", "--json"])
     assert r.exit_code == 0, r.output
-    job_id = json.loads(r.output)[0]["job_id"]
+    assert "no daemon is configured" in r.stderr  # said, not silent
+    job_id = json.loads(r.stdout)[0]["job_id"]
     assert str(book) in CliRunner().invoke(cli, ["status", job_id, "--json"]).output
 
 

@@ -60,7 +60,8 @@ def _by_chapter(q, job_id):
 def _book_audio(paths, job_id):
     manifest = json.loads((paths.output / job_id / "manifest.json").read_text())
     book = sf.read(manifest["output"]["book"])[0]
-    chapters = [sf.read(p)[0] for p in sorted((paths.output / job_id / "chapters").iterdir())]
+    chapters = [sf.read(p)[0] for p in sorted((paths.output / job_id / "chapters").iterdir())
+                if p.suffix not in (".srt", ".vtt")]
     return book, chapters, manifest
 
 

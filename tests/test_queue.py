@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jobs.document import SegmentText
-from jobs.queue import Queue, QueueError
+from jobs.queue import MIGRATIONS, Queue, QueueError
 from jobs.guard import GuardSettings, check_audio
 from jobs.worker import Heartbeat, Worker
 from jobs.settings import JobSpec, resolve_home
@@ -34,10 +34,10 @@ def q(tmp_path):
 def test_migrations_recorded_once(tmp_path):
     q1 = Queue(tmp_path / "q.db")
     ids = [m["id"] for m in q1.migrations()]
-    assert ids == [1, 2]
+    assert ids == [n for n, _, _ in MIGRATIONS]
     q1.close()
     q2 = Queue(tmp_path / "q.db")
-    assert [m["id"] for m in q2.migrations()] == [1, 2]
+    assert [m["id"] for m in q2.migrations()] == ids
     assert q2.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     q2.close()
 

@@ -183,6 +183,7 @@ def test_setup_script_installs_and_uninstalls_keeping_user_data(tmp_path):
 
     cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
     assert Path(cfg.model.path).resolve() == (ROOT / "tests/data/tiny/cv_small").resolve()
+    assert cfg.http.socket == "/run/tts-appliance/api.sock"  # the CLI of every user finds the daemon
     r = subprocess.run([setup, "install", str(venv), str(ROOT / "tests/data/tiny/base_small")], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0 and load_config(root / "etc/tts-appliance/config.yaml", environ={}).model.path.endswith(
