@@ -12,7 +12,7 @@ import click
 
 from engines.model.errors import TTSError
 
-from appliance.cli_common import load_runner, model_options, settings
+from appliance.cli_common import config_path, emit, home_option, json_option, load_runner, model_options, settings
 
 log = logging.getLogger("tts_appliance")
 
@@ -73,6 +73,21 @@ def say(text, model, device, dtype, voice, language, instruct, ref_audio, ref_te
                f"{'' if res.finished_by_eos else ' (stopped at the frame limit)'}")
 
 
+@click.command()
+@model_options
+@home_option
+@json_option
+@click.option("--no-daemon", is_flag=True, help="Do not ask a running daemon for its /health.")
+def info(model, device, dtype, home, as_json, no_daemon):
+    """Describe this installation for a bug report: devices, model, engines and why, codec engines,
+    sockets, queue, config files read, and the running daemon's /health. No weights are loaded."""
+    from appliance.info import collect, render
+
+    report = collect(settings(model=model, device=device, dtype=dtype, home=home), config_path(),
+                     daemon=not no_daemon)
+    emit(as_json, report, render(report))
+
+
 def _add_commands() -> None:
     from appliance.cli_build import build_engines_cmd
     from appliance.cli_daemon import daemon
@@ -80,7 +95,7 @@ def _add_commands() -> None:
     from appliance.cli_preview import preview
     from appliance.cli_work import watch, work
 
-    for command in (say, daemon, build_engines_cmd, *COMMANDS, preview, work, watch):
+    for command in (say, info, daemon, build_engines_cmd, *COMMANDS, preview, work, watch):
         cli.add_command(command)
 
 

@@ -32,9 +32,12 @@ def daemon(config_path, instance, check, print_config):
             cfg = resolve(path)
             out = as_dict(cfg)
             if cfg.model.path:  # what "auto" stands for on this machine
-                from appliance.engine_host import runtime_settings
+                from appliance.engine_host import all_runtime_settings
 
-                out["resolved"] = runtime_settings(cfg)
+                engines = all_runtime_settings(cfg)
+                out["resolved"] = engines[0]
+                if len(engines) > 1:  # model.device names several devices: one engine each
+                    out["resolved_engines"] = engines
             click.echo(json.dumps(out, indent=2, default=str))
         except ConfigError as exc:
             raise click.ClickException(f"config error: {exc}")

@@ -42,7 +42,7 @@ class ModelSection:
     """The checkpoint and how to run it."""
 
     path: Optional[str] = None        # checkpoint folder (else $TTS_APPLIANCE_MODEL)
-    device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N
+    device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N; all or cuda:0,cuda:1: one engine each
     dtype: str = "auto"               # auto (bfloat16 on a GPU/NPU, float32 on the CPU), float32, bfloat16, float16
     voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
     threads: Optional[int] = None     # torch CPU threads (None: torch's choice)
@@ -257,6 +257,11 @@ def check(cfg: Config, origin: str = "config") -> Config:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
     if cfg.jobs.batch_size < 0:
         raise ConfigError(f"{origin}: jobs.batch_size must be 0 (the engine's slot count) or more")
+    from engines.names import check_device_spec
+
+    why = check_device_spec(cfg.model.device)
+    if why:
+        raise ConfigError(f"{origin}: model.device = {why}")
     slots = str(cfg.runtime.max_slots)
     if slots != "auto" and not (slots.isdigit() and int(slots) >= 1):
         raise ConfigError(f"{origin}: runtime.max_slots = {slots!r}: give auto or a number of at least 1")

@@ -89,10 +89,11 @@ class Daemon:
                                          engine.voices if engine.model_type == "custom_voice" else ())
         if j.enabled:
             model = str(Path(self.cfg.model.path).resolve())
+            pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
+            slots = sum(r.cfg.max_slots for r in pool.runners)
             for i in range(max(1, j.workers)):
-                runner = self.host.runner  # fed continuously: up to batch_size segments in flight per worker
-                worker = Worker(Queue(self.paths.db), runner, self.paths,
-                                batch_size=j.batch_size or runner.cfg.max_slots, lease_s=j.lease_s,
+                worker = Worker(Queue(self.paths.db), pool, self.paths,
+                                batch_size=j.batch_size or slots, lease_s=j.lease_s,
                                 guard=GuardSettings(enabled=j.guard), model=model,
                                 should_yield=self.host.streams_waiting)
                 t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
@@ -114,8 +115,10 @@ class Daemon:
         s = self.host.stats()
         counts, jobs = self.queue_counts()
         total = sum(counts.values())
+        n = len(s.get("engines", ()))
+        on = f" on {n} engines" if n > 1 else ""
         return (f"{self.state}; streams {s.get('streams', 0)}, slots {s.get('active_slots', 0)}/"
-                f"{s.get('max_slots', '?')}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
+                f"{s.get('max_slots', '?')}{on}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
                 f"queued {jobs.get('queued', 0)}; segments {counts['done']}/{total} done, {counts['leased']} in work")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -229,11 +232,20 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         return 78  # EX_CONFIG: systemd shows it as a configuration problem
     setup_logging(cfg.service.log_level)
     if instance:
-        from engines.device.detect import resolve_device
+        from engines.device.detect import resolve_device, resolve_devices
+        from engines.names import is_multi
 
         cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
-        dev = resolve_device(cfg.model.device)
-        cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"
+        if is_multi(cfg.model.device):  # an instance per device: the instance-th device of the list
+            devices = resolve_devices(cfg.model.device)
+            if not (instance.isdigit() and int(instance) < len(devices)):
+                print(f"config error: instance {instance!r} has no device in model.device = "
+                      f"{cfg.model.device!r} ({', '.join(devices)}); use 0..{len(devices) - 1}", file=sys.stderr)
+                return 78
+            cfg.model.device = devices[int(instance)]
+        else:
+            dev = resolve_device(cfg.model.device)
+            cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"
     if check_only:
         print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
         return 0

@@ -1,10 +1,16 @@
 """Offline throughput of a whole book job: queue -> segments -> engine -> chapter files + book file.
 
     python -m benchmarks.book_job --dummy 0.6b --chapters 20 --paragraphs 16 --format flac   # 320 segments
+    python -m benchmarks.book_job --dummy 0.6b --devices cuda:0 --devices cuda:0,cuda:1      # 1 vs 2 GPUs
 
 Random weights of the real shape (no checkpoint), so every segment is given a fixed length
 (`--frames`, EOS masked) instead of stopping where speech would. Reports audio seconds per wall
 second from submit to the finished book, codec and file writing included.
+
+`--devices LIST` (repeatable) runs the book on one engine per device of LIST, fed by one jobs worker
+through the daemon's EnginePool (as `model.device: cuda:0,cuda:1` does), once per LIST in the same
+process; engines are kept between runs (cuda:0 is loaded once for both runs above). Reports each
+run's audio-s/s and its ratio to the first run's (`scaling`).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from appliance.engine_pool import EnginePool
 from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 from jobs.queue import Queue
@@ -40,8 +47,9 @@ def write_book(path: Path, chapters: int, paragraphs: int) -> None:
     path.write_text("\n".join(parts), encoding="utf-8")
 
 
-def run_book(runner: EngineRunner, slots: int, args) -> dict:
-    """Submit a generated book and work it through the real jobs path; its figures (steady state)."""
+def run_book(engines: EnginePool, slots: int, args) -> dict:
+    """Submit a generated book and work it through the real jobs path on `engines` (one or more runners);
+    its figures (steady state)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         book = home / "book.txt"
@@ -55,9 +63,9 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         if error:
             raise SystemExit(f"submit failed: {error}")
         t_submitted = time.perf_counter()
-        # one worker keeps every slot busy: it tops up as segments finish (jobs.worker, pipelined)
-        worker = Worker(Queue(paths.db), runner, paths, batch_size=slots, guard=GuardSettings(enabled=False))
-        steps0, frames0 = runner.steps, runner.frames
+        # one worker keeps every slot of every engine busy: it tops up as segments finish (jobs.worker, pipelined)
+        worker = Worker(Queue(paths.db), engines, paths, batch_size=slots, guard=GuardSettings(enabled=False))
+        before = [r.stats() for r in engines.runners]
         while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
             if not worker.run_once():
                 time.sleep(0.01)
@@ -67,15 +75,50 @@ def run_book(runner: EngineRunner, slots: int, args) -> dict:
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
         audio = max(ch["book_end_s"] for ch in manifest["chapters"])
         last_segment = max(s["updated_at"] for s in queue.segments(job_id)) - t0_wall
-        synthesized = runner.frames - frames0
+        per = [{"device": str(r.device), "slots": r.cfg.max_slots, "decode_steps": r.stats()["steps"] - b["steps"],
+                "frames": r.stats()["frames"] - b["frames"]} for r, b in zip(engines.runners, before)]
+        synthesized = sum(e["frames"] for e in per)
         if synthesized < len(segs) * args.frames:  # a figure from cached audio would not be the engine's
             raise SystemExit(f"only {synthesized} of {len(segs) * args.frames} frames were synthesized: "
                              "segments came from the audio cache; the book must have distinct paragraphs")
-        return {"segments": len(segs), "frames_synthesized": synthesized, "chapters": len(manifest["chapters"]), "book_audio_s": audio,
+        return {"segments": len(segs), "frames_synthesized": synthesized, "chapters": len(manifest["chapters"]),
+                "book_audio_s": audio,
                 "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
                 "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
-                "state": queue.job(job_id)["state"], "decode_steps": runner.steps - steps0,
-                "engine": runner.stats()}
+                "state": queue.job(job_id)["state"], "decode_steps": sum(e["decode_steps"] for e in per),
+                "engines": per, "engine": engines.stats()}
+
+
+def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
+    """One started engine on `device` (auto slots unless --slots) and its start-up figures."""
+    t_load = time.perf_counter()
+    if args.model:
+        from engines.api import TTSEngine
+
+        eng = TTSEngine.load(args.model, device=device, dtype=args.dtype)
+    else:
+        eng = dummy_engine(args.dummy, device, args.dtype)
+    ctx = 256 * ((args.frames + 150) // 256 + 1)
+    slots = args.slots
+    if not slots:
+        from engines.runtime.memory import plan_for_engine
+
+        plan = plan_for_engine(eng, ctx)
+        logging.info("auto slots on %s: %s", device, plan.describe())
+        slots = plan.slots
+    runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, codec_backend=args.codec,
+                          fuse=args.fuse)
+    t_prep = time.perf_counter()
+    prep = runner.prepare()  # start-up (compile, capture) apart from the book's time
+    runner.start()
+    return runner, {"device": device, "slots": slots, "max_context": ctx, "load_s": t_prep - t_load,
+                    "startup_s": time.perf_counter() - t_prep, "prepare": prep}
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else device
 
 
 def main() -> None:
@@ -83,11 +126,13 @@ def main() -> None:
     ap.add_argument("--dummy", choices=["0.6b", "1.7b"], default="0.6b")
     ap.add_argument("--model", help="a checkpoint folder instead of random weights (e.g. the tiny test model)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--devices", action="append", help="comma list of devices, one engine each (e.g. "
+                    "cuda:0,cuda:1; cpu,cpu); repeat to compare (e.g. --devices cuda:0 --devices cuda:0,cuda:1)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chapters", type=int, default=20)
     ap.add_argument("--paragraphs", type=int, default=16)
     ap.add_argument("--frames", type=int, default=150)
-    ap.add_argument("--slots", type=int, default=0, help="engine slots (0: auto, what fits in free memory)")
+    ap.add_argument("--slots", type=int, default=0, help="engine slots, each engine (0: auto, what fits in free memory)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--fuse", default="layer", help="decode-step regions: layer or pass")
     ap.add_argument("--format", default="flac")
@@ -97,43 +142,42 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    import torch
-
-    t_load = time.perf_counter()
-    if args.model:
-        from engines.api import TTSEngine
-
-        eng = TTSEngine.load(args.model, device=args.device, dtype=args.dtype)
-    else:
-        eng = dummy_engine(args.dummy, args.device, args.dtype)
-    ctx = 256 * ((args.frames + 150) // 256 + 1)
-    slots = args.slots
-    if not slots:
-        from engines.runtime.memory import plan_for_engine
-
-        plan = plan_for_engine(eng, ctx)
-        logging.info("auto slots: %s", plan.describe())
-        slots = plan.slots
-    runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, codec_backend=args.codec,
-                          fuse=args.fuse)
-    t_prep = time.perf_counter()
-    prep = runner.prepare()  # start-up (compile, capture) apart from the book's time
-    startup = time.perf_counter() - t_prep
-    runner.start()
-    res = {"device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
-           "model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
-           "fuse": args.fuse, "slots": slots, "max_context": ctx, "load_s": t_prep - t_load,
-           "startup_s": startup, "prepare": prep, "format": args.format}
+    sets = [[d.strip() for d in x.split(",") if d.strip()] for x in (args.devices or [args.device])]
+    made: dict = {}  # (device, n-th engine on it) -> (runner, start-up figures): kept between runs
+    res = {"model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
+           "fuse": args.fuse, "format": args.format}
     variants = args.codec_streams.split(",")
-    for v in variants:
-        for lane in runner.lanes.values():
-            lane.use_stream(v == "on")
-        out = run_book(runner, slots, args)
-        key = f"codec_streams_{v}"
-        key += f"_{sum(k.startswith(key) for k in res) + 1}" if key in res else ""
-        res.update(out if len(variants) == 1 else {key: out})
-        logging.info("book (codec streams %s): %.1f audio-s/s", v, out["audio_s_per_s"])
-    runner.stop()
+    runs = []
+    for devices in sets:
+        keys = [(d, devices[:i].count(d)) for i, d in enumerate(devices)]
+        for k in keys:
+            if k not in made:
+                made[k] = make_runner(k[0], args)
+        pool = EnginePool([made[k][0] for k in keys])
+        slots = sum(r.cfg.max_slots for r in pool.runners)
+        for v in variants:
+            for r in pool.runners:
+                for lane in r.lanes.values():
+                    lane.use_stream(v == "on")
+            out = run_book(pool, slots, args)
+            out.update(devices=",".join(devices), device=", ".join(device_name(d) for d in devices), slots=slots,
+                       codec_streams=v, startup=[made[k][1] for k in keys])
+            runs.append(out)
+            logging.info("book on %s (codec streams %s): %.1f audio-s/s", out["devices"], v, out["audio_s_per_s"])
+    for runner, _ in made.values():
+        runner.stop()
+    if len(runs) == 1:  # one run: its figures at the top level, as before
+        first = runs[0]["startup"][0]
+        res.update(runs[0], max_context=first["max_context"], load_s=first["load_s"], startup_s=first["startup_s"],
+                   prepare=first["prepare"])
+    else:
+        res["runs"] = runs
+        base = runs[0]["audio_s_per_s"]
+        res["scaling"] = {f"{r['devices']} codec_streams_{r['codec_streams']}": round(r["audio_s_per_s"] / base, 3)
+                          for r in runs}
+        for r in runs:
+            logging.info("%s (codec streams %s): %.1f audio-s/s, x%.2f of the first run", r["devices"],
+                         r["codec_streams"], r["audio_s_per_s"], r["audio_s_per_s"] / base)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -6,8 +6,31 @@ engines.codec.backend / engines.codec.build; those modules take their names from
 """
 from __future__ import annotations
 
+import re
+
 AUTO = "auto"
 DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # long name -> engine-build name
 DTYPE_NAMES = tuple(DTYPE_SHORT)
 CODEC_BACKENDS = ("torch", "torch-compiled", "onnxruntime", "tensorrt")  # what build-engines can build
 RUNTIME_CODECS = ("torch", "torch-compiled", "built", AUTO)  # what the runner's runtime.codec takes
+
+ALL = "all"
+DEVICE_ITEM = re.compile(r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")  # one item of model.device
+
+
+def is_multi(device: str | None) -> bool:
+    """Whether a model.device value names several engines ('all' or a comma list)."""
+    return bool(device) and (str(device).strip() == ALL or "," in str(device))
+
+
+def check_device_spec(device: str) -> str | None:
+    """Why a model.device value is not valid (None when it is): auto, all, cpu, cuda[:N], npu[:N], or a
+    comma list of cpu / cuda[:N] / npu[:N]."""
+    items = [x.strip() for x in str(device).split(",")]
+    if items == [ALL] or (len(items) == 1 and DEVICE_ITEM.match(items[0])):
+        return None
+    bad = [x for x in items if not DEVICE_ITEM.match(x) or x == "auto"]
+    if len(items) > 1 and not bad:
+        return None
+    return (f"{device!r}: give auto, all, cpu, cuda[:N], npu[:N], or a comma list such as cuda:0,cuda:1"
+            + (f" ({', '.join(map(repr, bad))} not allowed in a list)" if len(items) > 1 else ""))

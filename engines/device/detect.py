@@ -15,11 +15,17 @@ import subprocess
 
 import torch
 
+from engines.names import ALL, is_multi
+
 log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str | None = "auto") -> str:
-    """'auto' -> 'cuda' if a CUDA GPU is visible, else 'npu' if torch_npu sees one, else 'cpu'."""
+    """'auto' -> 'cuda' if a CUDA GPU is visible, else 'npu' if torch_npu sees one, else 'cpu'.
+    A value naming several engines ('all', 'cuda:0,cuda:1') gives its first device: what commands
+    that run one engine (`say`, `work`, `build-engines`) use."""
+    if is_multi(device):
+        return resolve_devices(device)[0]
     if device and device != "auto":
         return str(device)
     if torch.cuda.is_available():
@@ -27,6 +33,24 @@ def resolve_device(device: str | None = "auto") -> str:
     from engines.device.npu import npu_available
 
     return "npu" if npu_available() else "cpu"
+
+
+def resolve_devices(device: str | None = "auto") -> list[str]:
+    """The device of each engine the daemon runs for a model.device value: 'all' -> every CUDA GPU
+    ('cuda:0', 'cuda:1', ...), else every Ascend NPU, else ['cpu']; a comma list -> its items in order
+    (the same device may repeat: 'cpu,cpu' runs two CPU engines); anything else -> [resolve_device()]."""
+    spec = str(device or "auto").strip()
+    if spec == ALL:
+        if torch.cuda.is_available():
+            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        from engines.device.npu import import_torch_npu, npu_available
+
+        if npu_available():
+            return [f"npu:{i}" for i in range(import_torch_npu().npu.device_count())]
+        return ["cpu"]
+    if "," in spec:
+        return [x.strip() for x in spec.split(",") if x.strip()]
+    return [resolve_device(spec)]
 
 
 def _version(module: str) -> str | None:
@@ -97,4 +121,45 @@ def detect_platform(device: str = "auto") -> dict:
         info["device_name"], info["torch_npu"] = npu.get("device_name"), npu.get("torch_npu")
     else:
         info["device_name"] = info["cpu"]
+    return info
+
+
+def gpu_list() -> list[dict]:
+    """Every visible CUDA GPU: index, name, compute capability, total and free memory (GiB)."""
+    out = []
+    if not torch.cuda.is_available():
+        return out
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpu = {"device": f"cuda:{i}", "name": props.name, "capability": f"{props.major}.{props.minor}",
+               "memory_gib": round(props.total_memory / 2**30, 1), "free_gib": None}
+        try:
+            gpu["free_gib"] = round(torch.cuda.mem_get_info(i)[0] / 2**30, 1)
+        except RuntimeError as exc:  # a GPU in exclusive mode held by another process
+            log.debug("free memory of cuda:%d unknown: %s", i, exc)
+        out.append(gpu)
+    return out
+
+
+def device_inventory() -> dict:
+    """What a bug report needs about this machine's compute: library versions, every GPU, the NPU,
+    the CPU (cores in total and usable by this process) and torch's thread count. Never raises."""
+    from engines.device.npu import npu_info
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
+            "cuda_available": torch.cuda.is_available(), "driver": None, "gpus": [], "npu": npu_info() or None,
+            "cpu": cpu_name(), "cpu_cores": os.cpu_count(), "cpu_cores_usable": usable,
+            "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
+            "python": platform.python_version()}
+    try:
+        info["gpus"] = gpu_list()
+    except Exception as exc:  # a broken driver: report it, do not fail the report
+        info["gpus_error"] = str(exc)
+    if info["cuda_available"] or shutil.which("nvidia-smi"):
+        info["driver"] = nvidia_driver()
     return info

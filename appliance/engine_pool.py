@@ -1,0 +1,156 @@
+"""Several engines (one EngineRunner per device) behind the shape of one runner.
+
+`model.device: all` or a list such as `cuda:0,cuda:1` gives the daemon one runner per device. The
+pool is what the rest of the daemon talks to, so nothing else knows how many engines there are:
+
+- streams (priority 0) go to the least-loaded engine: the one with the most free slots for its size,
+  then the one serving the fewest streams;
+- batch segments (the jobs worker feeds the pool like one runner, with the slots of all engines in
+  flight) go to the least-loaded engine that has no streams waiting, so one book runs on every device;
+- when the chosen engine's admission queue is full the next one is tried; EngineBusy only when all are.
+
+One worker feeding the pool (rather than one worker per engine) keeps one writer per book: the jobs
+worker writes a book's chapters as its segments end, and two workers following one book would write
+the same files.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from engines.runtime.runner import EngineBusy
+
+log = logging.getLogger(__name__)
+
+STREAM_PRIORITY = 0  # the runner serves lower values first
+BATCH_PRIORITY = 1
+
+
+class EnginePool:
+    """One or more started EngineRunners (`runners`, same checkpoint) used as one."""
+
+    def __init__(self, runners: list):
+        if not runners:
+            raise ValueError("an engine pool needs at least one runner")
+        self.runners = list(runners)
+        self.streams = [0] * len(self.runners)  # streaming requests being served, per engine
+        self._owner: dict = {}  # stream handle -> index of its engine
+        self._lock = threading.Lock()
+
+    # -- what callers read from "the" engine (every engine runs the same checkpoint) ------------------
+    @property
+    def engine(self):
+        return self.runners[0].engine
+
+    @property
+    def sample_rate(self) -> int:
+        return self.runners[0].sample_rate
+
+    @property
+    def voices(self) -> list:
+        return self.runners[0].voices
+
+    @property
+    def languages(self) -> list:
+        return self.runners[0].languages
+
+    @property
+    def model_id(self) -> str:
+        return self.runners[0].model_id
+
+    @property
+    def running(self) -> bool:
+        return all(r.running for r in self.runners)
+
+    def clone_voice(self, ref_audio, ref_text: Optional[str] = None):
+        """A cloned voice usable on every engine (its tensors move to each engine's device when used)."""
+        return self.runners[0].clone_voice(ref_audio, ref_text)
+
+    # -- routing ------------------------------------------------------------------------------------
+    def _occupancy(self, i: int) -> float:
+        s = self.runners[i].stats()
+        return (s["active_slots"] + s["queued"]) / max(s["max_slots"], 1)
+
+    def streams_waiting(self, i: int) -> bool:
+        """True when streams fill every slot of engine `i` or requests wait there behind streams."""
+        n, r = self.streams[i], self.runners[i]
+        return n >= r.cfg.max_slots or (n > 0 and bool(r.stats().get("queued")))
+
+    def order(self, priority: int) -> list[int]:
+        """Engine indices, best first, for a request of `priority`."""
+        idx = range(len(self.runners))
+        if len(self.runners) == 1:
+            return [0]
+        with self._lock:
+            if priority <= STREAM_PRIORITY:
+                return sorted(idx, key=lambda i: (self._occupancy(i), self.streams[i], i))
+            return sorted(idx, key=lambda i: (self.streams_waiting(i), self._occupancy(i), i))
+
+    def submit(self, request, priority: int = STREAM_PRIORITY):
+        """Queue `request` on the best engine (see the module docstring) -> its StreamHandle. Streams
+        are counted against their engine until `finished(handle)`. EngineBusy when every queue is full."""
+        busy = None
+        for i in self.order(priority):
+            try:
+                handle = self.runners[i].submit(request, priority)
+            except EngineBusy as exc:
+                busy = exc
+                continue
+            if priority <= STREAM_PRIORITY:
+                with self._lock:
+                    self.streams[i] += 1
+                    self._owner[handle] = i
+            return handle
+        raise busy
+
+    def finished(self, handle) -> None:
+        """A stream ended (or its client left): it no longer counts against its engine."""
+        with self._lock:
+            i = self._owner.pop(handle, None)
+            if i is not None:
+                self.streams[i] -= 1
+
+    def synthesize(self, requests: list, priority: int = BATCH_PRIORITY) -> list:
+        """Whole-audio results for a batch spread over the engines (a single engine, or engines whose
+        loops are not started, work as `EngineRunner.synthesize`). Raises the first request's error."""
+        if len(self.runners) == 1 or not self.running:
+            return self.runners[0].synthesize(requests, priority)
+        handles = []
+        for req in requests:
+            while True:
+                try:
+                    handles.append(self.submit(req, priority))
+                    break
+                except EngineBusy:
+                    time.sleep(0.02)
+        results, error = [], None
+        for h in handles:
+            try:
+                results.append(h.result())
+            except Exception as exc:  # noqa: BLE001 - reported after every handle has ended
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
+    # -- life cycle and figures ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Figures summed over the engines (the shape of one runner's stats), and `engines`: each
+        engine's own figures with its device and streams."""
+        per = []
+        for i, r in enumerate(self.runners):
+            s = {**(getattr(r, "settings", None) or {}), **r.stats()}  # chosen dtype, slots and why; load
+            thread = getattr(r, "_thread", None)
+            s.update(device=str(r.device), streams=self.streams[i], alive=thread is None or thread.is_alive())
+            per.append(s)
+        out = {k: sum(s.get(k, 0) for s in per) for k in ("active_slots", "queued", "steps", "frames", "graphs",
+                                                            "max_slots")}
+        out["alive"] = all(s["alive"] for s in per)
+        out["engines"] = per
+        return out
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for r in self.runners:
+            r.stop(timeout)

@@ -1,0 +1,222 @@
+"""`tts-appliance info`: one report of this installation for a bug report.
+
+    report = collect(cfg)          # plain data (the --json output)
+    print(render(report))          # the text a user pastes
+
+Sections: the program and config files read, the machine's compute (engines.device.detect.
+device_inventory), the model (kind, modes, speakers, languages, from its config.json: no weights
+loaded), the engines the daemon would run (device, dtype, slots and why: engine_host.runtime_settings),
+the codec engines `build-engines` made and what would be used or why not, paths (sockets, queue,
+inbox) and, when a daemon answers on its socket, its /health. Every part is guarded: a broken part is
+reported as an `error` entry, never raised, so the report is always complete.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+from pathlib import Path
+from typing import Callable, Optional
+
+from appliance.config import CONFIG_ENV, ENV_PREFIX, SHIPPED_DEFAULTS, Config, config_file
+
+log = logging.getLogger(__name__)
+
+MODES = {"custom_voice": "built-in speakers (voice=NAME); style instructions on 1.7B",
+         "base": "voice cloning (ref_audio + ref_text, or a saved .voice)",
+         "voice_design": "voices described in words (instruct=...)"}
+
+
+def _guard(fn: Callable, *args) -> dict:
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - a report shows what failed instead of failing
+        log.debug("info: %s failed", getattr(fn, "__name__", fn), exc_info=True)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def program_info(cfg: Config, config_path: Optional[str]) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("tts-appliance")
+    except PackageNotFoundError:
+        ver = "not installed (running from the source tree)"
+    main, named = config_file(config_path)
+    env = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k != CONFIG_ENV)
+    return {"version": ver, "config_file": str(main), "config_named": named, "config_exists": main.is_file(),
+            "config_read": [str(SHIPPED_DEFAULTS), *cfg.sources], "environment": env}
+
+
+def model_info(cfg: Config) -> dict:
+    from engines.model.config import ModelConfig
+
+    path = cfg.require_model()
+    mc = ModelConfig.from_dir(path)
+    voices_dir = Path(cfg.model.voices_dir or cfg.home().home / "voices")
+    saved = sorted(p.stem for p in voices_dir.glob("*.voice")) if voices_dir.is_dir() else []
+    return {"path": str(Path(path).resolve()), "kind": mc.tts_model_type, "size": mc.tts_model_size,
+            "modes": MODES.get(mc.tts_model_type, "?"), "speakers": sorted(mc.talker.spk_id),
+            "languages": mc.talker.languages, "voices_dir": str(voices_dir), "saved_voices": saved}
+
+
+def engines_info(cfg: Config) -> list:
+    """The engines the daemon would run: one per device of model.device, with dtype and slots."""
+    from appliance.engine_host import runtime_settings
+    from engines.device.detect import resolve_devices
+
+    cfg.require_model()
+    return [_guard(runtime_settings, cfg, None, None, dev) for dev in resolve_devices(cfg.model.device)]
+
+
+def codec_info(cfg: Config) -> dict:
+    """What build-engines made for this model, whether it still fits this machine, what would be used."""
+    from engines.codec.build import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
+                                     unusable_reason)
+    from engines.device.detect import detect_platform, resolve_device
+
+    model = cfg.require_model()
+    cache = default_cache_dir(model)
+    out = {"runtime_codec": cfg.runtime.codec, "cache": str(cache), "built": [], "skipped": {}}
+    manifest = read_manifest(cache)
+    if manifest is None:
+        out["uses"] = "torch" if cfg.runtime.codec in ("auto", "built", "torch") else cfg.runtime.codec
+        out["why"] = f"no {MANIFEST} in the cache: `tts-appliance build-engines` makes the codec engines"
+        return out
+    plat = detect_platform(resolve_device(cfg.model.device))
+    stale = stale_reasons(manifest, plat, model_identity(model))
+    out.update(ranking=manifest.get("ranking", []), skipped=manifest.get("skipped", {}), stale=stale,
+               built_for=manifest.get("platform", {}).get("device_name"))
+    for e in manifest.get("engines", []):
+        why = unusable_reason(e, plat, Path(cache))
+        out["built"].append({"backend": e["backend"], "precision": e.get("precision"),
+                             "audio_s_per_s": (e.get("gpu_speed") or e.get("cpu_speed") or {}).get("audio_s_per_s"),
+                             "usable": why is None and not stale, "why_not": "; ".join(stale) if stale else why})
+    if cfg.runtime.codec in ("torch", "torch-compiled"):
+        out["uses"], out["why"] = cfg.runtime.codec, "runtime.codec names it"
+    else:
+        usable = {e["backend"] for e in out["built"] if e["usable"]}
+        first = next((n for n in out["ranking"] if n in usable or n == "torch"), "torch")
+        out["uses"] = first
+        out["why"] = "first usable in the build's ranking" if not stale else "the build no longer fits: " + "; ".join(stale)
+    return out
+
+
+def paths_info(cfg: Config) -> dict:
+    paths = cfg.home()
+    out = {"home": str(paths.home), "queue": str(paths.db), "inbox": str(paths.home / "inbox"),
+           "output": str(paths.output), "runtime_dir": str(cfg.runtime_dir()),
+           "http_socket": str(cfg.http_socket()) if cfg.http_socket() else None,
+           "http_tcp": f"{cfg.http.tcp_host}:{cfg.http.tcp_port}" if cfg.http.tcp else None,
+           "wyoming_socket": str(cfg.wyoming_socket()) if cfg.wyoming_socket() else None}
+    if Path(paths.db).is_file():  # read-only: the report never creates or migrates the queue
+        try:
+            with sqlite3.connect(f"file:{paths.db}?mode=ro", uri=True, timeout=2.0) as con:
+                out["jobs"] = dict(con.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        except sqlite3.Error as exc:
+            out["jobs"] = {"error": str(exc)}
+    return out
+
+
+def daemon_info(cfg: Config, timeout: float = 3.0) -> dict:
+    """/health of the daemon serving this config's spool folder, if one answers."""
+    from appliance.client import SOCKET_ENV, DaemonClient
+
+    home = cfg.home().home
+    tried = [os.environ[SOCKET_ENV]] if os.environ.get(SOCKET_ENV) else []
+    for f in sorted(home.glob("daemon*.json")) if home.is_dir() else []:
+        try:
+            tried.append(json.loads(f.read_text(encoding="utf-8"))["socket"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if cfg.http_socket():
+        tried.append(str(cfg.http_socket()))
+    errors = []
+    for path in dict.fromkeys(p for p in tried if p):
+        try:
+            return {"reachable": True, "socket": path,
+                    "health": DaemonClient(path).request("GET", "/health", timeout=timeout)}
+        except Exception as exc:  # noqa: BLE001 - no daemon there: try the next place
+            errors.append(f"{path}: {exc}")
+    return {"reachable": False, "tried": errors or ["no socket configured"]}
+
+
+def collect(cfg: Config, config_path: Optional[str] = None, daemon: bool = True) -> dict:
+    """The whole report as plain data (see the module docstring)."""
+    from engines.device.detect import device_inventory
+
+    return {"program": _guard(program_info, cfg, config_path), "device": _guard(device_inventory),
+            "configured": {"device": cfg.model.device, "dtype": cfg.model.dtype,
+                           "max_slots": cfg.runtime.max_slots, "codec": cfg.runtime.codec},
+            "model": _guard(model_info, cfg), "engines": _guard(engines_info, cfg),
+            "codec_engines": _guard(codec_info, cfg), "paths": _guard(paths_info, cfg),
+            "daemon": _guard(daemon_info, cfg) if daemon else {"reachable": False, "tried": ["not asked"]}}
+
+
+# -- text -----------------------------------------------------------------------------------------
+def _join(items, limit: int = 12) -> str:
+    items = list(items)
+    more = f" ... (+{len(items) - limit})" if len(items) > limit else ""
+    return (", ".join(str(x) for x in items[:limit]) or "-") + more
+
+
+def _device_lines(d: dict) -> list[str]:
+    if "error" in d:
+        return [f"  error: {d['error']}"]
+    lines = [f"  torch {d['torch']}, CUDA {d['cuda'] or '-'}, cuDNN {d['cudnn'] or '-'}, driver {d['driver'] or '-'}, "
+             f"Python {d['python']}"]
+    for g in d.get("gpus", []):
+        lines.append(f"  {g['device']}: {g['name']} (sm {g['capability']}), {g['memory_gib']} GiB, "
+                     f"{g['free_gib'] if g['free_gib'] is not None else '?'} GiB free")
+    if d.get("gpus_error"):
+        lines.append(f"  GPUs: error: {d['gpus_error']}")
+    if d.get("npu"):
+        lines.append(f"  NPU: {d['npu'].get('device_name')} x{d['npu'].get('device_count')} "
+                     f"(torch_npu {d['npu'].get('torch_npu')})")
+    lines.append(f"  CPU: {d['cpu']}, {d['cpu_cores']} cores ({d['cpu_cores_usable']} usable), "
+                 f"torch threads {d['torch_threads']}, {d['machine']}")
+    return lines
+
+
+def render(r: dict) -> str:
+    """The report as text (what `tts-appliance info` prints)."""
+    out = []
+
+    def section(title: str, data, lines: Callable[[dict], list]):
+        out.append(title)
+        out.extend([f"  error: {data['error']}"] if isinstance(data, dict) and "error" in data else lines(data))
+
+    p = r["program"]
+    section("tts-appliance", p, lambda p: [f"  version {p['version']}", f"  config file: {p['config_file']}"
+                                           f"{' (named)' if p['config_named'] else ''}{'' if p['config_exists'] else ' (absent)'}",
+                                           f"  read: {_join(p['config_read'])}",
+                                           f"  environment: {_join(p['environment'])}"])
+    section("device", r["device"], _device_lines)
+    c = r["configured"]
+    out.append(f"configured: device {c['device']}, dtype {c['dtype']}, slots {c['max_slots']}, codec {c['codec']}")
+    section("model", r["model"], lambda m: [f"  {m['path']}", f"  kind {m['kind']} {m['size']}: {m['modes']}",
+                                            f"  speakers: {_join(m['speakers'])}",
+                                            f"  languages: {_join(m['languages'])}",
+                                            f"  saved voices ({m['voices_dir']}): {_join(m['saved_voices'])}"])
+    section("engines", r["engines"], lambda es: [
+        f"  {e['error']}" if "error" in e else
+        f"  {e['device']}: {e['dtype']}, {e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']})"
+        for e in es])
+    section("codec engines", r["codec_engines"], lambda k: [f"  cache {k['cache']}", *[
+        f"  {b['backend']}: {'usable' if b['usable'] else 'not usable: ' + str(b['why_not'])}"
+        + (f", {b['audio_s_per_s']} audio-s/s" if b.get("audio_s_per_s") else "") for b in k["built"]],
+        *[f"  {name}: skipped at build: {why}" for name, why in k["skipped"].items()],
+        f"  uses {k['uses']} (runtime.codec {k['runtime_codec']}): {k['why']}"])
+    section("paths", r["paths"], lambda q: [f"  {k}: {v}" for k, v in q.items() if v is not None])
+    d = r["daemon"]
+    if d.get("reachable"):
+        h = d["health"]
+        eng = h.get("engine", {}) if isinstance(h, dict) else {}
+        out += ["daemon", f"  {d['socket']}: {h.get('status')}, pid {h.get('pid')}, "
+                          f"slots {eng.get('active_slots')}/{eng.get('max_slots')}, streams {eng.get('streams')}",
+                *[f"  engine {e.get('device')}: {e.get('dtype')}, {e.get('max_slots')} slots, {e.get('frames')} frames"
+                  for e in eng.get("engines", [])]]
+    else:
+        out += ["daemon", f"  not reachable ({_join(d.get('tried', []), 3)})"]
+    return "\n".join(out)

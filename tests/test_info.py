@@ -1,0 +1,76 @@
+"""`tts-appliance info`: the report works without a daemon (model, engines, codec builds and why they
+are not used, config files, paths) and includes a running daemon's /health when one answers."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from daemon_util import CV, Daemon, base_config, needs_daemon
+
+
+def run_info(*args, env=None):
+    from appliance.cli import cli
+
+    r = CliRunner().invoke(cli, [*args], env={"TTS_APPLIANCE_SOCKET": None, **(env or {})})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def stale_manifest(cache_root, model_dir) -> None:
+    """A build made on another machine: an ONNX Runtime engine for a GPU, TensorRT skipped."""
+    from engines.codec.build import FORMAT, MANIFEST, model_identity
+
+    folder = cache_root / model_dir.name
+    folder.mkdir(parents=True)
+    manifest = {"format": FORMAT, "model": model_identity(model_dir),
+                "platform": {"device": "cuda", "device_name": "Some GPU", "capability": "9.0", "driver": "1.0"},
+                "engines": [{"backend": "onnxruntime", "file": "codec_step.onnx", "precision": "fp32"}],
+                "ranking": ["onnxruntime", "torch"], "skipped": {"tensorrt": "missing library: tensorrt"}}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_info_without_daemon(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {CV}, device: 'cpu,cpu'}}\nruntime: {{max_slots: 3}}\n"
+                   f"jobs: {{home: {tmp_path / 'home'}}}\nservice: {{runtime_dir: {tmp_path / 'run'}}}\n")
+    stale_manifest(tmp_path / "engines", CV)
+    env = {"TTS_APPLIANCE_ENGINE_CACHE": str(tmp_path / "engines")}
+    report = json.loads(run_info("--config", str(cfg), "info", "--json", env=env))
+    assert str(cfg) in report["program"]["config_read"]
+    assert report["device"]["cpu_cores"] >= 1 and "torch" in report["device"]
+    m = report["model"]
+    assert m["kind"] == "custom_voice" and "ryan" in m["speakers"] and "english" in m["languages"]
+    assert [(e["device"], e["dtype"], e["max_slots"]) for e in report["engines"]] == [("cpu", "float32", 3)] * 2
+    codec = report["codec_engines"]
+    assert codec["uses"] == "torch" and "different device (cuda -> cpu)" in codec["built"][0]["why_not"]
+    assert codec["skipped"] == {"tensorrt": "missing library: tensorrt"}
+    assert report["paths"]["queue"] == str(tmp_path / "home" / "queue.db")
+    assert report["paths"]["http_socket"] == str(tmp_path / "run" / "api.sock")
+    assert report["daemon"]["reachable"] is False
+    assert not (tmp_path / "home" / "queue.db").exists()  # the report creates nothing
+
+    text = run_info("--config", str(cfg), "info", env=env)
+    for needle in ("kind custom_voice", "cpu: float32, 3 slots", "onnxruntime: not usable: different device",
+                   "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg)):
+        assert needle in text, (needle, text)
+
+
+def test_info_without_a_model_still_reports():
+    text = run_info("info", "--no-daemon", env={"TTS_APPLIANCE_MODEL": None})
+    assert "model\n  error: ConfigError: no model" in text and "device\n  torch" in text
+
+
+@needs_daemon
+def test_info_shows_the_running_daemon(tmp_path):
+    cfg = base_config(tmp_path, model={"warmup": False}, jobs={"enabled": False, "watch": False})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        report = json.loads(run_info("--config", str(d.path), "info", "--json"))
+        daemon = report["daemon"]
+        assert daemon["reachable"] and daemon["socket"] == d.socket
+        assert daemon["health"]["status"] == "ok" and daemon["health"]["runtime"]["max_slots"] == 4
+        text = run_info("--config", str(d.path), "info")
+        assert f"{d.socket}: ok, pid {d.proc.pid}" in text and "engine cpu: float32, 4 slots" in text
+    finally:
+        assert d.stop() == 0
