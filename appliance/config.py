@@ -75,6 +75,9 @@ class JobsSection:
     watch_quiet_s: float = 5.0
     watch_poll: bool = False          # poll instead of inotify (network mounts)
     allowed_dirs: list = field(default_factory=list)  # server-side paths the API may submit from
+    ingest_cpu_s: float = 120.0       # limits for parsing one file (in a child process); over them it fails
+    ingest_memory_mb: int = 2048
+    ingest_wall_s: float = 300.0
 
 
 @dataclass
@@ -247,6 +250,7 @@ def env_overrides(environ) -> dict:
 def check(cfg: Config, origin: str = "config") -> Config:
     """Value checks beyond types (after each source, so errors name the file that caused them)."""
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
+                     ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
                      ("http", "max_body_bytes"), ("http", "max_text_chars")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")

@@ -69,26 +69,36 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
     return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta)
 
 
-def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec) -> tuple[str, Optional[str]]:
-    """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
+def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec, limits=None, cancel=None,
+                options=None) -> tuple[str, Optional[str]]:
+    """Ingest and queue one file. Bad input becomes a failed job (titled with the file name): returns
+    (job id, error or None).
 
+    The file is parsed in a child process under `limits` (jobs.ingest.isolate.IngestLimits; defaults
+    when None), so a pathological file fails with a reason instead of stalling the caller; `cancel`
+    (a threading.Event) stops the parse and raises IngestCancelled (no job is recorded then).
     The user's file is only read, never moved or deleted.
     """
     from jobs.errors import JobError
+    from jobs.ingest.isolate import IngestCancelled
     from jobs.queue import QueueError
 
     path = Path(path)
     try:
         precheck_file(path)
-        from jobs.ingest import IngestOptions, load_document
+        from jobs.ingest import IngestOptions
+        from jobs.ingest.isolate import load_document_isolated
 
-        doc = load_document(path, IngestOptions())
+        doc = load_document_isolated(path, options or IngestOptions(), limits, cancel)
         return submit_document(queue, paths, doc, spec, [str(path.resolve())]), None
+    except IngestCancelled:
+        raise
     except (SubmitError, JobError, QueueError) as exc:
         error = str(exc)
     except (ImportError, ModuleNotFoundError) as exc:
         raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")
-    except Exception as exc:  # unexpected reader failure: still a clear job error, other jobs carry on
+    except Exception as exc:  # unexpected failure: still a clear job error, other jobs carry on
         log.exception("ingesting %s failed", path)
         error = f"could not read {path.name}: {type(exc).__name__}: {exc}"
-    return queue.add_failed_job(spec, [str(path.resolve())], error), error
+    failed = JobSpec.from_dict({**json.loads(spec.to_json()), "title": spec.title or path.name})
+    return queue.add_failed_job(failed, [str(path.resolve())], error), error

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import os
 import zipfile
 from pathlib import Path
@@ -437,3 +438,79 @@ def test_unknown_extension_text_is_sniffed(tmp_path):
 
 def test_ingest_error_is_job_error():
     assert issubclass(IngestError, JobError)
+
+
+# ---------------------------------------------------------------- isolated ingest (child process, limits)
+
+def test_isolated_ingest_returns_the_same_document(tmp_path):
+    from jobs.ingest.isolate import load_document_isolated
+
+    path = make_epub(tmp_path / "book.epub")
+    direct, isolated = load_document(path), load_document_isolated(path)
+    assert isolated == direct and isolated.cover == PNG
+
+
+def test_isolated_ingest_reports_bad_input_and_honours_options(tmp_path):
+    from jobs.ingest.isolate import load_document_isolated
+
+    with pytest.raises(IngestError, match="empty"):
+        load_document_isolated(write(tmp_path, "e.txt", ""))
+    inside = tmp_path / "inbox"
+    inside.mkdir()
+    link = inside / "passwd.txt"
+    link.symlink_to(write(tmp_path, "secret.txt", "Top secret."))
+    with pytest.raises(IngestError, match="outside the allowed"):
+        load_document_isolated(link, IngestOptions(allowed_roots=[inside]))
+
+
+def _deep_html(tmp_path, n=400_000):
+    return write(tmp_path, "deep.html", "<html><body>" + "<div>x " * n)
+
+
+@pytest.mark.parametrize("limit, message", [
+    ({"cpu_s": 1, "wall_s": 60}, r"used more than 1 s of CPU time; raise jobs.ingest_cpu_s or split the file"),
+    ({"cpu_s": 60, "wall_s": 0.5}, r"took longer than 0.5 s; raise jobs.ingest_wall_s or split the file"),
+])
+def test_isolated_ingest_time_limits(tmp_path, limit, message):
+    """A file that parses for many seconds is stopped at the limit with a reason naming the setting."""
+    from jobs.ingest.isolate import IngestLimits, load_document_isolated
+
+    path = _deep_html(tmp_path)
+    start = time.monotonic()
+    with pytest.raises(IngestError, match=r"parsing deep\.html " + message):
+        load_document_isolated(path, limits=IngestLimits(**limit))
+    assert time.monotonic() - start < 10
+
+
+def test_isolated_ingest_memory_limit(tmp_path):
+    from jobs.ingest.isolate import IngestLimits, load_document_isolated
+
+    path = write(tmp_path, "lines.txt", b"a\n" * 4_000_000)  # millions of tiny paragraphs: hundreds of MB
+    with pytest.raises(IngestError, match=r"lines\.txt needed more than 48 MB of memory; raise jobs.ingest_memory_mb"):
+        load_document_isolated(path, limits=IngestLimits(memory_mb=48))
+
+
+def test_cancel_all_stops_a_running_ingest_at_once(tmp_path):
+    """What the daemon does on SIGTERM: every running ingest child is killed; the caller is told
+    it was cancelled (not that the file is bad)."""
+    import threading
+
+    from jobs.ingest.isolate import IngestCancelled, cancel_all, load_document_isolated
+
+    path = _deep_html(tmp_path)
+    outcome = []
+
+    def ingest():
+        try:
+            load_document_isolated(path)
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=ingest)
+    t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    assert cancel_all() == 1
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - start < 2
+    assert isinstance(outcome[0], IngestCancelled)
