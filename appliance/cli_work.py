@@ -112,6 +112,7 @@ def work(until_idle, home, **eng):
 @home_option
 def watch(poll, quiet_seconds, do_work, home, **eng):
     """Watch HOME/inbox: new books become jobs; results land in done/<job>/, failures in failed/."""
+    from jobs.ingest.isolate import IngestLimits
     from jobs.watch import InboxWatcher
 
     cfg, paths, _ = open_queue(home, **eng)
@@ -119,7 +120,7 @@ def watch(poll, quiet_seconds, do_work, home, **eng):
     if do_work:
         worker = make_worker(cfg, paths, Queue(paths.db), eng)
         threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()
-    watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll)
+    watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll, limits=IngestLimits.from_config(cfg.jobs))
     click.echo(f"watching {paths.inbox} (Ctrl-C stops)")
     try:
         watcher.run(stop)

@@ -125,10 +125,11 @@ async def submit(request):
     path, spec = await _read_submit(ctx, request)
 
     def do(q):
+        from jobs.ingest.isolate import IngestLimits
         from jobs.submit import SubmitError, submit_file
 
         try:
-            job_id, error = submit_file(q, ctx.paths, path, spec)
+            job_id, error = submit_file(q, ctx.paths, path, spec, IngestLimits.from_config(ctx.cfg.jobs))
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         return {**job_summary(q, job_id), "submit_error": error}
