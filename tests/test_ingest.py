@@ -514,3 +514,51 @@ def test_cancel_all_stops_a_running_ingest_at_once(tmp_path):
     t.join(5)
     assert not t.is_alive() and time.monotonic() - start < 2
     assert isinstance(outcome[0], IngestCancelled)
+
+
+# ---------------------------------------------------------------- admin findings: ANSI, title line, DRM
+
+def test_ansi_escapes_are_not_spoken(tmp_path):
+    from jobs.normalize import cleanup
+
+    raw = "\x1b[1;31mChapter 1\x1b[0m\n\nThe \x1b[32mdisk\x1b[0m is \x1b]0;win title\x07full\x1b(B now.\n"
+    doc = load_document(write(tmp_path, "console.txt", raw))
+    assert [(c.title, c.paragraphs) for c in doc.chapters] == [("Chapter 1", ["The disk is full now."])]
+    assert cleanup("a \x1b[2Kb \x9b1mc \x1b7d") == "a b c d"
+
+
+def test_hash_title_line_of_a_text_file_is_the_document_title(tmp_path):
+    from jobs.settings import JobSpec
+    from jobs.submit import document_chapters
+
+    doc = load_document(write(tmp_path, "b.txt", "# My Great Book\n\nIt was a dark night.\n\nMore text.\n"))
+    assert doc.title == "My Great Book"
+    [(title, segs)] = document_chapters(doc, JobSpec(language="english"))
+    assert "Great Book" not in " ".join(s.text for s in segs)
+    doc = load_document(write(tmp_path, "c.txt", "# Title\n\nChapter 1\n\nText one.\n\nChapter 2\n\nText two.\n"))
+    assert doc.title == "Title" and [c.title for c in doc.chapters] == ["Chapter 1", "Chapter 2"]
+    assert load_document(write(tmp_path, "d.txt", "#hashtag is text\n")).title == "d"
+
+
+ENCRYPTION = """<?xml version="1.0"?><encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container"
+xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>
+<enc:EncryptionMethod Algorithm="{alg}"/><enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData>
+</enc:EncryptedData></encryption>"""
+
+
+@pytest.mark.parametrize("extra", [
+    {"META-INF/encryption.xml": ENCRYPTION.format(alg="http://www.w3.org/2001/04/xmlenc#aes128-cbc",
+                                                 uri="OEBPS/text/ch1.xhtml"),
+     "OEBPS/text/ch1.xhtml": bytes(range(256)) * 8},
+    {"META-INF/rights.xml": "<rights/>"},
+])
+def test_encrypted_epub_is_reported_as_drm(tmp_path, extra):
+    with pytest.raises(IngestError, match=r"EPUB is DRM-protected \(encrypted\); remove the DRM with the tool "
+                                          r"of your store/library and submit again"):
+        load_document(make_epub(tmp_path / "drm.epub", extra))
+
+
+def test_font_obfuscation_is_not_drm(tmp_path):
+    enc = ENCRYPTION.format(alg="http://www.idpf.org/2008/embedding", uri="OEBPS/fonts/f.otf")
+    doc = load_document(make_epub(tmp_path / "fonts.epub", {"META-INF/encryption.xml": enc}))
+    assert doc.title == "Test Book"
