@@ -172,3 +172,38 @@ def test_ingest_failure_is_listed_with_file_name_and_reason(env):
     out = res.output
     assert "empty.txt" in out and "the file is empty" in out
     assert "blank.md" in out and "contains no text" in out
+
+
+def test_daemon_streams_promptly_while_a_pathological_file_is_parsed(tmp_path):
+    """A file that takes long to parse is read in a child process: a speech stream started meanwhile
+    completes promptly, and SIGTERM stops the daemon at once, leaving the file for the next start."""
+    from daemon_util import Daemon, base_config, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    cfg = base_config(tmp_path, jobs={"watch_quiet_s": 0.2, "ingest_wall_s": 120.0, "ingest_cpu_s": 120.0})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        (d.home / "inbox" / "deep.html").write_text(_deep_html(2_000_000))  # many seconds of parsing
+        deadline = time.monotonic() + 20
+        while not (d.home / "processing" / "deep.html").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (d.home / "processing" / "deep.html").exists(), d.log_text()[-2000:]
+        time.sleep(0.5)
+        start = time.monotonic()
+        c = d.conn()
+        c.request("POST", "/v1/audio/speech", headers={"Content-Type": "application/json"},
+                  body=json.dumps({"input": "Hello there.", "voice": "ryan", "response_format": "pcm",
+                                   "max_frames": 6, "seed": 1, "stream": True}))
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        took = time.monotonic() - start
+        assert r.status == 200 and len(data) > 0
+        assert took < 10, f"stream took {took:.1f} s while a file was parsed"
+        assert not (d.home / "failed" / "deep.html").exists()  # still parsing
+    finally:
+        stopped_at = time.monotonic()
+        assert d.stop(timeout=30) == 0
+    assert time.monotonic() - stopped_at < 8, "SIGTERM waited for the ingest"  # (the join limit is 15 s)
+    assert (d.home / "processing" / "deep.html").exists()  # taken again at the next start
