@@ -113,6 +113,7 @@ def work(until_idle, home, **eng):
 def watch(poll, quiet_seconds, do_work, home, **eng):
     """Watch HOME/inbox: new books become jobs; results land in done/<job>/, failures in failed/."""
     from jobs.submit import checkpoint_voices, job_defaults
+    from jobs.ingest.isolate import IngestLimits
     from jobs.watch import InboxWatcher
 
     cfg, paths, _ = open_queue(home, **eng)
@@ -122,7 +123,8 @@ def watch(poll, quiet_seconds, do_work, home, **eng):
         threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()
     j = cfg.jobs
     defaults = job_defaults(j.voice, j.language, j.instruct, *checkpoint_voices(cfg.model.path))
-    watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll, defaults=defaults)
+    watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll, defaults=defaults,
+                           limits=IngestLimits.from_config(cfg.jobs))
     click.echo(f"watching {paths.inbox} (Ctrl-C stops)")
     try:
         watcher.run(stop)

@@ -80,6 +80,9 @@ class JobsSection:
     language: str = "auto"            # language of jobs that name none
     instruct: Optional[str] = None    # voice description of jobs that give none (VoiceDesign checkpoints)
     synth_rate: Optional[float] = None  # audio s synthesized per s, for `preview` (None: measured from past jobs)
+    ingest_cpu_s: float = 120.0       # limits for parsing one file (in a child process); over them it fails
+    ingest_memory_mb: int = 2048
+    ingest_wall_s: float = 300.0
 
 
 @dataclass
@@ -252,6 +255,7 @@ def env_overrides(environ) -> dict:
 def check(cfg: Config, origin: str = "config") -> Config:
     """Value checks beyond types (after each source, so errors name the file that caused them)."""
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
+                     ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
                      ("http", "max_body_bytes"), ("http", "max_text_chars")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")

@@ -102,10 +102,11 @@ class Daemon:
                 self.workers.append(worker)
                 self.threads.append(t)
         if j.watch:
+            from jobs.ingest.isolate import IngestLimits
             from jobs.watch import InboxWatcher
 
             watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
-                                   defaults=self.job_defaults)
+                                   defaults=self.job_defaults, limits=IngestLimits.from_config(j))
             watcher.voices = lambda: self.host.engine.voices
             t = threading.Thread(target=watcher.run, args=(self.stop_jobs,), name="inbox", daemon=True)
             t.start()
@@ -210,6 +211,9 @@ class Daemon:
         self.state, self.accepting = "stopping", False
         self.notifier.stopping()
         self.stop_jobs.set()
+        from jobs.ingest.isolate import cancel_all
+
+        cancel_all()  # a file being parsed (inbox or submit) must not hold up the stop
         for h in list(self.active_handles):
             h.cancel()
         await servers.stop()

@@ -132,10 +132,12 @@ async def submit(request):
     uploaded = path.parent if path.parent.parent == ctx.paths.home / "uploads" else None
 
     def do(q):
+        from jobs.ingest.isolate import IngestLimits
         from jobs.submit import SubmitError, submit_file_once
 
         try:
-            job_id, error, new = submit_file_once(q, ctx.paths, path, spec, ctx.host.engine.voices)
+            job_id, error, new = submit_file_once(q, ctx.paths, path, spec, ctx.host.engine.voices,
+                                                  limits=IngestLimits.from_config(ctx.cfg.jobs))
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         try:

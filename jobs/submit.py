@@ -143,27 +143,35 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
 
 
 def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
-                voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str]]:
-    """Ingest and queue one file. Bad input becomes a failed job: returns (job id, error or None).
-    `voices`: the engine's voices, when known: a voice the job names elsewhere fails it here.
+                voices: Optional[Sequence[str]] = None, wait_s: float = 30.0, *, limits=None, cancel=None,
+                options=None) -> tuple[str, Optional[str]]:
+    """Ingest and queue one file. Bad input becomes a failed job (titled with the file name): returns
+    (job id, error or None). `voices`: the engine's voices, when known: a voice the job names elsewhere
+    fails it here.
 
     Idempotent: the same content with the same options gives the job of the earlier submit
-    (`submit_file_once`). The user's file is only read, never moved or deleted.
+    (`submit_file_once`). The file is parsed in a child process under `limits`
+    (jobs.ingest.isolate.IngestLimits; defaults when None), so a pathological file fails with a reason
+    instead of stalling the caller; `cancel` (a threading.Event) stops the parse and raises
+    IngestCancelled (no job is recorded then). The user's file is only read, never moved or deleted.
     """
-    job_id, error, _ = submit_file_once(queue, paths, path, spec, voices, wait_s)
+    job_id, error, _ = submit_file_once(queue, paths, path, spec, voices, wait_s, limits=limits, cancel=cancel,
+                                        options=options)
     return job_id, error
 
 
 def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
-                     voices: Optional[Sequence[str]] = None, wait_s: float = 30.0) -> tuple[str, Optional[str], bool]:
+                     voices: Optional[Sequence[str]] = None, wait_s: float = 30.0, *, limits=None, cancel=None,
+                     options=None) -> tuple[str, Optional[str], bool]:
     """`submit_file` that also says whether this call made the job: (job id, error or None, new).
     Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
     to `wait_s` while that one is still being ingested, and returns its id either way."""
     from jobs import submissions
 
+    read = dict(voices=voices, limits=limits, cancel=cancel, options=options)
     path = Path(path)
     if not path.is_file():
-        return (*_ingest(queue, paths, path, spec, None, voices), True)
+        return (*_ingest(queue, paths, path, spec, None, **read), True)
     key = submissions.submit_key(path, spec)
     job_id, mine = submissions.claim(queue, key)
     if not mine:
@@ -172,32 +180,37 @@ def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec
                  row["state"] if row else "still being ingested")
         return job_id, row["error"] if row and row["state"] == "failed" else None, False
     try:
-        return (*_ingest(queue, paths, path, spec, job_id, voices), True)
+        return (*_ingest(queue, paths, path, spec, job_id, **read), True)
     except BaseException:
         submissions.release(queue, key, job_id)
         raise
 
 
 def _ingest(queue: Queue, paths: Paths, path: Path, spec: JobSpec, job_id: Optional[str],
-            voices: Optional[Sequence[str]]):
-    """Read `path` and queue it (as `job_id` when given; `voices`: see submit_file); bad input -> a failed job."""
+            voices: Optional[Sequence[str]], limits, cancel, options):
+    """Read `path` and queue it (as `job_id` when given; the rest: see submit_file); bad input -> a failed job."""
     from jobs.errors import JobError
+    from jobs.ingest.isolate import IngestCancelled
     from jobs.queue import QueueError
     from jobs.tags import TagError, check_job_voices
 
     try:
         precheck_file(path)
-        from jobs.ingest import IngestOptions, load_document
+        from jobs.ingest import IngestOptions
+        from jobs.ingest.isolate import load_document_isolated
 
-        doc = load_document(path, IngestOptions())
+        doc = load_document_isolated(path, options or IngestOptions(), limits, cancel)
         chapters = document_chapters(doc, spec)
         check_job_voices(chapters, spec, voices)
         return submit_document(queue, paths, doc, spec, [str(path.resolve())], chapters, job_id=job_id), None
+    except IngestCancelled:
+        raise
     except (SubmitError, JobError, QueueError, TagError) as exc:
         error = str(exc)
     except (ImportError, ModuleNotFoundError) as exc:
         raise SubmitError(f"document ingestion is not available ({exc}); the jobs.ingest module is missing")
-    except Exception as exc:  # unexpected reader failure: still a clear job error, other jobs carry on
+    except Exception as exc:  # unexpected failure: still a clear job error, other jobs carry on
         log.exception("ingesting %s failed", path)
         error = f"could not read {path.name}: {type(exc).__name__}: {exc}"
-    return queue.add_failed_job(spec, [str(path.resolve())], error, job_id=job_id), error
+    failed = JobSpec.from_dict({**json.loads(spec.to_json()), "title": spec.title or path.name})
+    return queue.add_failed_job(failed, [str(path.resolve())], error, job_id=job_id), error

@@ -5,15 +5,19 @@ sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt
 Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
-for `closed_quiet_s` after a close-after-write or moved-in event. Temp names (`.part`, `.tmp`,
-`.crdownload`, dotfiles...) are ignored. The folder is rescanned every tick, so events are only a
-hint; `polling=True` uses watchdog's PollingObserver for network mounts. A file whose content
-(sha256) was already ingested is not ingested again (unless that earlier job failed).
+for `closed_quiet_s` after a close-after-write or moved-in event. Links, lock, temp and hidden files
+are ignored (logged once, left in place; see jobs.watch_files). The folder is rescanned every tick,
+so events are only a hint; `polling=True` uses watchdog's PollingObserver for network mounts. A file
+whose content (sha256) was already ingested is not ingested again (unless that earlier job failed).
 A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...
+
+Parsing runs in a child process under `limits` (jobs.ingest.isolate); the watcher thread only
+waits for it. Every file that enters processing/ ends as a job or in failed/ with a reason: its row
+in `inbox_files` says `ingesting` until then, and :meth:`InboxWatcher.recover` (run at start)
+takes again what a stop or crash left there, failing a file that was interrupted twice.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -26,44 +30,13 @@ import yaml
 
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
+from jobs.watch_files import (companion, entry_problem, ignore_reason, ignored, move_unique, regular_file,
+                              sha256_file, sidecar_for)
 
 log = logging.getLogger(__name__)
 
-TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".crdownload", ".download", ".swp", "~")
-SIDECAR_SUFFIXES = (".yaml", ".yml")
-
-
-def ignored(path: Path) -> bool:
-    """Names that are never taken as books: dotfiles, temp/partial downloads, sidecars, reasons."""
-    name = path.name.lower()
-    return (name.startswith(".") or name.endswith(TEMP_SUFFIXES) or name.endswith(SIDECAR_SUFFIXES)
-            or name.endswith(".reason.txt"))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def move_unique(src: Path, dest_dir: Path) -> Path:
-    """Move `src` into `dest_dir`, adding ' (2)', ' (3)' ... when the name is taken."""
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    dest, n = dest_dir / src.name, 2
-    while dest.exists():
-        dest, n = dest_dir / f"{src.stem} ({n}){src.suffix}", n + 1
-    shutil.move(str(src), str(dest))
-    return dest
-
-
-def sidecar_for(path: Path) -> Optional[Path]:
-    for suffix in SIDECAR_SUFFIXES:
-        cand = path.with_suffix(suffix)
-        if cand.is_file():
-            return cand
-    return None
+__all__ = ["InboxWatcher", "ignored", "move_unique", "sha256_file", "sidecar_for"]
+RECOVERED = "recovered after an interrupted ingest"  # reason mark of a row taken again once
 
 
 class InboxWatcher:
@@ -71,8 +44,11 @@ class InboxWatcher:
     periodically (or `run(stop_event)`, which also starts a watchdog observer)."""
 
     def __init__(self, paths: Paths, quiet_s: float = 5.0, closed_quiet_s: float = 1.0, polling: bool = False,
-                 defaults: Optional[dict] = None, queue: Optional[Queue] = None):
+                 defaults: Optional[dict] = None, queue: Optional[Queue] = None, limits=None):
         self.paths = paths.ensure()
+        self.limits = limits  # jobs.ingest.isolate.IngestLimits (None: its defaults)
+        self.stop_event: Optional[threading.Event] = None  # set by run(); cancels a running ingest
+        self._told: set[str] = set()  # names whose reason for being ignored was logged
         self.quiet_s, self.closed_quiet_s, self.polling = quiet_s, closed_quiet_s, polling
         self.defaults = dict(defaults or {})
         self.queue = queue or Queue(paths.db)
@@ -95,9 +71,9 @@ class InboxWatcher:
         now = time.time() if now is None else now
         ready, present = [], set()
         for p in sorted(self.paths.inbox.iterdir()):
-            if not p.is_file() or ignored(p):
-                continue
             try:
+                if companion(p) or self._skip(p):
+                    continue
                 st = p.stat()
             except FileNotFoundError:
                 continue
@@ -117,23 +93,42 @@ class InboxWatcher:
                 ready.append(p)
         for name in set(self._seen) - present:
             self._seen.pop(name, None)
+        names = {p.name for p in self.paths.inbox.iterdir()}
+        self._told &= names  # a name that comes back is reported again
         return ready
+
+    def _skip(self, p: Path) -> bool:
+        """True (logged once per name) for entries that are never taken: links, folders, lock/temp/hidden."""
+        why = ignore_reason(p) or entry_problem(p, self.paths.inbox)
+        if why and p.name not in self._told:
+            self._told.add(p.name)
+            log.info("inbox: ignoring %s: %s; it stays where it is", p.name, why)
+        return why is not None
 
     def tick(self) -> None:
         """Take complete inbox files, then file away the results of finished jobs."""
+        from jobs.ingest.isolate import IngestCancelled
+
         for p in self.ready_files():
             self._seen.pop(p.name, None)
+            if self.stop_event is not None and self.stop_event.is_set():
+                return
             try:
                 self.take(p)
+            except IngestCancelled as exc:
+                log.info("inbox: %s", exc)
+                return
             except Exception:  # one bad file must not stop the inbox
                 log.exception("inbox: could not take %s", p)
         self.collect()
 
     # -- taking a file -------------------------------------------------------------------------
     def take(self, path: Path) -> Optional[str]:
-        """Ingest one complete file; returns the job id (None when it went to failed/)."""
-        from jobs.submit import submit_file
-
+        """Ingest one complete file; returns the job id (None when it went to failed/ or stayed put)."""
+        problem = entry_problem(path, self.paths.inbox)  # it may have been swapped for a link since the scan
+        if problem:
+            log.warning("inbox: not taking %s: it is now %s", path.name, problem)
+            return None
         digest = sha256_file(path)
         side = sidecar_for(path)
         prev = self.queue._rows("SELECT * FROM inbox_files WHERE sha256 = ?", [digest])
@@ -143,23 +138,92 @@ class InboxWatcher:
             return None
         moved = move_unique(path, self.paths.processing)
         side = move_unique(side, self.paths.processing) if side else None
+        self._record(digest, moved, None, "ingesting", None, side)
+        return self._ingest(digest, moved, side)
+
+    def _ingest(self, digest: str, moved: Path, side: Optional[Path]) -> Optional[str]:
+        """Turn a file in processing/ into a job, or move it to failed/ with the reason. A cancelled
+        ingest (the service stops) leaves it in processing/ for :meth:`recover`."""
+        from jobs.ingest import IngestOptions
+        from jobs.ingest.isolate import IngestCancelled
+        from jobs.submit import submit_file
+
         try:
             spec = self._spec(moved, side)
         except (ValueError, TypeError, yaml.YAMLError) as exc:
-            self._record(digest, moved, None, "failed", str(exc))
+            self._record(digest, moved, None, "failed", str(exc), side)
             self._to_failed(moved, side, f"bad sidecar {side.name if side else ''}: {exc}")
             return None
-        job_id, error = submit_file(self.queue, self.paths, moved, spec, self.voices() if self.voices else None)
+        options = IngestOptions(allowed_roots=[self.paths.processing])
+        try:
+            job_id, error = submit_file(self.queue, self.paths, moved, spec, self.voices() if self.voices else None,
+                                        limits=self.limits, cancel=self.stop_event, options=options)
+        except IngestCancelled:
+            self._record(digest, moved, None, "ingesting", None, side)  # a clean stop: not an attempt
+            raise
         if error:
             self._record(digest, moved, job_id, "failed", error, side)
             self._to_failed(moved, side, error)
             return None
         self._record(digest, moved, job_id, "processing", None, side)
-        log.info("inbox: %s -> job %s", path.name, job_id)
+        log.info("inbox: %s -> job %s", moved.name, job_id)
         return job_id
+
+    def recover(self) -> None:
+        """Files left in processing/ by a stop or crash mid-ingest: take them again (once), attach them
+        to the job they already became, or file them where their recorded state says."""
+        from jobs.ingest.isolate import IngestCancelled
+
+        rows = {r["path"]: r for r in self.queue._rows("SELECT * FROM inbox_files")}
+        for p in sorted(self.paths.processing.iterdir()):
+            try:
+                if not (companion(p) or ignored(p) or entry_problem(p, self.paths.processing)):
+                    self._recover_one(p, rows.get(str(p)))
+            except IngestCancelled:
+                return
+            except Exception:  # one bad file must not stop the inbox
+                log.exception("inbox: could not recover %s", p)
+
+    def _recover_one(self, p: Path, row: Optional[dict]) -> None:
+        """One file of processing/ with its inbox_files row (None when the move was not recorded)."""
+        side = sidecar_for(p)
+        if row and row["state"] == "processing" and row["job_id"]:
+            return  # a queued job; collect() files it when it ends
+        if row and row["state"] == "done":
+            move_unique(p, self.paths.done / row["job_id"])
+            return
+        if row and row["state"] == "failed":
+            self._to_failed(p, side, row["reason"] or f"job {row['job_id']} failed")
+            return
+        digest = row["sha256"] if row else sha256_file(p)
+        job = self._job_from(p, row["taken_at"]) if row else None
+        if job:
+            self._record(digest, p, job["id"], "processing", None, side)
+            log.info("inbox: %s already became job %s before the interruption", p.name, job["id"])
+        elif row and row["reason"] == RECOVERED:
+            reason = (f"reading {p.name} was interrupted twice (the service stopped or crashed during it); "
+                      "see the service log, then drop the file into the inbox again")
+            self._record(digest, p, None, "failed", reason, side)
+            self._to_failed(p, side, reason)
+        else:
+            log.info("inbox: taking %s again (its ingest was interrupted)", p.name)
+            self._record(digest, p, None, "ingesting", RECOVERED, side)
+            self._ingest(digest, p, side)
+
+    def _job_from(self, path: Path, since: float) -> Optional[dict]:
+        """A job made from `path` since it was taken (created just before an interruption)."""
+        import json
+
+        for job in self.queue._rows("SELECT * FROM jobs WHERE sources LIKE ? AND created_at >= ?",
+                                    [f"%{path.name}%", since]):
+            if str(path.resolve()) in json.loads(job["sources"] or "[]"):
+                return job
+        return None
 
     def _spec(self, path: Path, side: Optional[Path]) -> JobSpec:
         data = dict(self.defaults)
+        if side and not regular_file(side):
+            raise ValueError("the sidecar is not a plain file (links are never followed)")
         if side:
             loaded = yaml.safe_load(side.read_text(encoding="utf-8")) or {}
             if not isinstance(loaded, dict):
@@ -242,6 +306,8 @@ class InboxWatcher:
                 if not event.is_directory:
                     watcher.note_complete(event.dest_path)
 
+        self.stop_event = stop_event
+        self.recover()
         observer = PollingObserver(timeout=max(tick_s, 1.0)) if self.polling else Observer()
         observer.schedule(Handler(), str(self.paths.inbox), recursive=False)
         observer.start()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import os
 import zipfile
 from pathlib import Path
@@ -167,6 +168,22 @@ def test_html_garbage_still_produces_text(tmp_path):
     html = "<<<div><p>Some text</x></y><p <b>More</i> text <!-- unterminated comment"
     doc = load_document(write(tmp_path, "g.htm", html))
     assert "Some text" in " ".join(doc.chapters[0].paragraphs)
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_html_deep_nesting_is_linear(tmp_path, closed):
+    """50,000 nested <div>s (closed or not, with stray end tags) parse in seconds: each tag costs O(1)
+    (the old parser walked the whole tag stack per tag and needed minutes for this)."""
+    import time
+
+    n = 50_000
+    html = "<html><body>" + "<div>x " * n + ("</div>" * n if closed else "</span>" * n) + "<p>End.</p>"
+    path = write(tmp_path, "deep.html", html)
+    start = time.monotonic()
+    doc = load_document(path)
+    assert time.monotonic() - start < 6.0
+    paras = [p for c in doc.chapters for p in c.paragraphs]
+    assert len(paras) == n + 1 and paras[-1] == "End."
 
 
 # ---------------------------------------------------------------- EPUB
@@ -421,3 +438,127 @@ def test_unknown_extension_text_is_sniffed(tmp_path):
 
 def test_ingest_error_is_job_error():
     assert issubclass(IngestError, JobError)
+
+
+# ---------------------------------------------------------------- isolated ingest (child process, limits)
+
+def test_isolated_ingest_returns_the_same_document(tmp_path):
+    from jobs.ingest.isolate import load_document_isolated
+
+    path = make_epub(tmp_path / "book.epub")
+    direct, isolated = load_document(path), load_document_isolated(path)
+    assert isolated == direct and isolated.cover == PNG
+
+
+def test_isolated_ingest_reports_bad_input_and_honours_options(tmp_path):
+    from jobs.ingest.isolate import load_document_isolated
+
+    with pytest.raises(IngestError, match="empty"):
+        load_document_isolated(write(tmp_path, "e.txt", ""))
+    inside = tmp_path / "inbox"
+    inside.mkdir()
+    link = inside / "passwd.txt"
+    link.symlink_to(write(tmp_path, "secret.txt", "Top secret."))
+    with pytest.raises(IngestError, match="outside the allowed"):
+        load_document_isolated(link, IngestOptions(allowed_roots=[inside]))
+
+
+def _deep_html(tmp_path, n=400_000):
+    return write(tmp_path, "deep.html", "<html><body>" + "<div>x " * n)
+
+
+@pytest.mark.parametrize("limit, message", [
+    ({"cpu_s": 1, "wall_s": 60}, r"used more than 1 s of CPU time; raise jobs.ingest_cpu_s or split the file"),
+    ({"cpu_s": 60, "wall_s": 0.5}, r"took longer than 0.5 s; raise jobs.ingest_wall_s or split the file"),
+])
+def test_isolated_ingest_time_limits(tmp_path, limit, message):
+    """A file that parses for many seconds is stopped at the limit with a reason naming the setting."""
+    from jobs.ingest.isolate import IngestLimits, load_document_isolated
+
+    path = _deep_html(tmp_path)
+    start = time.monotonic()
+    with pytest.raises(IngestError, match=r"parsing deep\.html " + message):
+        load_document_isolated(path, limits=IngestLimits(**limit))
+    assert time.monotonic() - start < 10
+
+
+def test_isolated_ingest_memory_limit(tmp_path):
+    from jobs.ingest.isolate import IngestLimits, load_document_isolated
+
+    path = write(tmp_path, "lines.txt", b"a\n" * 4_000_000)  # millions of tiny paragraphs: hundreds of MB
+    with pytest.raises(IngestError, match=r"lines\.txt needed more than 48 MB of memory; raise jobs.ingest_memory_mb"):
+        load_document_isolated(path, limits=IngestLimits(memory_mb=48))
+
+
+def test_cancel_all_stops_a_running_ingest_at_once(tmp_path):
+    """What the daemon does on SIGTERM: every running ingest child is killed; the caller is told
+    it was cancelled (not that the file is bad)."""
+    import threading
+
+    from jobs.ingest.isolate import IngestCancelled, cancel_all, load_document_isolated
+
+    path = _deep_html(tmp_path)
+    outcome = []
+
+    def ingest():
+        try:
+            load_document_isolated(path)
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=ingest)
+    t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    assert cancel_all() == 1
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - start < 2
+    assert isinstance(outcome[0], IngestCancelled)
+
+
+# ---------------------------------------------------------------- admin findings: ANSI, title line, DRM
+
+def test_ansi_escapes_are_not_spoken(tmp_path):
+    from jobs.normalize import cleanup
+
+    raw = "\x1b[1;31mChapter 1\x1b[0m\n\nThe \x1b[32mdisk\x1b[0m is \x1b]0;win title\x07full\x1b(B now.\n"
+    doc = load_document(write(tmp_path, "console.txt", raw))
+    assert [(c.title, c.paragraphs) for c in doc.chapters] == [("Chapter 1", ["The disk is full now."])]
+    assert cleanup("a \x1b[2Kb \x9b1mc \x1b7d") == "a b c d"
+
+
+def test_hash_title_line_of_a_text_file_is_the_document_title(tmp_path):
+    from jobs.settings import JobSpec
+    from jobs.submit import document_chapters
+
+    doc = load_document(write(tmp_path, "b.txt", "# My Great Book\n\nIt was a dark night.\n\nMore text.\n"))
+    assert doc.title == "My Great Book"
+    [(title, segs)] = document_chapters(doc, JobSpec(language="english"))
+    assert "Great Book" not in " ".join(s.text for s in segs)
+    doc = load_document(write(tmp_path, "c.txt", "# Title\n\nChapter 1\n\nText one.\n\nChapter 2\n\nText two.\n"))
+    assert doc.title == "Title" and [c.title for c in doc.chapters] == ["Chapter 1", "Chapter 2"]
+    assert load_document(write(tmp_path, "d.txt", "#hashtag is text\n")).title == "d"
+
+
+ENCRYPTION = """<?xml version="1.0"?><encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container"
+xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>
+<enc:EncryptionMethod Algorithm="{alg}"/><enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData>
+</enc:EncryptedData></encryption>"""
+
+
+@pytest.mark.parametrize("extra", [
+    {"META-INF/encryption.xml": ENCRYPTION.format(alg="http://www.w3.org/2001/04/xmlenc#aes128-cbc",
+                                                 uri="OEBPS/text/ch1.xhtml"),
+     "OEBPS/text/ch1.xhtml": bytes(range(256)) * 8},
+    {"META-INF/rights.xml": "<rights/>"},
+])
+def test_encrypted_epub_is_reported_as_drm(tmp_path, extra):
+    with pytest.raises(IngestError, match=r"EPUB is DRM-protected \(encrypted\); remove the DRM with the tool "
+                                          r"of your store/library and submit again"):
+        load_document(make_epub(tmp_path / "drm.epub", extra))
+
+
+def test_font_obfuscation_is_not_drm(tmp_path):
+    enc = ENCRYPTION.format(alg="http://www.idpf.org/2008/embedding", uri="OEBPS/fonts/f.otf")
+    doc = load_document(make_epub(tmp_path / "fonts.epub", {"META-INF/encryption.xml": enc}))
+    assert doc.title == "Test Book"

@@ -155,13 +155,16 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
                        language=meta["language"], source_format="html")
     else:
         from jobs.ingest.markdown import markdown_to_plain
-        from jobs.ingest.text import parse_plain_text
+        from jobs.ingest.text import parse_plain_text, take_title_line
+        from jobs.normalize.cleanup import strip_ansi
 
-        text = decode_bytes(data, options.encoding)
+        text, title_line = strip_ansi(decode_bytes(data, options.encoding)), None
         if fmt == "md":
             text = markdown_to_plain(text, options.skip_footnotes)
+        else:
+            title_line, text = take_title_line(text)
         title, chapters = build_chapters(parse_plain_text(text, markdown=fmt == "md"), options)
-        doc = Document(chapters, title=title, source_format=fmt)
+        doc = Document(chapters, title=title_line or title, source_format=fmt)
     if not doc.chapters or not any(c.paragraphs for c in doc.chapters):
         raise IngestError("The document contains no readable text.")
     if doc.title is None and fmt in ("txt", "md"):

@@ -7,6 +7,7 @@ import unicodedata
 from typing import Optional
 
 from jobs.errors import IngestError
+from jobs.normalize.cleanup import strip_ansi
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def _prefer_cp1252(data: bytes, detected: str) -> bool:
 def _check_text(text: str) -> None:
     if not text.strip():
         raise IngestError("The file contains no text (it is empty or only whitespace).")
-    sample = text[:200_000]
+    sample = strip_ansi(text[:200_000])  # colour codes of a captured console log are not binary noise
     bad = sum(
         1
         for c in sample

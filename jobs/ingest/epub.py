@@ -29,6 +29,31 @@ def _parse_xml(data: bytes, what: str) -> ET.Element:
         raise IngestError(f"The EPUB's {what} is not valid XML ({exc}).") from None
 
 
+# font obfuscation (IDPF, Adobe) is not DRM: the text stays readable
+FONT_OBFUSCATION = {"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#rc"}
+DRM_MESSAGE = ("EPUB is DRM-protected (encrypted); remove the DRM with the tool of your store/library "
+               "and submit again")
+
+
+def _check_drm(z: SafeZip) -> None:
+    """Refuse an EPUB whose content is encrypted (rights.xml, or encryption.xml beyond font obfuscation)."""
+    if z.has("META-INF/rights.xml"):
+        raise IngestError(DRM_MESSAGE)
+    if not z.has("META-INF/encryption.xml"):
+        return
+    try:
+        root = ET.fromstring(z.read("META-INF/encryption.xml"))
+    except ET.ParseError:
+        raise IngestError(DRM_MESSAGE) from None  # an unreadable encryption manifest: assume the worst
+    for data in root.iter():
+        if _local(data.tag) != "encrypteddata":
+            continue
+        method = next((el for el in data.iter() if _local(el.tag) == "encryptionmethod"), None)
+        algorithm = (method.get("Algorithm") or "").strip().lower() if method is not None else ""
+        if algorithm not in FONT_OBFUSCATION:
+            raise IngestError(DRM_MESSAGE)
+
+
 def _find_opf(z: SafeZip) -> str:
     if z.has("META-INF/container.xml"):
         root = _parse_xml(z.read("META-INF/container.xml"), "META-INF/container.xml")
@@ -147,6 +172,7 @@ def load_epub(data: bytes, options) -> Document:
     """Read an EPUB held in memory (already size-checked) into a Document."""
     z = SafeZip(data, "EPUB", options.max_uncompressed_bytes, options.max_compression_ratio)
     try:
+        _check_drm(z)
         opf_path = _find_opf(z)
         opf = _parse_xml(z.read(opf_path), "package document (OPF)")
         opf_dir = posixpath.dirname(opf_path)

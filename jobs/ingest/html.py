@@ -22,16 +22,24 @@ BLOCK_TAGS = {
 } | set(HEADINGS)
 NOTE_TYPES = {"footnote", "footnotes", "endnote", "endnotes", "rearnote", "rearnotes", "note", "doc-footnote",
               "doc-endnote", "doc-endnotes", "doc-footnotes"}
+MARKER_CHUNKS = 16  # a footnote marker is a few text pieces at most; longer link texts are kept as they are
 MARKER_RE = re.compile(r"^\s*(\[?\(?\d{1,3}\)?\]?|[*†‡§]+)\s*$")
 CHARSET_RE = re.compile(rb"""(?:<meta[^>]+charset\s*=\s*["']?|<\?xml[^>]+encoding\s*=\s*["'])([A-Za-z0-9_.:-]+)""", re.I)
 
 
 class _Parser(HTMLParser):
+    """Blocks from HTML in one pass; every tag costs O(1) whatever the nesting depth (a file of
+    200,000 nested <div>s must not stall ingestion): open tags and flags are counted, not searched."""
+
     def __init__(self, skip_footnotes: bool):
         super().__init__(convert_charrefs=True)
         self.skip_footnotes = skip_footnotes
-        self.stack: list[tuple[str, set, int]] = []  # (tag, flags, buffer length at start)
+        self.stack: list[tuple[str, frozenset, int]] = []  # (tag, flags, absolute buffer index at start)
+        self.open: dict[str, list[int]] = {}  # tag -> stack positions where it is open, innermost last
+        self.flag_count: dict[str, int] = {"skip": 0, "note": 0, "toc": 0, "ref": 0}
+        self.headings_open = 0
         self.buf: list[str] = []
+        self.base = 0  # absolute index of buf[0] (the buffer is emptied at every flush)
         self.blocks: list[Block] = []
         self.title = ""
         self.lang: Optional[str] = None
@@ -39,28 +47,40 @@ class _Parser(HTMLParser):
         self._in_title = False
 
     # -- helpers --
-    def _flags(self) -> set:
-        out: set = set()
-        for _, f, _ in self.stack:
-            out |= f
-        return out
+    def _push(self, tag: str, flags: frozenset) -> None:
+        self.open.setdefault(tag, []).append(len(self.stack))
+        self.headings_open += tag in HEADINGS
+        self.stack.append((tag, flags, self.base + len(self.buf)))
+        for f in flags:
+            self.flag_count[f] += 1
+
+    def _pop(self) -> tuple[str, frozenset, int]:
+        tag, flags, start = self.stack.pop()
+        self.open[tag].pop()
+        self.headings_open -= tag in HEADINGS
+        for f in flags:
+            self.flag_count[f] -= 1
+        return tag, flags, start
+
+    def _heading_level(self) -> Optional[int]:
+        if not self.headings_open:
+            return None
+        return min((level for tag, level in HEADINGS.items() if self.open.get(tag)), default=None)
 
     def _flush(self) -> None:
+        if not self.buf:
+            return
         text = re.sub(r"\s+", " ", "".join(self.buf)).strip()
+        self.base += len(self.buf)
         self.buf = []
-        for i, (tag, flags, _) in enumerate(self.stack):  # buffer positions are now stale
-            self.stack[i] = (tag, flags, 0)
-        if not text:
+        if not text or self.flag_count["skip"]:
             return
-        flags = self._flags()
-        if "skip" in flags:
-            return
-        if "note" in flags:
+        if self.flag_count["note"]:
             self.blocks.append(Block("footnote", text))
-        elif "toc" in flags:
+        elif self.flag_count["toc"]:
             self.blocks.append(Block("toc", text))
         else:
-            level = min((HEADINGS[t] for t, _, _ in self.stack if t in HEADINGS), default=None)
+            level = self._heading_level()
             if level is not None:
                 self.blocks.append(Block("heading", text, level=level))
             else:
@@ -71,11 +91,12 @@ class _Parser(HTMLParser):
         while len(self.stack) > index:
             tag, flags, start = self.stack[-1]
             if "ref" in flags and self.skip_footnotes:
-                if MARKER_RE.match("".join(self.buf[start:])):
+                start = max(start - self.base, 0)  # text before the last flush is gone already
+                if len(self.buf) - start <= MARKER_CHUNKS and MARKER_RE.match("".join(self.buf[start:])):
                     del self.buf[start:]
             if tag in BLOCK_TAGS:
                 self._flush()
-            self.stack.pop()
+            self._pop()
 
     # -- parser callbacks --
     def handle_starttag(self, tag, attrs):
@@ -91,10 +112,12 @@ class _Parser(HTMLParser):
                 self._flush()
             return
         if tag in BLOCK_TAGS:
-            for i, (t, _, _) in enumerate(self.stack):
-                if t in HEADINGS or (t == "p" and tag in ("p",) + tuple(HEADINGS)):
-                    self._close_to(i)
-                    break
+            # a block inside a heading (or a p/heading inside a p) closes the outermost such element
+            closers = [self.open[h][0] for h in HEADINGS if self.open.get(h)] if self.headings_open else []
+            if (tag == "p" or tag in HEADINGS) and self.open.get("p"):
+                closers.append(self.open["p"][0])
+            if closers:
+                self._close_to(min(closers))
             self._flush()
         types = set((a.get("epub:type", "") + " " + a.get("role", "")).lower().split())
         classes = set(a.get("class", "").lower().split())
@@ -109,7 +132,7 @@ class _Parser(HTMLParser):
             flags.add("toc")
         if tag in ("a", "sup") and ("noteref" in types or "doc-noteref" in types or "#" in a.get("href", "")):
             flags.add("ref")
-        self.stack.append((tag, flags, len(self.buf)))
+        self._push(tag, frozenset(flags))
 
     def handle_startendtag(self, tag, attrs):
         self.handle_starttag(tag, attrs)
@@ -119,10 +142,9 @@ class _Parser(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "title":
             self._in_title = False
-        for i in range(len(self.stack) - 1, -1, -1):
-            if self.stack[i][0] == tag:
-                self._close_to(i)
-                return
+        if self.open.get(tag):
+            self._close_to(self.open[tag][-1])
+            return
         if tag in BLOCK_TAGS:
             self._flush()
 
@@ -130,7 +152,7 @@ class _Parser(HTMLParser):
         if self._in_title:
             self.title += data
             return
-        if "skip" not in self._flags():
+        if not self.flag_count["skip"]:
             self.buf.append(data)
 
     def finish(self) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from jobs.ingest.blocks import PATTERN_LEVEL, Block
 
@@ -27,6 +28,14 @@ KEYWORD_RE = re.compile(
 SCENE_BREAK_RE = re.compile(r"^\s*(?:[*#~•·=_-]\s*){3,}$|^\s*[*#~•]\s*$")
 MD_HEADING_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SETEXT_RE = re.compile(r"^\s*(=+|-+)\s*$")
+TITLE_LINE_RE = re.compile(r"^#\s+(\S.*?)\s*#*$")
+
+
+def take_title_line(text: str) -> tuple[Optional[str], str]:
+    """A plain-text file opening with a `# Title` line: (title, the text after that line); else (None, text)."""
+    first, _, rest = text.lstrip("\ufeff \t\r\n").partition("\n")
+    m = TITLE_LINE_RE.match(first.strip())
+    return (m.group(1), rest) if m else (None, text)
 
 
 def chapter_heading(line: str) -> bool:

@@ -13,21 +13,29 @@ _TRANSLATE = {
     0x2028: " ", 0x2029: " ", 0x2010: "-", 0x2011: "-", 0x2212: "-",
     0x2024: ".", 0x2025: "..", 0xFF05: "%",
 }
+# terminal escape sequences (colours, cursor moves, titles) as found in logs and captured console output:
+# CSI (ESC [ or 0x9B ... final byte), OSC (ESC ] ... BEL or ESC \), other escapes (ESC, intermediates, final)
+_ANSI_RE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
 _WS_RE = re.compile(r"\s+")
 _ELLIPSIS_RE = re.compile(r"\.(?:\s?\.){2,}|…+")
 _DOUBLE_DASH_RE = re.compile(r"\s*(?<!-)--(?!-)\s*")
 _FULLWIDTH_DIGIT_RE = re.compile(r"[０-９]")
 
 
+def strip_ansi(text: str) -> str:
+    """Remove terminal (ANSI) escape sequences, which would otherwise be read out as "[31m"."""
+    return _ANSI_RE.sub("", text) if "\x1b" in text or "\x9b" in text else text
+
+
 def cleanup(text: str) -> str:
     """Make text safe and tidy for synthesis.
 
-    NFC-normalizes, removes control and zero-width characters, maps exotic spaces
-    to plain spaces, expands ligatures, turns ". . ." and "…" into "...", "--" into
-    an em dash, full-width digits into ASCII, and collapses whitespace.
+    Strips terminal escape sequences, NFC-normalizes, removes control and zero-width
+    characters, maps exotic spaces to plain spaces, expands ligatures, turns ". . ." and
+    "…" into "...", "--" into an em dash, full-width digits into ASCII, and collapses whitespace.
     Smart quotes are kept.
     """
-    text = unicodedata.normalize("NFC", text)
+    text = unicodedata.normalize("NFC", strip_ansi(text))
     text = text.translate(_TRANSLATE)
     text = "".join(
         " " if unicodedata.category(c) == "Cc" else c

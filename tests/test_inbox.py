@@ -1,0 +1,209 @@
+"""Inbox hardening: links are never followed, lock/temp/hidden files ignored (logged once), every
+file in processing/ ends as a job or in failed/ (also after a crash or stop mid-ingest), parsing limits,
+and an ingest failure shows in `tts-appliance list`."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from jobs.ingest.isolate import IngestLimits
+from jobs.queue import Queue
+from jobs.settings import resolve_home
+from jobs.watch import RECOVERED, InboxWatcher
+
+BOOK = "Chapter One\n\nThe first chapter has a sentence.\n\nChapter Two\n\nThe end is near.\n"
+
+
+@pytest.fixture
+def env(tmp_path):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    w = InboxWatcher(paths, quiet_s=0.3, closed_quiet_s=0.1, queue=q)
+    yield paths, q, w
+    q.close()
+
+
+def _ticks(w, seconds, step=0.1):
+    end = time.time() + seconds
+    while time.time() < end:
+        w.tick()
+        time.sleep(step)
+
+
+def _deep_html(n=300_000) -> str:
+    return "<html><body>" + "<div>x " * n
+
+
+def test_links_are_never_followed(env, tmp_path, caplog):
+    paths, q, w = env
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (paths.inbox / "passwd.txt").symlink_to(secret)
+    (paths.inbox / "inner.txt").symlink_to(paths.home / "queue.db")
+    (paths.inbox / "sub").mkdir()
+    (paths.inbox / "sub" / "book.txt").write_text(BOOK)
+    with caplog.at_level(logging.INFO, logger="jobs.watch"):
+        _ticks(w, 1.0)
+    assert q.jobs() == [] and list(paths.processing.iterdir()) == []
+    assert (paths.inbox / "passwd.txt").is_symlink() and (paths.inbox / "sub" / "book.txt").exists()
+    told = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert sorted(m.split(":")[1].strip() for m in told) == ["ignoring inner.txt", "ignoring passwd.txt",
+                                                           "ignoring sub"]  # once each, over many ticks
+    assert all("symbolic link" in m for m in told if ".txt" in m)
+
+
+def test_a_file_swapped_for_a_link_after_the_scan_is_not_taken(env, tmp_path):
+    paths, q, w = env
+    secret = tmp_path / "secret.txt"
+    secret.write_text(BOOK)
+    book = paths.inbox / "book.txt"
+    book.write_text(BOOK)
+    book.unlink()
+    book.symlink_to(secret)
+    assert w.take(book) is None and q.jobs() == [] and book.is_symlink()
+
+
+def test_lock_temp_and_hidden_files_ignored_and_logged_once(env, caplog):
+    paths, q, w = env
+    names = ["~$novel.docx", ".~lock.novel.odt#", "book.txt.part", "x.tmp", "y.epub.crdownload", ".book.txt.swp",
+             "draft.txt~", ".hidden.txt", "#autosave.txt#"]
+    for name in names:
+        (paths.inbox / name).write_text(BOOK)
+    with caplog.at_level(logging.INFO, logger="jobs.watch"):
+        _ticks(w, 1.0)
+    assert q.jobs() == [] and sorted(p.name for p in paths.inbox.iterdir()) == sorted(names)
+    told = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(told) == len(names)
+    assert sum("office lock file" in m for m in told) == 2
+
+
+def test_files_left_in_processing_are_taken_again_at_start(env):
+    """A crash after the move (no row) or mid-ingest (row `ingesting`): recover() makes them jobs."""
+    paths, q, w = env
+    (paths.processing / "norow.txt").write_text(BOOK)
+    (paths.processing / "mid.txt").write_text(BOOK + "Mid.\n")
+    w._record("d1", paths.processing / "mid.txt", None, "ingesting", None)
+    w.recover()
+    jobs = {json.loads(j["sources"])[0].split("/")[-1]: j for j in q.jobs()}
+    assert sorted(jobs) == ["mid.txt", "norow.txt"] and all(j["state"] == "queued" for j in jobs.values())
+    rows = {r["name"]: r for r in q._rows("SELECT * FROM inbox_files")}
+    assert rows["mid.txt"]["state"] == rows["norow.txt"]["state"] == "processing"
+    w.recover()  # nothing twice
+    assert len(q.jobs()) == 2
+
+
+def test_recover_attaches_a_job_made_just_before_a_crash(env):
+    from jobs.submit import submit_file
+    from jobs.settings import JobSpec
+
+    paths, q, w = env
+    src = paths.processing / "made.txt"
+    src.write_text(BOOK)
+    w._record("d2", src, None, "ingesting", None)
+    job_id, err = submit_file(q, paths, src, JobSpec())  # the crash came right after this
+    assert err is None
+    w.recover()
+    assert [j["id"] for j in q.jobs()] == [job_id]
+    assert q._rows("SELECT job_id, state FROM inbox_files WHERE name = 'made.txt'") == [
+        {"job_id": job_id, "state": "processing"}]
+
+
+def test_interrupted_twice_goes_to_failed_with_reason(env):
+    paths, q, w = env
+    (paths.processing / "again.txt").write_text(BOOK)
+    w._record("d3", paths.processing / "again.txt", None, "ingesting", RECOVERED)
+    w.recover()
+    assert q.jobs() == [] and (paths.failed / "again.txt").exists()
+    assert "interrupted twice" in (paths.failed / "again.txt.reason.txt").read_text()
+
+
+def test_file_over_the_limits_fails_with_reason(env):
+    paths, q, w = env
+    w.limits = IngestLimits(wall_s=0.5)
+    (paths.inbox / "deep.html").write_text(_deep_html())
+    (paths.inbox / "fine.txt").write_text(BOOK)
+    _ticks(w, 2.0)
+    reason = (paths.failed / "deep.html.reason.txt").read_text()
+    assert "parsing deep.html took longer than 0.5 s; raise jobs.ingest_wall_s or split the file" in reason
+    assert (paths.failed / "deep.html").exists() and list(paths.processing.iterdir()) == [paths.processing / "fine.txt"]
+    states = sorted(j["state"] for j in q.jobs())
+    assert states == ["failed", "queued"]
+
+
+def test_stopping_cancels_the_ingest_and_the_file_is_taken_at_next_start(env):
+    paths, q, w = env
+    (paths.inbox / "deep.html").write_text(_deep_html())
+    stop = threading.Event()
+    t = threading.Thread(target=w.run, args=(stop, 0.1), daemon=True)
+    t.start()
+    deadline = time.time() + 10
+    while not (paths.processing / "deep.html").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the child is parsing now
+    stopped_at = time.monotonic()
+    stop.set()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - stopped_at < 3
+    assert q.jobs() == [] and (paths.processing / "deep.html").exists()
+    [row] = q._rows("SELECT state, reason FROM inbox_files")
+    assert row == {"state": "ingesting", "reason": None}  # a clean stop is not counted as an attempt
+    (paths.processing / "deep.html").write_text("<p>Now short.</p>")  # (so the retry is quick)
+    w2 = InboxWatcher(paths, queue=q)
+    w2.recover()
+    [job] = q.jobs()
+    assert job["state"] == "queued"
+
+
+def test_ingest_failure_is_listed_with_file_name_and_reason(env):
+    from click.testing import CliRunner
+
+    from appliance.cli import cli
+
+    paths, q, w = env
+    (paths.inbox / "empty.txt").write_text("")
+    (paths.inbox / "blank.md").write_text("\n\n   \n")
+    _ticks(w, 1.0)
+    res = CliRunner().invoke(cli, ["list", "--home", str(paths.home)], catch_exceptions=False)
+    assert res.exit_code == 0
+    out = res.output
+    assert "empty.txt" in out and "the file is empty" in out
+    assert "blank.md" in out and "contains no text" in out
+
+
+def test_daemon_streams_promptly_while_a_pathological_file_is_parsed(tmp_path):
+    """A file that takes long to parse is read in a child process: a speech stream started meanwhile
+    completes promptly, and SIGTERM stops the daemon at once, leaving the file for the next start."""
+    from daemon_util import Daemon, base_config, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    cfg = base_config(tmp_path, jobs={"watch_quiet_s": 0.2, "ingest_wall_s": 120.0, "ingest_cpu_s": 120.0})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        (d.home / "inbox" / "deep.html").write_text(_deep_html(2_000_000))  # many seconds of parsing
+        deadline = time.monotonic() + 20
+        while not (d.home / "processing" / "deep.html").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (d.home / "processing" / "deep.html").exists(), d.log_text()[-2000:]
+        time.sleep(0.5)
+        start = time.monotonic()
+        c = d.conn()
+        c.request("POST", "/v1/audio/speech", headers={"Content-Type": "application/json"},
+                  body=json.dumps({"input": "Hello there.", "voice": "ryan", "response_format": "pcm",
+                                   "max_frames": 6, "seed": 1, "stream": True}))
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        took = time.monotonic() - start
+        assert r.status == 200 and len(data) > 0
+        assert took < 10, f"stream took {took:.1f} s while a file was parsed"
+        assert not (d.home / "failed" / "deep.html").exists()  # still parsing
+    finally:
+        stopped_at = time.monotonic()
+        assert d.stop(timeout=30) == 0
+    assert time.monotonic() - stopped_at < 8, "SIGTERM waited for the ingest"  # (the join limit is 15 s)
+    assert (d.home / "processing" / "deep.html").exists()  # taken again at the next start
