@@ -14,6 +14,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the subprocesses (daemon, checkpoint writer) import the repo too
 SHAPE=${SHAPE:-0.6b} FUSE=${FUSE:-layer} CODEC=${CODEC:-torch}
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee -a "$OUT/gpu.txt"
 run() {  # run NAME LIMIT CMD... : time-limited, log in $OUT/NAME.log, its tail printed
