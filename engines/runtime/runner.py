@@ -297,8 +297,8 @@ class EngineRunner:
 
     # ----- loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
-        if self.device.type == "cuda":  # a new thread starts on cuda:0; one engine per GPU runs on its own
-            torch.cuda.set_device(self.device)
+        if self.device.type == "cuda" and self.device.index is not None:  # a new thread starts on cuda:0;
+            torch.cuda.set_device(self.device)  # one engine per GPU runs on its own ("cuda": the current one)
         while True:
             with self._cv:
                 while not self._stop and not self._has_work():
