@@ -44,7 +44,8 @@ def prompt(rng: random.Random, lo: int = 8, hi: int = 28) -> str:
 
 def book_text(segments: int, per_chapter: int = 25, seed: int = 0) -> str:
     """Plain text of chapters ("Chapter N" headings) of paragraphs of two corpus sentences (under the
-    segmenter's 300 characters, so each paragraph is about one segment): about `segments` segments,
+    segmenter's 300 characters, so each paragraph is about one segment; each numbered, so no two are
+    alike): about `segments` segments,
     chapter headings included."""
     rng = random.Random(seed)
     chapters = max(1, round(segments / (per_chapter + 1)))
@@ -53,6 +54,6 @@ def book_text(segments: int, per_chapter: int = 25, seed: int = 0) -> str:
     for c in range(chapters):
         parts.append(f"Chapter {c + 1}")
         n = paragraphs // chapters + (1 if c < paragraphs % chapters else 0)
-        for _ in range(n):
-            parts.append(" ".join(rng.sample(CORPUS, 2)))
+        for i in range(n):  # numbered: every paragraph distinct, none served from the audio cache
+            parts.append(" ".join([f"Part {i + 1} of chapter {c + 1}."] + rng.sample(CORPUS, 2)))
     return "\n\n".join(parts) + "\n"
