@@ -271,3 +271,51 @@ def test_fast_layer_one_row_reduction_form_matches_matmul_form():
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
     assert not torch.equal(outs[0][0], x)
+
+
+def test_batch_work_leaves_a_reserve_of_slots_while_streams_are_about():
+    """A book filling the engine must not make a stream wait for a batch row to end: while streams are
+    about, batch work takes at most max_slots - stream_reserve slots; with no stream seen, all of them."""
+    eng = engine()
+
+    def batch_rows(runner):
+        return sum(1 for s in runner.slots.seqs + runner.sched.prefilling if s.priority > 0)
+
+    quiet = EngineRunner(eng, max_slots=4, max_context=256)  # reserve: a quarter = 1 slot
+    batch = [quiet.submit(r, priority=1) for r in requests(4, frames=30)]
+    for _ in range(6):
+        quiet.step_once()
+    assert batch_rows(quiet) == 4  # no stream seen: batch work may use every slot
+
+    runner = EngineRunner(eng, max_slots=4, max_context=256)
+    first = runner.submit(requests(1, frames=2)[0])
+    while not first.done:
+        runner.step_once()
+    batch = [runner.submit(r, priority=1) for r in requests(4, frames=30)]
+    for _ in range(6):
+        runner.step_once()
+    assert batch_rows(runner) == 3 and len(runner.sched.queue) == 1  # one slot kept for streams
+    stream = runner.submit(requests(1, frames=4)[0])
+    runner.step_once()
+    assert any(s.handle is stream for s in runner.slots.seqs + runner.sched.prefilling)  # admitted at once
+    while not stream.done:
+        runner.step_once()
+    assert not any(h.done for h in batch)  # the stream finished while the book's rows were still running
+    for h in batch:
+        while not h.done:
+            runner.step_once()
+    assert all(h.result().audio.size for h in batch)
+
+
+@pytest.mark.parametrize("frames", [2, 4, 8])
+def test_a_request_ending_with_every_frame_decoded_completes(frames):
+    """A request that ends on a step emitting no frame, right after a codec chunk took all its frames (1, 3,
+    7... with chunks of 1, 2, 4), still completes (max_new_tokens 2, 4, 8 emit 1, 3, 7 frames; its codec lane used to wait for a due call forever)."""
+    eng = engine()
+    runner = EngineRunner(eng, max_slots=2, max_context=256)
+    h = runner.submit(requests(1, frames=frames)[0])
+    for _ in range(200):
+        if h.done:
+            break
+        runner.step_once()
+    assert h.done and h.result().audio.size > 0

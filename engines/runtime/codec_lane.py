@@ -179,8 +179,8 @@ class CodecLane:
         cap = self.chunk_cap(b)
         flush = self._flush()
         due = [m for m in self.members if self._is_due(m, cap, flush)]
-        if not due:
-            return
+        if not due and not any(m.finished and not m.pending for m in self.members):
+            return  # (a member that ended with every frame decoded still needs its completion below)
         call = _Call()
         want = max((min(m.pending, m.target) for m in due if not m.dropped and m.pending), default=0)
         with self._on_stream():

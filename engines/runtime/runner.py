@@ -48,6 +48,7 @@ class EngineBusy(TTSError):
 class EngineConfig:
     max_slots: int = 64
     max_queue: int = 256
+    stream_reserve: int = -1  # slots batch work leaves free while streams are about (-1: a quarter of the slots)
     max_context: int = 2048  # talker cache length per slot (prompt + frames)
     max_text_rows: int = 1024  # streaming-text rows per request
     prefill_chunk: int = 256  # prompt tokens per request per loop iteration (keeps streams flowing)
@@ -147,7 +148,8 @@ class EngineRunner:
         for lane in self.lanes.values():
             lane.before_capture = self._drain
             lane.use_stream(cfg.codec_streams)
-        self.sched = Scheduler(n, self.cfg.max_queue, self.cfg.prefill_batch)
+        reserve = n // 4 if self.cfg.stream_reserve < 0 else self.cfg.stream_reserve
+        self.sched = Scheduler(n, self.cfg.max_queue, self.cfg.prefill_batch, reserve)
         self.slots = self.sched.slots
         self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
         self.graphs: dict = {}

@@ -1,6 +1,9 @@
 """Who runs when: the waiting queue, admission into the prefill group, slots and buckets (plain Python).
 
-Streams (priority 0) are admitted before batch work (higher numbers), FIFO within a priority. A
+Streams (priority 0) are admitted before batch work (higher numbers), FIFO within a priority. While
+streams are being served (one arrived within `STREAM_WINDOW_S`), batch work keeps `stream_reserve`
+slots free for them, so a stream arriving while a book fills the engine starts at once instead of
+waiting for a batch row to end; with no streams about, batch work may take every slot. A
 request is admitted into the prefill group while the group has room (`prefill_batch` side-cache rows)
 and slots remain for it. Active sequences always occupy slots [0, n_active): when one leaves, the last
 active slot moves into its place, so one decode step over the first B slots (B = the batch bucket)
@@ -11,8 +14,12 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+
+STREAM_WINDOW_S = 60.0  # streams seen this recently keep their reserve of slots
 
 
 def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -61,6 +68,9 @@ class AdmissionQueue:
 
     def peek(self) -> Optional[Any]:
         return self._heap[0].item if self._heap else None
+
+    def peek_priority(self) -> Optional[int]:
+        return self._heap[0].priority if self._heap else None
 
     def pop(self) -> Optional[Any]:
         if not self._heap:
@@ -117,8 +127,10 @@ class Scheduler:
     is called on admission and may raise `reject` (the sequence is then failed, not admitted).
     """
 
-    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int):
+    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int, stream_reserve: int = 0):
         self.max_slots, self.prefill_batch = max_slots, prefill_batch
+        self.stream_reserve = min(stream_reserve, max_slots - 1) if max_slots > 1 else 0
+        self.last_stream = float("-inf")  # time.monotonic() of the latest stream's arrival
         self.queue = AdmissionQueue(max_queue)
         self.slots = SlotMap(max_slots)
         self.prefilling: list = []  # the prefill group, each with its side-cache row
@@ -127,7 +139,17 @@ class Scheduler:
         return self.queue.full(priority)
 
     def push(self, seq: Any, priority: int) -> None:
+        if priority <= 0:
+            self.last_stream = time.monotonic()
         self.queue.push(seq, priority)
+
+    def batch_blocked(self, group: list) -> bool:
+        """Whether batch work must wait: streams are about and batch rows already fill all slots but the
+        reserve (rows in slots and in the prefill group count)."""
+        if not self.stream_reserve or time.monotonic() - self.last_stream > STREAM_WINDOW_S:
+            return False
+        batch = sum(1 for s in self.slots.seqs if s.priority > 0) + sum(1 for s in group if s.priority > 0)
+        return batch >= self.max_slots - self.stream_reserve
 
     @property
     def has_work(self) -> bool:
@@ -142,6 +164,8 @@ class Scheduler:
         while (len(group) < self.prefill_batch and len(self.queue)
                and self.slots.n_active + len(group) < self.max_slots):
             with pop_lock:
+                if self.queue.peek_priority() > 0 and self.batch_blocked(group):
+                    break
                 head = self.queue.peek()
                 if head is not None and not head.handle.cancelled and not room(head):
                     break
