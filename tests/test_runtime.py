@@ -275,7 +275,8 @@ def test_fast_layer_one_row_reduction_form_matches_matmul_form():
 
 def test_batch_work_leaves_a_reserve_of_slots_while_streams_are_about():
     """A book filling the engine must not make a stream wait for a batch row to end: while streams are
-    about, batch work takes at most max_slots - stream_reserve slots; with no stream seen, all of them."""
+    about, batch work takes at most max_slots - stream_reserve slots and its codec calls are kept short;
+    with no stream seen, all of them and long calls."""
     eng = engine()
 
     def batch_rows(runner):
@@ -286,6 +287,7 @@ def test_batch_work_leaves_a_reserve_of_slots_while_streams_are_about():
     for _ in range(6):
         quiet.step_once()
     assert batch_rows(quiet) == 4  # no stream seen: batch work may use every slot
+    assert quiet.lanes["batch"].frames_per_call == quiet.cfg.batch_call_frames  # ... and long codec calls
 
     runner = EngineRunner(eng, max_slots=4, max_context=256)
     first = runner.submit(requests(1, frames=2)[0])
@@ -295,6 +297,7 @@ def test_batch_work_leaves_a_reserve_of_slots_while_streams_are_about():
     for _ in range(6):
         runner.step_once()
     assert batch_rows(runner) == 3 and len(runner.sched.queue) == 1  # one slot kept for streams
+    assert runner.lanes["batch"].frames_per_call == runner.cfg.batch_call_frames_streams  # short batch calls
     stream = runner.submit(requests(1, frames=4)[0])
     runner.step_once()
     assert any(s.handle is stream for s in runner.slots.seqs + runner.sched.prefilling)  # admitted at once

@@ -80,6 +80,7 @@ class CodecLane:
                  max_inflight: int = 2):
         self.name, self.codec, self.frames = name, codec, frames
         self.first, self.max_chunk, self.frames_per_call = first, max_chunk, frames_per_call
+        self.max_frames_per_call = frames_per_call  # frames_per_call may be lowered later, never raised above
         # lazy_finish: a finished member's last frames wait for the next call that is due anyway (batch
         # work: no call of b rows for one member's tail) unless the lane is full or everyone has finished
         self.lazy_finish = lazy_finish
@@ -138,9 +139,9 @@ class CodecLane:
         self.members.append(m)
         return m
 
-    def chunk_cap(self, b: int) -> int:
-        """Largest frame bucket a call over b rows may use."""
-        cap = max(1, min(self.max_chunk, self.frames_per_call // b))
+    def chunk_cap(self, b: int, frames_per_call: Optional[int] = None) -> int:
+        """Largest frame bucket a call over b rows may use (now, or at `frames_per_call`)."""
+        cap = max(1, min(self.max_chunk, (frames_per_call or self.frames_per_call) // b))
         return 1 << (cap.bit_length() - 1)
 
     def _is_due(self, m: Member, cap: int, flush: bool) -> bool:
@@ -266,7 +267,7 @@ class CodecLane:
         if not self.cuda:
             return wav.cpu().numpy()
         if not self._ring:
-            size = max(self.frames_per_call, self.size) * self.spf
+            size = max(self.max_frames_per_call, self.size) * self.spf
             self._ring = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(self.max_inflight)]
         host = self._ring[self.calls % len(self._ring)][:wav.numel()].view(wav.shape)
         host.copy_(wav, non_blocking=True)
@@ -340,7 +341,7 @@ class CodecLane:
         out = []
         for b in self.buckets:
             n = 1
-            while n <= self.chunk_cap(b):
+            while n <= self.chunk_cap(b, self.max_frames_per_call):  # smaller frames_per_call: a subset
                 out.append((b, n))
                 n *= 2
         return out

@@ -31,7 +31,7 @@ from engines.model.generate import control_mask
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model.layers import KVCache
 
-from engines.runtime.scheduler import Scheduler, length_bucket, pick_bucket
+from engines.runtime.scheduler import STREAM_WINDOW_S, Scheduler, length_bucket, pick_bucket
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
 from engines.runtime.codec_lane import CodecLane
@@ -67,6 +67,7 @@ class EngineConfig:
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
     batch_call_frames: int = 4096  # batch work: rows x frames of one codec call (bounds its memory)
+    batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
@@ -493,6 +494,10 @@ class EngineRunner:
         """Every lane that is due launches a call; what finished calls made goes to the requests, and the
         requests whose audio is complete end (their FrameStore row is free again)."""
         idle = not self.slots.n_active and self._inflight is None and not self.sched.has_work
+        streams = time.monotonic() - self.sched.last_stream < STREAM_WINDOW_S  # keep batch calls short then
+        batch = self.lanes["batch"]
+        batch.frames_per_call = min(self.cfg.batch_call_frames_streams, batch.max_frames_per_call) if streams \
+            else batch.max_frames_per_call
         for lane in self.lanes.values():
             self._deliver(*lane.run(block=idle))  # nothing else to do: wait for the codec rather than spin
 
