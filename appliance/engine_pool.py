@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 from engines.runtime.runner import EngineBusy
+from engines.runtime.stream import collect
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +126,7 @@ class EnginePool:
                     break
                 except EngineBusy:
                     time.sleep(0.02)
-        results, error = [], None
-        for h in handles:
-            try:
-                results.append(h.result())
-            except Exception as exc:  # noqa: BLE001 - reported after every handle has ended
-                error = error or exc
-        if error is not None:
-            raise error
-        return results
+        return collect(handles)
 
     # -- life cycle and figures ---------------------------------------------------------------------
     def stats(self) -> dict:

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from inbox_util import inbox_env, ticks
 
 from jobs.ingest.isolate import IngestLimits
 from jobs.queue import Queue
@@ -20,18 +21,12 @@ BOOK = "Chapter One\n\nThe first chapter has a sentence.\n\nChapter Two\n\nThe e
 
 @pytest.fixture
 def env(tmp_path):
-    paths = resolve_home(tmp_path / "home").ensure()
-    q = Queue(paths.db)
-    w = InboxWatcher(paths, quiet_s=0.3, closed_quiet_s=0.1, queue=q)
+    paths, q, w = inbox_env(tmp_path, quiet_s=0.3, closed_quiet_s=0.1)
     yield paths, q, w
     q.close()
 
 
-def _ticks(w, seconds, step=0.1):
-    end = time.time() + seconds
-    while time.time() < end:
-        w.tick()
-        time.sleep(step)
+_ticks = ticks
 
 
 def _deep_html(n=300_000) -> str:

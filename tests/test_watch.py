@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from inbox_util import inbox_env, ticks
 
 from jobs.queue import Queue
 from jobs.settings import resolve_home
@@ -16,18 +17,12 @@ BOOK = "Chapter One\n\nThe first chapter has a sentence. And another one.\n\nCha
 
 @pytest.fixture
 def env(tmp_path):
-    paths = resolve_home(tmp_path / "home").ensure()
-    q = Queue(paths.db)
-    w = InboxWatcher(paths, quiet_s=0.6, closed_quiet_s=0.2, queue=q)
+    paths, q, w = inbox_env(tmp_path, quiet_s=0.6, closed_quiet_s=0.2)
     yield paths, q, w
     q.close()
 
 
-def _ticks(w, seconds, step=0.1):
-    end = time.time() + seconds
-    while time.time() < end:
-        w.tick()
-        time.sleep(step)
+_ticks = ticks
 
 
 def test_slowly_written_file_taken_only_when_complete(env):

@@ -35,7 +35,7 @@ from engines.runtime.scheduler import STREAM_WINDOW_S, Scheduler, length_bucket,
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
 from engines.runtime.codec_lane import CodecLane
-from engines.runtime.stream import FrameStore, StreamHandle
+from engines.runtime.stream import FrameStore, StreamHandle, collect
 
 log = logging.getLogger(__name__)
 
@@ -211,15 +211,7 @@ class EngineRunner:
         if self._thread is None:
             while not all(h.done for h in handles):
                 self.step_once()
-        results, error = [], None
-        for h in handles:
-            try:
-                results.append(h.result())
-            except Exception as exc:  # noqa: BLE001 - reported after every handle has ended
-                error = error or exc
-        if error is not None:
-            raise error
-        return results
+        return collect(handles)
 
     @property
     def running(self) -> bool:

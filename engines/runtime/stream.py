@@ -20,6 +20,19 @@ from engines.api import SynthesisResult
 _END = object()
 
 
+def collect(handles) -> list[SynthesisResult]:
+    """Every handle's whole result, in order; the first error is raised once all have ended."""
+    results, error = [], None
+    for h in handles:
+        try:
+            results.append(h.result())
+        except Exception as exc:  # noqa: BLE001 - reported after every handle has ended
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
+
+
 class StreamHandle:
     """One request's audio as it is made: iterate for float32 PCM chunks; `cancel()` frees its slot."""
 
