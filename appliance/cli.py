@@ -11,6 +11,7 @@ import sys
 import click
 
 from engines.model.errors import TTSError
+from jobs.queue import QueueError
 
 from appliance.cli_common import config_path, emit, home_option, json_option, load_runner, model_options, settings
 
@@ -113,6 +114,9 @@ def main() -> None:
     except TTSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except QueueError as exc:  # e.g. jobs.queue names a database that cannot be reached or is newer
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

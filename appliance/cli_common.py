@@ -3,7 +3,6 @@ own flags, through `appliance.config.resolve`), the shared options and the engin
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Optional
 
@@ -11,8 +10,6 @@ import click
 
 from appliance.config import Config, ConfigError, resolve
 from engines.names import AUTO, DTYPE_NAMES, DTYPE_SHORT
-
-log = logging.getLogger(__name__)
 
 
 def config_path() -> Optional[str]:
@@ -41,23 +38,16 @@ def load_runner(cfg: Config, slots: int, usage_error: bool = False):
         raise (click.UsageError if usage_error else click.ClickException)(str(exc)) from None
 
 
-def known_voices(cfg: Config) -> Optional[list]:
-    """The voices of the configured checkpoint, read from its config.json without loading it (CustomVoice
-    speakers; a Base checkpoint's saved voices); None when no checkpoint is configured or readable."""
+def known_voices(cfg: Config, model_type: Optional[str], speakers: list) -> Optional[list]:
+    """The voices a job may name with the configured checkpoint, from its (`model_type`, `speakers`) as
+    jobs.submit.checkpoint_voices reads them: CustomVoice speakers, a Base checkpoint's saved voices;
+    None when they are not known (no checkpoint, or the worker checks voices when it loads the model)."""
     from engines.engine import VOICE_SUFFIX
-    from engines.model.config import ModelConfig
 
-    if not cfg.model.path:
-        return None
-    try:
-        mc = ModelConfig.from_dir(cfg.model.path)
-    except Exception as exc:  # noqa: BLE001 - the worker checks voices again when it loads the model
-        log.info("cannot read the voices of %s: %s", cfg.model.path, exc)
-        return None
-    if mc.tts_model_type == "custom_voice":
-        return sorted(mc.talker.spk_id)
+    if model_type == "custom_voice":
+        return sorted(speakers)
     vdir = Path(cfg.model.voices_dir or cfg.home().home / "voices")
-    if mc.tts_model_type == "base" and vdir.is_dir():
+    if model_type == "base" and vdir.is_dir():
         return sorted(p.name[: -len(VOICE_SUFFIX)] for p in vdir.glob(f"*{VOICE_SUFFIX}"))
     return None
 

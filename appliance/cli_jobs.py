@@ -126,17 +126,18 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
              "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
              "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
     given = {k: v for k, v in given.items() if v is not None}
+    checkpoint = (None, []) if remote else checkpoint_voices(cfg.model.path)  # read once, without the weights
     try:
         spec = JobSpec.from_dict(given)  # e.g. a bad --chapters stops here, before anything is sent
         if not remote:  # the defaults of this process's settings, fitted to its checkpoint
             j = cfg.jobs
             spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
-                                                                       *checkpoint_voices(cfg.model.path))))
+                                                                       *checkpoint)))
     except ValueError as exc:
         fail(str(exc))
     queue = None if remote else Queue(paths.ensure().db)
     runner = _checked_runner(cfg, eng, spec.voice) if wait else None
-    voices = None if remote else runner.voices if runner else known_voices(cfg)
+    voices = None if remote else runner.voices if runner else known_voices(cfg, *checkpoint)
     results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json,
                            cfg.http.max_body_bytes, voices)
     ok = [r["job_id"] for r in results if not r["error"]]

@@ -124,6 +124,7 @@ class Daemon:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
+        self.queue_counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads
         self.notifier.status("loading model")
         self.host.load()
         if self.cfg.model.warmup:
@@ -258,8 +259,9 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         return Daemon(cfg, config_path, instance).run()
     except Exception as exc:
         from engines.model.errors import TTSError
+        from jobs.queue import QueueError
 
-        if isinstance(exc, (TTSError, ConfigError, RuntimeError, OSError)):
+        if isinstance(exc, (TTSError, ConfigError, QueueError, RuntimeError, OSError)):
             log.error("cannot start: %s", exc)
             return 1
         raise

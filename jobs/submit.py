@@ -38,7 +38,7 @@ def precheck_type(path: Path) -> str:
     first and last 64 KiB), after precheck_file; SubmitError for a file it would refuse. Lets a
     client refuse a file before uploading it."""
     from jobs.errors import IngestError
-    from jobs.ingest import _guess_format
+    from jobs.ingest import guess_format
 
     precheck_file(path)
     with open(path, "rb") as f:
@@ -46,7 +46,7 @@ def precheck_type(path: Path) -> str:
         f.seek(max(f.seek(0, 2) - (1 << 16), len(head)))
         tail = f.read()
     try:
-        return _guess_format(path, head + tail)
+        return guess_format(path, head + tail)
     except IngestError as exc:
         raise SubmitError(f"{path.name}: {exc}") from None
 

@@ -180,6 +180,15 @@ def test_no_daemon_configured_works_in_process_and_says_so(tmp_path):
     q.close()
 
 
+def test_cli_submit_checks_the_voice_against_the_checkpoint_without_loading_it(tmp_path):
+    home = tmp_path / "home"
+    r = cli(["submit", str(book(tmp_path)), "--home", str(home), "--voice", "nobody", "--json"],
+            env={"TTS_APPLIANCE_MODEL": str(TINY / "cv_small")})
+    assert r.exit_code != 0
+    job = json.loads(r.stdout)[0]
+    assert job["state"] == "failed" and "unknown voice 'nobody'" in job["error"] and "dylan" in job["error"]
+
+
 def _as_nobody() -> list[str] | None:
     """argv prefix running a command as an unprivileged user (root ignores socket permissions)."""
     if os.geteuid() != 0:

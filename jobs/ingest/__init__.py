@@ -91,7 +91,9 @@ def _read(path: Path, options: IngestOptions) -> bytes:
     return data
 
 
-def _guess_format(path: Path, data: bytes) -> str:
+def guess_format(path: Path, data: bytes) -> str:
+    """The document format of `path` (epub, docx, pdf, md, html, txt) from its extension, else from
+    `data` (its bytes, or its head and tail); an unsupported kind raises IngestError."""
     ext = path.suffix.lower()
     if ext == ".epub":
         return "epub"
@@ -130,7 +132,7 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
     options = options or IngestOptions()
     resolved = _check_path(path, options)
     data = _read(resolved, options)
-    fmt = options.format or _guess_format(resolved, data)
+    fmt = options.format or guess_format(resolved, data)
     if fmt not in FORMATS:
         raise IngestError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
     log.info("reading %s as %s (%d bytes)", resolved.name, fmt, len(data))
@@ -172,4 +174,4 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
     return doc
 
 
-__all__ = ["IngestOptions", "load_document", "IngestError"]
+__all__ = ["IngestOptions", "load_document", "IngestError", "guess_format"]
