@@ -1,6 +1,7 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
     POST   /v1/audio/speech      OpenAI-compatible speech, streamed (appliance.http_speech)
+    GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
     DELETE /v1/voices/{name}     remove a saved cloned voice
@@ -88,6 +89,7 @@ async def metrics(request):
 
 def make_app(ctx) -> web.Application:
     from appliance.http_jobs import add_routes as add_job_routes
+    from appliance.http_live import add_routes as add_live_routes
     from appliance.http_speech import speech
 
     app = web.Application(middlewares=[json_errors], client_max_size=ctx.cfg.http.max_body_bytes)
@@ -99,4 +101,5 @@ def make_app(ctx) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_job_routes(app)
+    add_live_routes(app)
     return app
