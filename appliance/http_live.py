@@ -160,7 +160,7 @@ class LiveSession:
 
     async def _speak_one(self, sentence: str) -> None:
         ctx, o = self.ctx, self.opts
-        req = ctx.host.request(sentence, voice=o["voice"], language=o["language"], instruct=o["instructions"],
+        req = ctx.host.request(sentence, voice=o["voice"] or ctx.host.default_voice(), language=o["language"], instruct=o["instructions"],
                                seed=o["seed"], max_frames=o["max_frames"])
         if req is None:
             raise ApiError(400, "this Base checkpoint clones voices: name a saved voice in session.update "
