@@ -102,6 +102,10 @@ if [ "$MODE" = system ]; then
   install -m 0644 systemd/sysusers.d/tts-appliance.conf "$SYSUSERS"
   install -m 0644 systemd/tmpfiles.d/tts-appliance.conf "$TMPFILES"
   ln -sfn "$VENV_ABS/bin/tts-appliance" "$BIN_LINK"
+  case "$VENV_ABS/" in /tmp/*|/var/tmp/*)
+    say "warning: the venv is under $(echo "$VENV_ABS" | cut -d/ -f1-2)/: the service (PrivateTmp=yes) cannot see it;" \
+        "install from a folder outside /tmp and /var/tmp (e.g. /opt/tts-appliance)" ;;
+  esac
   if [ -z "$SYSROOT" ] && command -v systemd-sysusers >/dev/null 2>&1; then
     systemd-sysusers "$SYSUSERS" && systemd-tmpfiles --create "$TMPFILES" || say "warning: sysusers/tmpfiles failed"
     chown -R tts-appliance:tts-appliance "$DATA" 2>/dev/null || true

@@ -71,6 +71,15 @@ def _install(c: Container, venv, binds) -> None:
         raise Unavailable(f"the venv does not run in the container (a library missing from "
                           f"nspawn_util.PACKAGES?): {r.stderr.strip().splitlines()[-1:]}")
     c.run(str(ROOT / "systemd/setup.sh"), "install", str(venv), timeout=120)  # what install.sh runs
+    # a checkout under /tmp (CI may use one) is hidden from the service by PrivateTmp=yes: bind it into the
+    # service's private namespace (a real install lives outside /tmp; setup.sh warns about a venv there)
+    hidden = [str(b) for b in binds if str(b).startswith(("/tmp/", "/var/tmp/"))]
+    if hidden:
+        for unit in ("tts-appliance.service", "tts-appliance@.service"):
+            c.run("mkdir", "-p", f"/etc/systemd/system/{unit}.d")
+            c.run("tee", f"/etc/systemd/system/{unit}.d/checkout-in-tmp.conf",
+                  input="[Service]\nBindReadOnlyPaths=" + " ".join(hidden) + "\n")
+        c.run("systemctl", "daemon-reload")
     c.run("mkdir", "-p", "/etc/tts-appliance/config.d")
     c.run("tee", "/etc/tts-appliance/config.d/test.yaml", input=TEST_CONFIG)
     c.run("systemctl", "enable", "--now", "tts-appliance.socket")
@@ -232,3 +241,4 @@ def test_security_exposure_is_low(box):
     assert set(scores) == {SERVICE, INSTANCE}, out[-2000:]
     assert max(scores.values()) <= 3.5, scores
     print(f"exposure: {scores}")
+
