@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Optional
 
-from engines.runtime.runner import EngineBusy
+from engines.runtime.runner import EngineBusy, submit_waiting
 from engines.runtime.stream import collect
 
 log = logging.getLogger(__name__)
@@ -118,15 +118,7 @@ class EnginePool:
         loops are not started, work as `EngineRunner.synthesize`). Raises the first request's error."""
         if len(self.runners) == 1 or not self.running:
             return self.runners[0].synthesize(requests, priority)
-        handles = []
-        for req in requests:
-            while True:
-                try:
-                    handles.append(self.submit(req, priority))
-                    break
-                except EngineBusy:
-                    time.sleep(0.02)
-        return collect(handles)
+        return collect(submit_waiting(self.submit, requests, priority))
 
     # -- life cycle and figures ---------------------------------------------------------------------
     def stats(self) -> dict:

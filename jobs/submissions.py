@@ -16,13 +16,12 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from pathlib import Path
 from typing import Optional
 
-from jobs.queue import Queue
+from jobs.queue import Queue, holders
 from jobs.settings import JobSpec, file_digest
 
 log = logging.getLogger(__name__)
@@ -41,23 +40,19 @@ def submit_key(path: str | Path, spec: JobSpec) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def _holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def holder(pid: Optional[int] = None) -> str:
+    """How a claim names its holder: this host's key, the process id and its start token
+    (jobs.queue.holders, the identity lease holders use too); `pid`: another process of this host."""
+    pid = os.getpid() if pid is None else pid
+    return "|".join((holders.host_key(), str(pid), holders.start_token(pid) or ""))
 
 
 def _abandoned(row: dict, now: float) -> bool:
     """The claim's holder is gone without having queued the job (or has held it for STALE_S)."""
     if now - row["claimed_at"] > STALE_S:
         return True
-    host, _, pid = (row["holder"] or "").rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, owned by another user
-            return False
-    return False
+    host, pid, token = ((row["holder"] or "").split("|") + ["", "", ""])[:3]
+    return host == holders.host_key() and pid.isdigit() and not holders.alive(int(pid), token or None)
 
 
 def claim(queue: Queue, key: str) -> tuple[str, bool]:
@@ -76,12 +71,12 @@ def claim(queue: Queue, key: str) -> tuple[str, bool]:
             if row["state"] is None:
                 log.warning("submit %s: the earlier submit (%s) died before queuing job %s; taking it over",
                             key[:12], row["holder"], row["job_id"])
-                c.execute("UPDATE submissions SET holder = ?, claimed_at = ? WHERE key = ?", (_holder(), now, key))
+                c.execute("UPDATE submissions SET holder = ?, claimed_at = ? WHERE key = ?", (holder(), now, key))
                 return row["job_id"], True
         job_id = uuid.uuid4().hex[:12]
         c.execute("""INSERT INTO submissions (key, job_id, holder, claimed_at) VALUES (?, ?, ?, ?)
                      ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, holder = excluded.holder,
-                     claimed_at = excluded.claimed_at""", (key, job_id, _holder(), now))
+                     claimed_at = excluded.claimed_at""", (key, job_id, holder(), now))
     return job_id, True
 
 

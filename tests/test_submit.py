@@ -122,7 +122,7 @@ def test_claim_of_a_dead_submitter_is_taken_over(spool, tmp_path):
     dead.wait()
     with q.tx() as c:
         c.execute("INSERT INTO submissions (key, job_id, holder, claimed_at) VALUES (?, ?, ?, ?)",
-                  (key, "abandoned123", f"{socket.gethostname()}:{dead.pid}", time.time()))
+                  (key, "abandoned123", submissions.holder(dead.pid), time.time()))
     job_id, error = submit_file(q, paths, src, spec, wait_s=0.1)
     assert (job_id, error) == ("abandoned123", None) and q.job(job_id)["state"] == "queued"
 

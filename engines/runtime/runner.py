@@ -31,7 +31,7 @@ from engines.model.generate import control_mask
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model.layers import KVCache
 
-from engines.runtime.scheduler import STREAM_WINDOW_S, Scheduler, length_bucket, pick_bucket
+from engines.runtime.scheduler import Scheduler, length_bucket, pick_bucket
 from engines.runtime.decode_step import FastStep
 from engines.runtime.slots import SlotTable
 from engines.runtime.codec_lane import CodecLane
@@ -71,6 +71,19 @@ class EngineConfig:
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
+
+
+def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
+    """`submit(request, priority)` each request in order, calling `wait()` while the queue is full."""
+    handles = []
+    for req in requests:
+        while True:
+            try:
+                handles.append(submit(req, priority))
+                break
+            except EngineBusy:
+                wait()
+    return handles
 
 
 class _Seq:
@@ -197,17 +210,9 @@ class EngineRunner:
         """Whole-audio results for a batch (batch priority by default). Waits for room when the admission
         queue is full; runs the loop in this thread when no background thread runs. Raises the first
         request's error, if any (after all have ended)."""
-        handles = []
-        for req in requests:
-            while True:
-                try:
-                    handles.append(self.submit(req, priority))
-                    break
-                except EngineBusy:  # streams come first: wait for room (or make it, without a thread)
-                    if self._thread is None:
-                        self.step_once()
-                    else:
-                        time.sleep(0.02)
+        # streams come first: wait for room in the queue (or make it, without a thread)
+        handles = submit_waiting(self.submit, requests, priority,
+                                 self.step_once if self._thread is None else lambda: time.sleep(0.02))
         if self._thread is None:
             while not all(h.done for h in handles):
                 self.step_once()
@@ -486,10 +491,9 @@ class EngineRunner:
         """Every lane that is due launches a call; what finished calls made goes to the requests, and the
         requests whose audio is complete end (their FrameStore row is free again)."""
         idle = not self.slots.n_active and self._inflight is None and not self.sched.has_work
-        streams = time.monotonic() - self.sched.last_stream < STREAM_WINDOW_S  # keep batch calls short then
-        batch = self.lanes["batch"]
-        batch.frames_per_call = min(self.cfg.batch_call_frames_streams, batch.max_frames_per_call) if streams \
-            else batch.max_frames_per_call
+        batch = self.lanes["batch"]  # while streams are about, its calls are kept short
+        batch.frames_per_call = min(self.cfg.batch_call_frames_streams, batch.max_frames_per_call) \
+            if self.sched.streams_about() else batch.max_frames_per_call
         for lane in self.lanes.values():
             self._deliver(*lane.run(block=idle))  # nothing else to do: wait for the codec rather than spin
 

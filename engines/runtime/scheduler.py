@@ -143,10 +143,14 @@ class Scheduler:
             self.last_stream = time.monotonic()
         self.queue.push(seq, priority)
 
+    def streams_about(self) -> bool:
+        """Whether a stream arrived within STREAM_WINDOW_S (batch work then yields to streams)."""
+        return time.monotonic() - self.last_stream < STREAM_WINDOW_S
+
     def batch_blocked(self, group: list) -> bool:
         """Whether batch work must wait: streams are about and batch rows already fill all slots but the
         reserve (rows in slots and in the prefill group count)."""
-        if not self.stream_reserve or time.monotonic() - self.last_stream > STREAM_WINDOW_S:
+        if not self.stream_reserve or not self.streams_about():
             return False
         batch = sum(1 for s in self.slots.seqs if s.priority > 0) + sum(1 for s in group if s.priority > 0)
         return batch >= self.max_slots - self.stream_reserve
