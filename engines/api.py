@@ -22,6 +22,8 @@ class SynthesisRequest:
     folder), a `ClonedVoice` already made (engines.model.voice; cloned once, reused per request), or None.
     instruct: VoiceDesign description or 1.7B CustomVoice style instruction.
     ref_audio / ref_text: Base voice cloning (ref_text given -> ICL mode, else x-vector only).
+    text_feed: text still arriving (engines.runtime.text_feed.TextFeed; EngineRunner only): the request is
+    spoken in streaming-text mode as its words come, `text` is ignored.
     """
 
     text: str
@@ -32,6 +34,7 @@ class SynthesisRequest:
     ref_text: Optional[str] = None
     non_streaming_text: Optional[bool] = None  # None: the official default for the mode
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    text_feed: Optional[object] = None
 
 
 @dataclass

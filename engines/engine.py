@@ -184,13 +184,15 @@ class TTSEngine:
                 spec.ref_text, spec.ref_codes = voice.ref_text, voice.ref_codes
         return spec, spec.ref_codes
 
-    def sampling(self, sp: SamplingParams, text: str = "") -> SamplingParams:
+    def sampling(self, sp: SamplingParams, text: Optional[str] = "") -> SamplingParams:
         """Every setting of one request resolved: the request's, else the checkpoint's (generation_config.json);
         a random seed when none is given; without an explicit max_new_tokens the frame limit is the
-        runaway guard for `text` (enforced on the device even if EOS never comes)."""
+        runaway guard for `text` (enforced on the device even if EOS never comes), or the checkpoint's
+        limit when the text is not known yet (None: text still arriving)."""
         r = sp.over(self.defaults)
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        limit = sp.max_new_tokens or min(self.defaults.max_new_tokens, runaway_frames(text))
+        limit = sp.max_new_tokens or (self.defaults.max_new_tokens if text is None
+                                      else min(self.defaults.max_new_tokens, runaway_frames(text)))
         return SamplingParams(**{**r.to_dict(), "seed": seed, "max_new_tokens": limit})
 
     # ----- synthesis ---------------------------------------------------------------------------

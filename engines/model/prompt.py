@@ -62,11 +62,26 @@ class PromptBuilder:
     def _ids(self, text: str, device) -> torch.Tensor:
         return torch.tensor([self.tok.encode(text)], dtype=torch.long, device=device)  # [1, L]
 
+    def text_ids(self, text: str) -> list[int]:
+        """The text's token ids as the prompt holds them (inside the assistant turn)."""
+        return self.tok.encode(assistant_text(text))[3:-5]
+
+    @torch.no_grad()
+    def text_rows(self, ids: list[int], end: bool) -> torch.Tensor:
+        """Talker-space rows `[n (+1), H]` for text tokens fed in streaming-text mode (+ tts_eos when `end`)."""
+        dev = self.talker.codec_head.weight.device
+        ids = list(ids) + ([self.cfg.tts_eos_token_id] if end else [])
+        if not ids:
+            return torch.empty(0, self.cfg.talker.hidden_size, device=dev, dtype=self.talker.codec_head.weight.dtype)
+        return self.talker.text_embed(torch.tensor([ids], dtype=torch.long, device=dev))[0]
+
     def _codec(self, ids: list[int], device) -> torch.Tensor:
         return self.talker.codec_embed(torch.tensor([ids], dtype=torch.long, device=device))  # [1, n, H]
 
     @torch.no_grad()
-    def build(self, spec: PromptSpec) -> Prompt:
+    def build(self, spec: PromptSpec, text_open: bool = False) -> Prompt:
+        """`text_open`: streaming-text mode with more text to come (engines.runtime.text_feed): the trailing
+        rows stop at the text given, without tts_eos."""
         tc, dev, talker = self.cfg.talker, self.talker.codec_head.weight.device, self.talker
         ids = self._ids(assistant_text(spec.text), dev)
         special = torch.tensor([[self.cfg.tts_bos_token_id, self.cfg.tts_eos_token_id,
@@ -101,7 +116,7 @@ class PromptBuilder:
             trailing = tts_pad
         else:
             x = torch.cat((x, talker.text_embed(ids[:, 3:4]) + codec[:, -1:]), dim=1)
-            trailing = torch.cat((talker.text_embed(ids[:, 4:-5]), tts_eos), dim=1)
+            trailing = torch.cat((talker.text_embed(ids[:, 4:-5]), tts_eos[:, :0 if text_open else 1]), dim=1)
 
         if spec.instruct:
             x = torch.cat((talker.text_embed(self._ids(instruct_text(spec.instruct), dev)), x), dim=1)

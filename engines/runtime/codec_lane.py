@@ -34,7 +34,7 @@ class Member:
     """A request's place in a codec lane; its row in the lane moves when others leave."""
 
     __slots__ = ("frame_row", "n_ref", "emitted", "decoded", "target", "discard", "finished", "dropped", "seq",
-                 "codes")
+                 "codes", "stalled")
 
     def __init__(self, seq, frame_row: int, n_ref: int, first: int, spf: int):
         self.seq, self.frame_row, self.n_ref = seq, frame_row, n_ref
@@ -44,6 +44,7 @@ class Member:
         self.discard = n_ref * spf  # samples of reference audio to drop
         self.finished = False  # no more frames will come
         self.dropped = False  # cancelled: decode nothing more
+        self.stalled = False  # its request waits for text: what it has is decoded now, not at the next chunk
         self.codes: Optional[np.ndarray] = None  # [frames, K] int64, set when its audio is complete
 
     @property
@@ -130,6 +131,12 @@ class CodecLane:
         """Members to decode, or calls whose audio has not been handed out yet."""
         return bool(self.members or self._inflight)
 
+    @property
+    def active(self) -> bool:
+        """Calls in flight, a member to complete, or a call due (a lane whose members all wait for frames
+        is not active)."""
+        return bool(self._inflight) or any(m.finished or m.dropped for m in self.members) or self.due()
+
     def add(self, seq, frame_row: int, n_ref: int) -> Member:
         m = Member(seq, frame_row, n_ref, self.first, self.spf)
         mask = torch.zeros(self.size, dtype=torch.bool)
@@ -145,7 +152,8 @@ class CodecLane:
         return 1 << (cap.bit_length() - 1)
 
     def _is_due(self, m: Member, cap: int, flush: bool) -> bool:
-        return m.dropped or m.pending >= min(m.target, cap) or (m.finished and m.pending > 0 and flush)
+        return (m.dropped or m.pending >= min(m.target, cap) or (m.finished and m.pending > 0 and flush)
+                or (m.stalled and m.pending > 0))
 
     def _flush(self) -> bool:
         """Whether finished members' tails are decoded now (always, unless lazy_finish)."""

@@ -193,14 +193,16 @@ class FastStep:
 
     # ----- regions (pure tensor functions; compiled on the device path) ------------------------------------
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
-               done, eos, limit, k_cap: int = 0):
+               done, eos, limit, text_open, trailing_len, hold, k_cap: int = 0):
         eos_id = self.talker.cfg.codec_eos_token_id
         code0 = sample_code0(self.lin(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
                              SamplingTensors(do, temp, topk, topp), seed, gen_step * 16, k_cap)
-        hit = (code0 == eos_id) & ~done
+        # a row whose next input needs a text row that has not arrived waits: this step changes nothing of it
+        hold.copy_(text_open & (gen_step >= trailing_len) & ~done)
+        hit = (code0 == eos_id) & ~done & ~hold
         eos.logical_or_(hit)
-        done.logical_or_(hit | (gen_step + 1 >= limit))
-        seen.scatter_(1, code0[:, None], True)
+        done.logical_or_(hit | ((gen_step + 1 >= limit) & ~hold))
+        seen.scatter_(1, code0[:, None], seen.gather(1, code0[:, None]) | ~hold[:, None])
         return code0
 
     def _first_input(self, hidden, code0, table, proj):
@@ -220,24 +222,24 @@ class FastStep:
         code = self._sub_code(x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j, k_cap)
         return code, self._sub_embed(code, table, proj)
 
-    def _tail(self, codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos, max_len: int,
-              frames, frame_row, n_frames, bad, codebook: int, layers, kc, vc, cos, sin, norm_w, hidden):
+    def _tail(self, codes, out_codes, emit, done, hold, tables, trailing, trailing_len, gen_step, pad, pos,
+              max_len: int, frames, frame_row, n_frames, bad, codebook: int, layers, kc, vc, cos, sin, norm_w, hidden):
         """The frame's next input, the talker's layers over it and the new state, as one region."""
-        x, p = self._next_input(codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos,
-                                max_len, frames, frame_row, n_frames, bad, codebook)
+        x, p = self._next_input(codes, out_codes, emit, done, hold, tables, trailing, trailing_len, gen_step, pad,
+                                pos, max_len, frames, frame_row, n_frames, bad, codebook)
         for i in range(len(layers)):
             x = self._t_layer(x, layers[i], kc[i], vc[i], p, cos, sin)
-        self._final(x, norm_w, hidden, pos, gen_step)
+        self._final(x, norm_w, hidden, pos, gen_step, hold)
 
     def _sub_embed(self, code, table, proj):
         x = F.embedding(code, table)[:, None]
         return x if proj is None else F.linear(x, *proj)
 
-    def _next_input(self, codes, out_codes, emit, done, tables, trailing, trailing_len, gen_step, pad, pos,
+    def _next_input(self, codes, out_codes, emit, done, hold, tables, trailing, trailing_len, gen_step, pad, pos,
                     max_len: int, frames, frame_row, n_frames, bad, codebook: int):
         codes = torch.stack(codes, dim=1)  # [B, 16]
         out_codes.copy_(codes)
-        emit.copy_(~done)
+        emit.copy_(~done & ~hold)  # a held row's frame is written past its end and made again later
         bad.copy_(emit & ((codes < 0) | (codes >= codebook)).any(1))
         frames[frame_row, n_frames.clamp(max=frames.shape[1] - 1)] = codes.to(frames.dtype)  # free rows: scratch
         n_frames.add_(emit.long())
@@ -247,10 +249,11 @@ class FastStep:
         text = torch.where((gen_step < trailing_len)[:, None], text, pad[None])
         return (emb + text)[:, None], pos.clamp(max=max_len - 1)[:, None]  # done rows may pass their bucket
 
-    def _final(self, x, norm_w, hidden, pos, gen_step):
-        hidden.copy_(_rms(x[:, -1], norm_w, self.eps_t))
-        pos.add_(1)
-        gen_step.add_(1)
+    def _final(self, x, norm_w, hidden, pos, gen_step, hold):
+        # a held row keeps its state; the cache entry it wrote at `pos` is written again when it moves on
+        hidden.copy_(torch.where(hold[:, None], hidden, _rms(x[:, -1], norm_w, self.eps_t)))
+        pos.add_((~hold).long())
+        gen_step.add_((~hold).long())
 
     # ----- entry points ----------------------------------------------------------------------------------------
     def talker_pass(self, x, pos, cache):
@@ -272,7 +275,8 @@ class FastStep:
         b = t.hidden.shape[0]
         talker = self.talker
         code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
-                             t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit, k_cap)
+                             t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit, t.text_open,
+                            t.trailing_len, t.hold, k_cap)
         x = self.r_first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)
         pk, pv, pw = [k[:b] for k in self.pcache.k], [v[:b] for v in self.pcache.v], self.pw
         codes = [code0]
@@ -292,7 +296,7 @@ class FastStep:
             codes.append(code)
             if j + 1 < self.n_sub:
                 x = self.r_embed(code, self.sub_tables[j], self.proj)
-        common = (codes, t.codes, t.emit, t.done, tables, t.trailing, t.trailing_len, t.gen_step, pad, t.pos,
+        common = (codes, t.codes, t.emit, t.done, t.hold, tables, t.trailing, t.trailing_len, t.gen_step, pad, t.pos,
                   cache.max_len, frames, t.frame_row, t.n_frames, t.bad, self.codebook)
         if self.fuse == "pass":
             w = self.tw
@@ -300,4 +304,4 @@ class FastStep:
             return
         x_in, pos = self.r_next(*common)
         x = self.talker_pass(x_in, pos, cache)
-        self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step)
+        self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step, t.hold)

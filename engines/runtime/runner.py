@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
-from engines.model.errors import TTSError
+from engines.model.errors import TTSError, UnsupportedMode
 from engines.model.generate import control_mask
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model.layers import KVCache
@@ -99,6 +99,12 @@ class _Seq:
         self.ref_codes = None
         self.frame_row = -1  # FrameStore row (from admission until its audio is decoded)
         self.member = None  # its place in a codec lane
+        self.feed = request.text_feed  # text still arriving (engines.runtime.text_feed), or None
+        self.text_open = False  # more text may come: its row is held when it has used every text row
+        self.fed_ids: list = []  # text token ids given to the model so far (the first one in the prompt)
+        self.text_rows = 0  # trailing rows in its slot
+        self.feed_version = -1
+        self.held = False  # the last collected step held its row (waiting for text)
 
 
 @dataclass
@@ -107,7 +113,7 @@ class _Step:
 
     seqs: list  # the sequence in each row at launch time
     n: int
-    buf: torch.Tensor  # host flags [4, N]: emit, done, eos, bad
+    buf: torch.Tensor  # host flags [5, N]: emit, done, eos, bad, hold
     event: Optional[object]
 
 
@@ -170,12 +176,13 @@ class EngineRunner:
         self.overlap = self.cfg.overlap
         self._inflight: Optional[_Step] = None
         pin = self.device.type == "cuda"
-        self._host = [torch.empty(4, n, dtype=torch.bool, pin_memory=pin) for _ in range(2)]
+        self._host = [torch.empty(5, n, dtype=torch.bool, pin_memory=pin) for _ in range(2)]
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self.steps = 0
         self.frames = 0
+        self.holds = 0  # rows x steps that waited for text
 
     # ----- public API --------------------------------------------------------------------------
     @property
@@ -201,6 +208,8 @@ class EngineRunner:
                 raise EngineBusy(f"busy: {len(self.sched.queue)} requests already waiting; retry shortly")
             handle = StreamHandle(self, self.engine.sample_rate)
             seq = _Seq(handle, request)
+            if seq.feed is not None:
+                seq.feed.on_change = self.wake
             seq.priority = priority
             self.sched.push(seq, priority)
             self._cv.notify()
@@ -293,7 +302,7 @@ class EngineRunner:
 
     def stats(self) -> dict:
         return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
-                "frames": self.frames, "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
+                "frames": self.frames, "text_holds": self.holds, "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
 
     # ----- loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -312,7 +321,15 @@ class EngineRunner:
                 self._fail_all("internal engine error (see the daemon log)")
 
     def _has_work(self) -> bool:
-        return self.sched.has_work or self._inflight is not None or any(l.busy for l in self.lanes.values())
+        """Anything to do now (a loop with only rows waiting for text sleeps until a feed wakes it)."""
+        return ((self.sched.has_work and not self._starved()) or self._inflight is not None
+                or any(l.active for l in self.lanes.values()))
+
+    def _starved(self) -> bool:
+        """Every running request waits for text that has not come, and nothing else is queued or prefilling."""
+        seqs = self.slots.seqs
+        return (bool(seqs) and not len(self.sched.queue) and not self.sched.prefilling
+                and all(seq.held and seq.text_open and seq.feed.version == seq.feed_version for seq in seqs))
 
     @torch.no_grad()
     def step_once(self) -> None:
@@ -321,8 +338,9 @@ class EngineRunner:
             if seq.handle.cancelled and not seq.done:
                 self._end(seq, dropped=True)
         self._admit()
+        self._feed_text()
         n = self.slots.n_active
-        if n:
+        if n and not self._starved():
             self._decode(n)
         elif self._inflight is not None:
             self._collect(self._inflight)
@@ -344,9 +362,12 @@ class EngineRunner:
 
     def _prepare(self, seq: _Seq) -> None:
         eng = self.engine
-        spec, ref_codes = eng.resolve(seq.request)
-        seq.prompt = eng.prompts.build(spec)
-        seq.settings = eng.sampling(seq.request.sampling, seq.request.text)
+        if seq.feed is None:
+            spec, ref_codes = eng.resolve(seq.request)
+            seq.prompt = eng.prompts.build(spec)
+            seq.settings = eng.sampling(seq.request.sampling, seq.request.text)
+        else:
+            spec, ref_codes = self._prepare_feed(seq)
         need = seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1
         if need > self.cfg.max_context:
             seq.settings = replace(seq.settings, max_new_tokens=self.cfg.max_context - seq.prompt.prefill.shape[0] - 1)
@@ -356,6 +377,54 @@ class EngineRunner:
         seq.ref_codes = ref_codes
         seq.frame_row = self.store.take(ref_codes)
         seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))
+
+    def _prepare_feed(self, seq: _Seq):
+        """A request whose text is still arriving: streaming-text mode over the words there so far."""
+        eng, feed = self.engine, seq.feed
+        seq.feed_version = feed.version
+        text, ended = feed.ready()
+        if not text:
+            raise TTSError("no complete word to speak yet: append text (ending in a space) or end the feed "
+                           "before submitting")
+        req = replace(seq.request, text=text, non_streaming_text=False)
+        spec, ref_codes = eng.resolve(req)
+        if ref_codes is not None:
+            raise UnsupportedMode("text that is still arriving cannot be spoken with a voice cloned with its "
+                                  "reference text (ICL needs the whole text up front); use a voice saved without "
+                                  "reference text, or send whole sentences")
+        seq.prompt = eng.prompts.build(spec, text_open=not ended)
+        seq.settings = eng.sampling(req.sampling, None)
+        seq.fed_ids = eng.prompts.text_ids(text)
+        seq.text_rows = seq.prompt.trailing.shape[0]
+        seq.text_open = not ended
+        return spec, ref_codes
+
+    def _feed_text(self) -> None:
+        """Give each running request whose feed changed its new complete words (and tts_eos at its end)."""
+        prompts, cap = self.engine.prompts, self.cfg.max_text_rows
+        for seq in self.slots.seqs:
+            if not seq.text_open or seq.feed.version == seq.feed_version:
+                continue
+            seq.feed_version = seq.feed.version
+            text, ended = seq.feed.ready()
+            ids = prompts.text_ids(text) if text else []
+            if ids[:len(seq.fed_ids)] != seq.fed_ids:
+                log.debug("live text re-tokenized differently at a word boundary; going on from token %d",
+                          len(seq.fed_ids))
+            new = ids[len(seq.fed_ids):]
+            room = cap - seq.text_rows - 1  # one row kept for tts_eos
+            if len(new) > room:
+                log.warning("text still arriving passed %d tokens for one request: ending it there "
+                            "(start a new request for the rest)", cap)
+                new, ended = new[:max(room, 0)], True
+            if not new and not ended:
+                continue
+            rows = prompts.text_rows(new, end=ended)
+            self.table.append_text(seq.slot, seq.text_rows, rows, ended)
+            seq.text_rows += rows.shape[0]
+            seq.fed_ids += new
+            seq.text_open = not ended
+            seq.held = seq.member.stalled = False
 
     def _prefill_chunk(self, group: list) -> None:
         """Up to `prefill_chunk` prompt rows of every request in `group`, as one batch over side-cache rows
@@ -385,7 +454,8 @@ class EngineRunner:
                 k[slot, :, :end].copy_(k_side[row, :, :end])
                 # masked positions still enter attention as 0 * value: clear what a free slot left there
                 k[slot, :, end:].zero_()
-            self.table.load(slot, seq.prompt, hidden[row], seq.settings, seq.frame_row, seq.member.n_ref)
+            self.table.load(slot, seq.prompt, hidden[row], seq.settings, seq.frame_row, seq.member.n_ref,
+                            seq.text_open)
 
     def _drain(self) -> None:
         """Finish the step in flight before a graph capture: no copy or event may be pending then."""
@@ -421,7 +491,7 @@ class EngineRunner:
         for seq in seqs:
             seq.pos += 1
         t, buf = self.table, self._host[self.steps % 2]
-        for i, src in enumerate((t.emit, t.done, t.eos, t.bad)):
+        for i, src in enumerate((t.emit, t.done, t.eos, t.bad, t.hold)):
             buf[i, :n].copy_(src[:n], non_blocking=True)
         event = None
         if self.device.type == "cuda":
@@ -433,13 +503,19 @@ class EngineRunner:
         """Count a finished step's frames for the codec lanes; end the requests that are done."""
         if rec.event is not None:
             rec.event.synchronize()
-        emit, done, eos, bad = rec.buf[:, :rec.n].tolist()
+        emit, done, eos, bad, hold = rec.buf[:, :rec.n].tolist()
         if any(bad):
             rows = [i for i, x in enumerate(bad) if x]
             raise AssertionError(f"internal: out-of-range codes in rows {rows} (step {self.steps})")
         for i, seq in enumerate(rec.seqs):
             if seq.done:  # finished (or cancelled) earlier: later rows of it are not real
                 continue
+            if hold[i]:  # it waited for text: no frame, its position did not move
+                seq.pos -= 1
+                self.holds += 1
+                # held now unless text came after this step was launched
+                seq.held = seq.member.stalled = (seq.text_open and
+                                                 seq.member.emitted - seq.member.n_ref >= seq.text_rows)
             if emit[i]:
                 seq.member.emitted += 1
                 self.frames += 1

@@ -34,6 +34,8 @@ class SlotTable:
     eos: torch.Tensor  # [N] bool
     trailing: torch.Tensor  # [N, Tmax, H] text rows still to feed
     trailing_len: torch.Tensor  # [N]
+    text_open: torch.Tensor  # [N] bool: more text may come (engines.runtime.text_feed)
+    hold: torch.Tensor  # [N] bool out: the row waited for text this step (made no frame, state unchanged)
     codes: torch.Tensor  # [N, 16] out: this step's frame
     emit: torch.Tensor  # [N] bool out: the frame is real
     bad: torch.Tensor  # [N] bool out: an emitted code is out of the codebook's range (internal check)
@@ -58,6 +60,7 @@ class SlotTable:
                          penalty=f32(), min_new=i64(), limit=i64(), seen=torch.zeros(n, vocab, dtype=torch.bool, **z),
                          done=torch.ones(n, dtype=torch.bool, **z), eos=b(),
                          trailing=torch.zeros(n, max_text, hidden, dtype=dtype, **z), trailing_len=i64(),
+                         text_open=b(), hold=b(),
                          codes=torch.zeros(n, groups, dtype=torch.long, **z), emit=b(), bad=b(),
                          frame_row=i64(), n_frames=i64(),
                          m_do=b(), m_temp=f32(), m_topk=i64(), m_topp=f32(),
@@ -77,14 +80,17 @@ class SlotTable:
         """Slot `slot` holds no request: done, a finite state, its frame writes go to the scratch row."""
         self.done[slot] = True
         self.emit[slot] = False
+        self.text_open[slot] = False
+        self.hold[slot] = False
         self.hidden[slot] = 0
         self.frame_row[slot] = trash_row
         self.n_frames[slot] = 0
 
     def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams, frame_row: int,
-             n_ref: int) -> None:
+             n_ref: int, text_open: bool = False) -> None:
         """Set slot `slot` for a request whose prompt has just been prefilled; its frames go to FrameStore
-        row `frame_row` after its `n_ref` reference frames."""
+        row `frame_row` after its `n_ref` reference frames. `text_open`: its text is still arriving
+        (`append_text` adds rows; the row is held while it has used them all)."""
         n = prompt.trailing.shape[0]
         if n > self.trailing.shape[1]:
             raise ValueError(f"text too long for one request: {n} rows > {self.trailing.shape[1]}")
@@ -92,6 +98,8 @@ class SlotTable:
         self.pos[slot] = prompt.prefill.shape[0]
         self.trailing[slot, :n] = prompt.trailing
         self.trailing_len[slot] = n
+        self.text_open[slot] = text_open
+        self.hold[slot] = False
         self.gen_step[slot] = 0
         self.seen[slot] = False
         self.done[slot] = False
@@ -106,3 +114,14 @@ class SlotTable:
                             ("s_temp", max(r.subtalker_temperature, 1e-5)), ("s_topk", r.subtalker_top_k),
                             ("s_topp", r.subtalker_top_p)):
             getattr(self, name)[slot] = value
+
+    def append_text(self, slot: int, start: int, rows: torch.Tensor, end: bool) -> None:
+        """Text rows `[k, H]` for slot `slot` from trailing row `start` on; `end`: no more will come."""
+        k = rows.shape[0]
+        if start + k > self.trailing.shape[1]:
+            raise ValueError(f"text too long for one request: {start + k} rows > {self.trailing.shape[1]}")
+        if k:
+            self.trailing[slot, start:start + k] = rows
+            self.trailing_len[slot] = start + k
+        if end:
+            self.text_open[slot] = False
