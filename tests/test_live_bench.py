@@ -136,33 +136,34 @@ async def _until(ws, seen, pred):
 
 
 def test_client_times_a_session_against_a_fake_server():
-    """Silence at once; loud audio when the first sentence is complete; an unknown event; after
-    input_text.end, 0.15 s of work, then audio and done."""
+    """0.3 s of audio (silence first) when the first sentence is complete; an unknown event; after
+    input_text.end, 0.4 s of work, then audio and done."""
     async def script(ws, seen):
         await _until(ws, seen, lambda m: m.get("text") == "there. ")
         await ws.send_json({"type": "audio.start", "sample_rate": 24000, "format": "pcm_s16le"})
         await ws.send_bytes(QUIET)
         await ws.send_bytes(LOUD)
+        await ws.send_bytes(LOUD)
         await ws.send_json({"type": "text.done", "text": "Hello there."})  # newer protocol: ignored
         await _until(ws, seen, lambda m: m["type"] == "input_text.end")
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.4)
         await ws.send_bytes(LOUD)
         await ws.send_json({"type": "sentence.done", "text": "The end"})
-        await ws.send_json({"type": "done", "audio_seconds": 0.3})
+        await ws.send_json({"type": "done", "audio_seconds": 0.4})
 
     go, seen = _fake_live(script)
     r = asyncio.run(go("Hello there. The end"))
     assert r["completed"] and r["error"] is None, r
     assert seen[0] == {"type": "session.update", "voice": "vivian", "max_frames": 5}
     assert [m.get("text") for m in seen[1:5]] == ["Hello ", "there. ", "The ", "end"]
-    assert r["samples"] == 3 * 2400 and r["audio_seconds"] == 0.3 and r["sentences"] == 2
+    assert r["samples"] == 4 * 2400 and r["audio_seconds"] == 0.4 and r["sentences"] == 2
     assert r["unknown_events"] == 1
     # "there. " goes out 50 ms after the first word; the loud frame follows it at once
     assert 0.04 < r["first_audio_s"] < 0.5 and 0.0 < r["sentence_audio_s"] < 0.45
-    assert 0.14 < r["end_done_s"] < 1.0
-    # 0.2 s of audio at ~0.05 s; the text ends at ~0.15 s; the player runs dry at ~0.25 s and the last
-    # audio comes ~0.3 s: a gap after the text ended
-    assert r["underrun"] and r["gaps_before_end"] == 0 and 0.0 < r["gap_after_end_s"] < 0.5
+    assert 0.39 < r["end_done_s"] < 2.0
+    # 0.3 s of audio at ~0.05 s; the text ends at ~0.15 s; the player runs dry at ~0.35 s and the last
+    # audio comes at ~0.55 s: a gap of ~0.2 s after the text ended
+    assert r["underrun"] and r["gaps_before_end"] == 0 and 0.1 < r["gap_after_end_s"] < 1.5
 
 
 def test_client_counts_an_error_event():
