@@ -38,7 +38,8 @@ run once (graphs are captured on first use).
 Measured on the client (this process, asyncio and aiohttp, time.perf_counter, per session): first audio
 = the first word sent -> the first sample with |x| > --silence-threshold received; sentence -> audio =
 the word that completed the first sentence sent (a sentence ends once whitespace follows its mark, as
-the server splits) -> that same first audio (the server's part of the first figure); end = the last
+the server splits; input_text.end when none is complete before it) -> that same first audio (the
+server's part of the first figure); end = the last
 word (input_text.end) sent -> `done` received; audio seconds. Gaps: a player that starts at the first
 sample, plays in real time without a buffer and waits whenever it runs dry: a wait that begins after
 input_text.end was sent is an underrun (the server had all the text), one that begins earlier is
