@@ -408,6 +408,9 @@ async def run_level(live: Live, sessions: int, index: int) -> dict:
     marks = await marks_task
     stop_lag.set()
     await lag_task
+    if not measured:
+        log.warning("%d sessions: no session started inside the %.0f s window (each lasts longer than warm-up and "
+                    "window): give a longer --window", sessions, a.window)
 
     out = {"sessions": sessions, **summarize(measured, a.window), "started": dict(phases),
            "client_loop_lag_ms": {"p99": ms(percentile(lags, 0.99)), "max": ms(max(lags) if lags else None)}}
@@ -490,6 +493,9 @@ def markdown(res: dict) -> str:
                      f"{fmt(f['max'])} | {fmt(s['p50'])} / {fmt(s['p95'])} | {fmt(e['p50'])} / {fmt(e['p95'])} / "
                      f"{fmt(e['max'])} | {under} | {fmt(x['audio_s_per_session']['mean'], nd=2)} | {errors or '-'} |")
         n = x["sessions"]
+        if not x["measured"]:
+            notes.append(f"{n} sessions: no session started inside the window (each lasts longer than warm-up and "
+                         "window: give a longer --window)")
         if x["length_mismatches"]:
             notes.append(f"{n} sessions: {x['length_mismatches']} sessions of another length than sentences x "
                          f"{w['frames']} frames")
