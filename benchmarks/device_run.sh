@@ -3,8 +3,11 @@
 # (JSON, markdown, logs) in $OUT (default ./out). Wheels the GPU image lacks go in .whl (see docs/PERFORMANCE.md).
 #   SHAPE=0.6b bash benchmarks/device_run.sh tests ab bench book
 # Stages: tests (pytest -m gpu), ab (decode-step variants), bench (engine benchmark), book (book job),
-#         load (open-loop streams against the daemon), loadbook (the same with a book running), say (CLI).
-# Knobs: SHAPE, FUSE (layer|pass), CODEC (torch|torch-compiled), BENCH_ARGS, AB_ARGS, BOOK_ARGS, LOAD_ARGS, T_<STAGE>.
+#         load (open-loop streams against the daemon), loadbook (the same with a book running),
+#         live (live-text WebSocket sessions: first word -> first audio, last word -> end, at 1 and 16 sessions),
+#         say (CLI).
+# Knobs: SHAPE, FUSE (layer|pass), CODEC (torch|torch-compiled), BENCH_ARGS, AB_ARGS, BOOK_ARGS, LOAD_ARGS, LIVE_ARGS,
+#        T_<STAGE>.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -36,6 +39,8 @@ for stage in "$@"; do
             ${LOAD_ARGS:---slots 64 --frames 60 --rates 1,4,10,20,30} --json "$OUT/load_$SHAPE.json" --md "$OUT/load_$SHAPE.md" ;;
     loadbook) run "loadbook_$SHAPE" "${T_LOAD:-300}" python3 -m benchmarks.load --dummy "$SHAPE" --device cuda --dtype bfloat16 \
             ${LOAD_ARGS:---slots 64 --frames 60 --rates 10} --book 300 --json "$OUT/loadbook_$SHAPE.json" --md "$OUT/loadbook_$SHAPE.md" ;;
+    live) run "live_$SHAPE" "${T_LIVE:-300}" python3 -m benchmarks.live --dummy "$SHAPE" --device cuda --dtype bfloat16 \
+            ${LIVE_ARGS:---slots 64 --sessions 1,16} --json "$OUT/live_$SHAPE.json" --md "$OUT/live_$SHAPE.md" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -142,6 +142,15 @@ async def http_request(target: Target, method: str, path: str, body=None, conten
     return await asyncio.wait_for(go(), timeout)
 
 
+async def engine_stats(target: Target) -> dict:
+    """The engine's counters from GET /health (frames, graphs, ...), or {"error": why}."""
+    try:
+        status, _, h = await http_request(target, "GET", "/health", timeout=10.0)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return (h.get("engine") or {}) if status == 200 and isinstance(h, dict) else {"error": f"HTTP {status}"}
+
+
 def multipart(fields: dict, files: dict) -> tuple[bytes, str]:
     """multipart/form-data body: `fields` {name: str}, `files` {name: (filename, bytes, content type)}."""
     boundary = "tts-load-" + uuid.uuid4().hex

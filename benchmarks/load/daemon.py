@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import yaml
 
 from benchmarks.load.client import Target, http_request
 
+log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 # variables that would make the child act as a systemd service or read another configuration
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
@@ -195,8 +197,7 @@ class DaemonProcess:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(30)
-                    print(f"load: the daemon did not stop within {timeout:.0f} s of SIGTERM and was killed",
-                          file=sys.stderr)
+                    log.warning("the daemon did not stop within %.0f s of SIGTERM and was killed", timeout)
             return self.proc.returncode
         finally:
             if self._log is not None:

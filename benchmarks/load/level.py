@@ -10,8 +10,8 @@ from collections import Counter
 from typing import Optional
 
 from benchmarks.load.book import BookLoad
-from benchmarks.load.client import Target, http_request, stream_speech
-from benchmarks.load.stats import SAMPLE_RATE, SAMPLES_PER_FRAME, arrivals, percentile, summarize
+from benchmarks.load.client import Target, engine_stats, stream_speech
+from benchmarks.load.stats import SAMPLE_RATE, SAMPLES_PER_FRAME, arrivals, ms, percentile, summarize
 from benchmarks.load.text import prompt
 
 log = logging.getLogger("load")
@@ -32,15 +32,9 @@ class Load:
             p["language"] = self.args.language
         return p
 
-    async def engine_stats(self) -> dict:
-        try:
-            status, _, h = await http_request(self.target, "GET", "/health", timeout=10.0)
-        except (OSError, asyncio.TimeoutError) as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        return (h.get("engine") or {}) if status == 200 and isinstance(h, dict) else {"error": f"HTTP {status}"}
 
 
-async def _lag_monitor(stop: asyncio.Event, out: list, period: float = 0.005) -> None:
+async def lag_monitor(stop: asyncio.Event, out: list, period: float = 0.005) -> None:
     """How late the client's event loop wakes up (its own health: a busy client would delay reads)."""
     while not stop.is_set():
         t = time.perf_counter()
@@ -61,7 +55,7 @@ async def run_level(load: Load, rate: float, index: int) -> dict:
     idle.set()
     lags: list[float] = []
     stop_lag = asyncio.Event()
-    lag_task = asyncio.create_task(_lag_monitor(stop_lag, lags))
+    lag_task = asyncio.create_task(lag_monitor(stop_lag, lags))
 
     async def one(rec: dict, payload: dict, phase: str) -> None:
         state["inflight"] += 1
@@ -82,7 +76,7 @@ async def run_level(load: Load, rate: float, index: int) -> dict:
         marks = {}
         for edge, at in (("start", warm_end), ("end", win_end)):
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            marks[edge] = {"engine": await load.engine_stats(), "t": time.perf_counter()}
+            marks[edge] = {"engine": await engine_stats(load.target), "t": time.perf_counter()}
             marks[edge]["book"] = await load.book.sample() if load.book else None
         return marks
 
@@ -134,12 +128,10 @@ async def run_level(load: Load, rate: float, index: int) -> dict:
 
     s = summarize(measured, a.window, load.expect)
     out = {"rate": rate, **s, "peak_in_flight": state["peak"], "sent": dict(phases),
-           "client_loop_lag_ms": {"p99": _ms(percentile(lags, 0.99)), "max": _ms(max(lags) if lags else None)}}
-    e0, e1 = marks["start"]["engine"], marks["end"]["engine"]
-    span = marks["end"]["t"] - marks["start"]["t"]
-    if "frames" in e0 and "frames" in e1 and span > 0:
-        out["engine"] = {"audio_s_per_s": round((e1["frames"] - e0["frames"]) * SAMPLES_PER_FRAME / SAMPLE_RATE / span, 2),
-                         "graphs_captured_in_window": (e1.get("graphs") or 0) - (e0.get("graphs") or 0)}
+           "client_loop_lag_ms": {"p99": ms(percentile(lags, 0.99)), "max": ms(max(lags) if lags else None)}}
+    engine = engine_window(marks["start"], marks["end"])
+    if engine:
+        out["engine"] = engine
     if load.book:
         out["book"] = book_window(marks["start"]["book"], marks["end"]["book"])
     details = Counter(f"{r['error']}: {r.get('detail', '')[:120]}" for r in measured if r.get("detail"))
@@ -147,6 +139,16 @@ async def run_level(load: Load, rate: float, index: int) -> dict:
         out["error_details"] = dict(details.most_common(5))
     out["requests"] = [_compact(r) for r in measured] if a.save_requests else None
     return out
+
+
+def engine_window(m0: dict, m1: dict) -> Optional[dict]:
+    """The engine's audio-s/s and new graph captures between two marks {"engine": GET /health's engine,
+    "t": perf_counter}; None when a mark has no frame count."""
+    e0, e1, span = m0["engine"], m1["engine"], m1["t"] - m0["t"]
+    if "frames" not in e0 or "frames" not in e1 or span <= 0:
+        return None
+    return {"audio_s_per_s": round((e1["frames"] - e0["frames"]) * SAMPLES_PER_FRAME / SAMPLE_RATE / span, 2),
+            "graphs_captured_in_window": (e1.get("graphs") or 0) - (e0.get("graphs") or 0)}
 
 
 def book_window(b0: Optional[dict], b1: Optional[dict]) -> dict:
@@ -161,15 +163,11 @@ def book_window(b0: Optional[dict], b1: Optional[dict]) -> dict:
             "state_at_end": b1["state"]}
 
 
-def _ms(x):
-    return None if x is None else round(1e3 * x, 2)
-
-
 def _compact(r: dict) -> dict:
     keep = ("phase", "t_sched_s", "status", "error", "completed", "samples", "underrun")
     out = {k: r.get(k) for k in keep}
     for k in ("send_lag_s", "ttfb_s", "ttfa_s", "e2e_s", "deficit_s"):
-        out[k.replace("_s", "_ms")] = _ms(r.get(k))
+        out[k.replace("_s", "_ms")] = ms(r.get(k))
     return out
 
 

@@ -61,8 +61,17 @@ def git_commit() -> Optional[str]:
         return None
 
 
-def _v(x, unit: str = "", nd: int = 1) -> str:
+def fmt(x, unit: str = "", nd: int = 1) -> str:
+    """A figure for a table cell: `nd` decimals, '-' for None."""
     return "-" if x is None else f"{x:.{nd}f}{unit}"
+
+
+def stopped_note(res: dict) -> list[str]:
+    """The markdown note for a run that stopped early (res['error']), or none."""
+    if not res.get("error"):
+        return []
+    first = " ".join(line.strip() for line in res["error"].splitlines()[:2])
+    return [f"**run stopped early: {first}** (the JSON has the whole message)"]
 
 
 def _rate(x: float) -> str:
@@ -93,12 +102,12 @@ def markdown(res: dict) -> str:
             errors = (errors + ", " if errors else "") + f"incomplete: {x['incomplete']}"
         share = "-" if x["completed_share"] is None else f"{100 * x['completed_share']:.1f}%"
         under = "-" if x["underrun_share"] is None else f"{x['underruns']} ({100 * x['underrun_share']:.1f}%)"
-        row = (f"| {_rate(x['rate'])} ({_v(x['achieved_rate'], nd=2)}) | {x['measured']} | {share} "
-               f"| {_v(t['p50'])} / {_v(t['p95'])} / {_v(t['p99'])} / {_v(t['max'])} "
-               f"| {_v(e['p50'], nd=2)} / {_v(e['p95'], nd=2)} | {under} | {x['peak_in_flight']} | {errors or '-'} |")
+        row = (f"| {_rate(x['rate'])} ({fmt(x['achieved_rate'], nd=2)}) | {x['measured']} | {share} "
+               f"| {fmt(t['p50'])} / {fmt(t['p95'])} / {fmt(t['p99'])} / {fmt(t['max'])} "
+               f"| {fmt(e['p50'], nd=2)} / {fmt(e['p95'], nd=2)} | {under} | {x['peak_in_flight']} | {errors or '-'} |")
         if book:
             b = x.get("book") or {}
-            row += f" {_v(b.get('segments_per_s'), nd=2)} ({_v(b.get('audio_s_per_s'))}) |"
+            row += f" {fmt(b.get('segments_per_s'), nd=2)} ({fmt(b.get('audio_s_per_s'))}) |"
         lines.append(row)
         r = _rate(x["rate"])
         if x["length_mismatches"]:
@@ -130,9 +139,7 @@ def markdown(res: dict) -> str:
         notes.append(f"book: {b.get('segments')} segments per book{frames}, resubmitted when finished "
                      f"({b.get('books_submitted', 1)} submitted); audio-s/s from "
                      f"{next((x['book'].get('audio_source') for x in res['levels'] if x.get('book')), None) or 'nowhere (unknown)'}")
-    if res.get("error"):
-        first = " ".join(line.strip() for line in res["error"].splitlines()[:2])
-        notes.append(f"**run stopped early: {first}** (the JSON has the whole message)")
+    notes += stopped_note(res)
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

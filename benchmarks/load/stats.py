@@ -74,11 +74,12 @@ def underran(events: Sequence[tuple[float, int]], bytes_per_s: float) -> bool:
     return playback_deficit(events, bytes_per_s) > 0.0
 
 
-def _ms(x):
+def ms(x: Optional[float]) -> Optional[float]:
+    """Seconds as milliseconds rounded to 0.01 (None stays None)."""
     return None if x is None else round(1e3 * x, 2)
 
 
-def _round(x, nd=3):
+def rounded(x: Optional[float], nd: int = 3) -> Optional[float]:
     return None if x is None else round(x, nd)
 
 
@@ -103,22 +104,22 @@ def summarize(records: list[dict], window_s: float, expect_samples: Optional[int
     lags = [r["send_lag_s"] for r in records]
     return {
         "measured": n,
-        "achieved_rate": _round(n / window_s if window_s > 0 else None),
+        "achieved_rate": rounded(n / window_s if window_s > 0 else None),
         "completed": len(done),
-        "completed_share": _round(len(done) / n if n else None, 4),
+        "completed_share": rounded(len(done) / n if n else None, 4),
         "incomplete": incomplete,
         "errors": dict(sorted(errors.items())),
-        "ttfa_ms": {"p50": _ms(percentile(ttfa, 0.50)), "p95": _ms(percentile(ttfa, 0.95)),
-                    "p99": _ms(percentile(ttfa, 0.99)), "max": _ms(max(ttfa) if ttfa else None),
+        "ttfa_ms": {"p50": ms(percentile(ttfa, 0.50)), "p95": ms(percentile(ttfa, 0.95)),
+                    "p99": ms(percentile(ttfa, 0.99)), "max": ms(max(ttfa) if ttfa else None),
                     "n": len(ttfa)},
         "silent": len(done) - len(ttfa),  # completed without any sample above the silence threshold
-        "e2e_s": {"p50": _round(percentile(e2e, 0.50)), "p95": _round(percentile(e2e, 0.95)),
-                  "max": _round(max(e2e) if e2e else None)},
+        "e2e_s": {"p50": rounded(percentile(e2e, 0.50)), "p95": rounded(percentile(e2e, 0.95)),
+                  "max": rounded(max(e2e) if e2e else None)},
         "underruns": under,
-        "underrun_share": _round(under / len(done) if done else None, 4),
-        "buffer_needed_ms": {"p95": _ms(percentile(deficits, 0.95)), "max": _ms(max(deficits) if deficits else None)},
+        "underrun_share": rounded(under / len(done) if done else None, 4),
+        "buffer_needed_ms": {"p95": ms(percentile(deficits, 0.95)), "max": ms(max(deficits) if deficits else None)},
         "length_mismatches": mismatch,
         "lengths_samples": {str(k): v for k, v in sorted(lengths.items())} if len(lengths) <= 20 else
                            {"min": min(lengths), "max": max(lengths), "distinct": len(lengths)},
-        "send_lag_ms": {"p99": _ms(percentile(lags, 0.99)), "max": _ms(max(lags) if lags else None)},
+        "send_lag_ms": {"p99": ms(percentile(lags, 0.99)), "max": ms(max(lags) if lags else None)},
     }

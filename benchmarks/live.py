@@ -1,0 +1,589 @@
+"""Live text over the WebSocket (GET /v1/audio/speech/live) against the real daemon: time from the first
+word sent to the first audio, and from the last word to the end, at 1, 16, ... concurrent sessions.
+
+    # GPU: the shipped daemon on random weights of the 1.7B shape, 1 then 16 concurrent sessions
+    python -m benchmarks.live --dummy 1.7b --device cuda --dtype bfloat16 --slots 64 --sessions 1,16 \\
+        --json live.json --md live.md
+    # the same text typed by a person (3 words per second) instead of a language model (15)
+    python -m benchmarks.live --dummy 1.7b --device cuda --dtype bfloat16 --slots 64 --sessions 1,16 \\
+        --words-per-s 3 --json live_typist.json --md live_typist.md
+    # a checkpoint folder on the CPU (the tiny test model; figures mean little there)
+    python -m benchmarks.live --model tests/data/tiny/cv_small --fixed-length --device cpu --slots 4 \\
+        --frames 4 --words 12 --sessions 1,2 --warmup 1 --window 4 --config-extra model.threads=1
+    # a daemon that is already running (Unix socket or loopback TCP)
+    python -m benchmarks.live --socket /run/tts-appliance/api.sock --sessions 1,16
+    python -m benchmarks.live --url http://127.0.0.1:8732 --sessions 1,16
+
+The daemon is chosen, started and stopped as by the open-loop load benchmark (benchmarks/load/; the
+same options: --dummy, --model, --socket, --url, --device, --dtype, --slots, --config-extra, --tcp-port,
+--fixed-length, --daemon-log). Length: every sentence is one engine request; with --dummy (or --model
+with --fixed-length) the served generation_config.json gets `min_new_tokens` = frames + 1 and every
+session sends `max_frames` = --frames (default 60 = 4.8 s then), so each sentence is exactly that long
+and sessions of another length are counted. Without fixed length, `max_frames` is sent only if --frames
+is given.
+
+Workload per level of --sessions (each level in turn, against the same daemon): that many sessions at
+once, each one over and over: open the WebSocket, send session.update (a voice of --voice or of the
+daemon's list, round-robin; --language; max_frames), then an English text of --words words (from the
+load benchmark's corpus, starting at a sentence, ending with a full stop) one word at a time at
+--words-per-s, as `input_text.append` of the word and the space after it (the last word without one),
+then input_text.end; read until `done` (or `error`). Event types this client does not know are counted
+and ignored. A warm-up (--warmup s, not measured), then the measured window (--window s): sessions
+started inside it are measured; the sessions go on after the window until the measured ones have ended
+or --drain-timeout runs out (those still running are then cancelled and counted as incomplete). A
+session that failed is followed by the next one after 0.5 s. Before the first level, --prime (default
+on) ramps POST /v1/audio/speech streams one at a time up to the largest level, so each batch size has
+run once (graphs are captured on first use).
+
+Measured on the client (this process, asyncio and aiohttp, time.perf_counter, per session): first audio
+= the first word sent -> the first sample with |x| > --silence-threshold received; sentence -> audio =
+the word that completed the first sentence sent (a sentence ends once whitespace follows its mark, as
+the server splits; input_text.end when none is complete before it) -> that same first audio (the
+server's part of the first figure); end = the last
+word (input_text.end) sent -> `done` received; audio seconds. Gaps: a player that starts at the first
+sample, plays in real time without a buffer and waits whenever it runs dry: a wait that begins after
+input_text.end was sent is an underrun (the server had all the text), one that begins earlier is
+counted apart (the text was still arriving). Per level: first audio p50/p95/max, sentence -> audio,
+end p50/p95/max, underruns and their gap, completed share, errors by kind ('http_<status>' at the
+handshake, 'connect', 'server_<code>' for an error event, 'closed' when the server closed without
+`done`, 'timeout' after --timeout, 'protocol'), the engine's audio-s/s during the window (GET /health).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from collections import Counter
+from typing import Optional, Sequence
+
+from benchmarks.load.client import FirstLoud, Target, engine_stats
+from benchmarks.load.harness import (add_daemon_args, base_result, check_alive, check_daemon_args, pick_voices,
+                                     run_cli, served)
+from benchmarks.load.level import Load, engine_window, lag_monitor, prime
+from benchmarks.load.report import fmt, stopped_note
+from benchmarks.load.stats import BYTES_PER_SAMPLE, SAMPLE_RATE, SAMPLES_PER_FRAME, ms, percentile, rounded
+from benchmarks.load.text import WORDS, prompt
+from jobs.segment_split import split_streamed
+
+log = logging.getLogger("live")
+PROG = "python -m benchmarks.live"
+ROUTE = "/v1/audio/speech/live"
+FIXED_FRAMES = 60  # --frames with a fixed length when none is given (4.8 s per sentence)
+RETRY_PAUSE_S = 0.5  # after a failed session, before the next one
+
+
+# -- arithmetic (no I/O) ------------------------------------------------------------------------------
+def word_pieces(text: str) -> list[str]:
+    """The text as it is sent: each word with the space after it, the last word without one."""
+    words = text.split()
+    return [w + " " for w in words[:-1]] + words[-1:]
+
+
+def sentence_plan(pieces: Sequence[str], lang: str = "en") -> tuple[Optional[int], int]:
+    """How the server splits text arriving in these pieces (jobs.segment_split.split_streamed, as the
+    live route does): (index of the piece after which the first sentence is complete, or None when
+    none is before input_text.end; the number of sentences spoken, the rest at the end included)."""
+    first, count, rest = None, 0, ""
+    for i, piece in enumerate(pieces):
+        sentences, rest = split_streamed(rest + piece, lang)
+        if sentences and first is None:
+            first = i
+        count += len(sentences)
+    return first, count + (1 if rest.strip() else 0)
+
+
+def playback_gaps(events: Sequence[tuple[float, int]], bytes_per_s: float) -> list[tuple[float, float]]:
+    """The waits of a player that starts at the first audio, plays in real time without a buffer and,
+    when it runs dry, waits for more: (when it ran dry, when audio came again) for each wait that more
+    audio ended (running out at the very end is no gap).
+
+    `events`: the reads of one session in order, (time, total audio bytes received so far). With no
+    waits, benchmarks.load.stats.playback_deficit of the same reads is <= 0.
+    """
+    gaps: list[tuple[float, float]] = []
+    if not events:
+        return gaps
+    t0, prev = events[0]
+    dry_at = t0 + prev / bytes_per_s
+    for t, total in events[1:]:
+        if total <= prev:
+            continue
+        if t > dry_at:
+            gaps.append((dry_at, t))
+            dry_at = t
+        dry_at += (total - prev) / bytes_per_s
+        prev = total
+    return gaps
+
+
+def split_gaps(gaps: Sequence[tuple[float, float]], t_end: float) -> tuple[list, list]:
+    """(gaps that began before t_end, gaps that began at or after it)."""
+    return [g for g in gaps if g[0] < t_end], [g for g in gaps if g[0] >= t_end]
+
+
+def spread(values: Sequence[float]) -> dict:
+    """p50 / p95 / max in milliseconds of values in seconds, and how many there were."""
+    return {"p50": ms(percentile(values, 0.50)), "p95": ms(percentile(values, 0.95)),
+            "max": ms(max(values) if values else None), "n": len(values)}
+
+
+def summarize(records: list[dict], window_s: float) -> dict:
+    """One level's figures from its measured sessions (records of `live_session`).
+
+    A session is `completed` when `done` came; the timings, underruns and lengths are over completed
+    sessions. Errors are counted by kind; sessions cancelled after the drain timeout are 'incomplete'.
+    """
+    n = len(records)
+    done = [r for r in records if r["completed"]]
+    first = [r["first_audio_s"] for r in done if r["first_audio_s"] is not None]
+    under = [r for r in done if r["underrun"]]
+    gap_after = [r["gap_after_end_s"] for r in under]
+    errors = Counter(r["error"] for r in records if not r["completed"] and r["error"] not in (None, "incomplete"))
+    audio = [r["samples"] / SAMPLE_RATE for r in done]
+    return {
+        "measured": n,
+        "sessions_per_s": rounded(n / window_s if window_s > 0 else None),
+        "completed": len(done),
+        "completed_share": rounded(len(done) / n if n else None, 4),
+        "incomplete": sum(1 for r in records if r["error"] == "incomplete"),
+        "errors": dict(sorted(errors.items())),
+        "first_audio_ms": spread(first),
+        "sentence_to_audio_ms": spread([r["sentence_audio_s"] for r in done if r["sentence_audio_s"] is not None]),
+        "end_to_done_ms": spread([r["end_done_s"] for r in done]),
+        "silent": len(done) - len(first),  # completed without any sample above the silence threshold
+        "underruns": len(under),
+        "underrun_share": rounded(len(under) / len(done) if done else None, 4),
+        "gap_after_end_ms": {"p95": ms(percentile(gap_after, 0.95)), "max": ms(max(gap_after) if gap_after else None)},
+        "gaps_while_text_arrived": sum(1 for r in done if r["gaps_before_end"]),
+        "audio_s_per_session": {"mean": rounded(sum(audio) / len(audio) if audio else None),
+                                "min": rounded(min(audio) if audio else None)},
+        "length_mismatches": sum(1 for r in done if r["expect_samples"] is not None
+                                 and r["samples"] != r["expect_samples"]),
+        # the server's done.audio_seconds against the audio received (rounded to 1 ms by the server)
+        "audio_seconds_mismatches": sum(1 for r in done if r["audio_seconds"] is None
+                                        or abs(r["audio_seconds"] - r["samples"] / SAMPLE_RATE) > 0.0015),
+        "connect_ms": spread([r["connect_s"] for r in records if r["connect_s"] is not None]),
+        "send_lag_ms": {"p99": ms(percentile([r["send_lag_s"] for r in records], 0.99)),
+                        "max": ms(max((r["send_lag_s"] for r in records), default=None))},
+        "unknown_events": sum(r["unknown_events"] for r in records),
+    }
+
+
+# -- one session ----------------------------------------------------------------------------------------
+def ws_endpoint(target: Target):
+    """(aiohttp connector, URL of the live route) for the daemon's Unix socket or TCP address."""
+    import aiohttp
+
+    if target.socket:
+        return aiohttp.UnixConnector(path=target.socket, limit=0), f"http://localhost{ROUTE}"
+    return aiohttp.TCPConnector(limit=0), f"http://{target.host}:{target.port}{ROUTE}"
+
+
+async def live_session(http, url: str, update: dict, text: str, words_per_s: float, timeout: float,
+                       threshold: int, expect_frames: Optional[int] = None, rec: Optional[dict] = None) -> dict:
+    """One live session, measured, into the record `rec` (a new dict if None; filled in place, so a
+    caller that cancels the task still holds it) which it returns.
+
+    `http`: an aiohttp.ClientSession; `update`: the session.update fields (none sent if empty); the
+    text goes out as `word_pieces`, piece k at k / words_per_s s after the first. Fields: completed
+    (`done` came), error (None, 'http_<status>', 'connect', 'server_<code>', 'closed', 'timeout',
+    'protocol', 'incomplete' when cancelled) and detail; first_audio_s (first word sent -> first loud
+    sample received), sentence_audio_s (the piece completing the first sentence sent -> the same), end_done_s
+    (input_text.end sent -> `done`), connect_s, samples, audio_seconds (the server's), sentences,
+    expect_samples (sentences x expect_frames frames), underrun (a playback gap that began after
+    input_text.end), gap_after_end_s, gaps_before_end, send_lag_s (the worst lateness of a piece),
+    unknown_events.
+    """
+    import aiohttp
+
+    rec = {} if rec is None else rec
+    pieces = word_pieces(text)
+    first_idx, sentences = sentence_plan(pieces)
+    rec.update({"completed": False, "error": None, "first_audio_s": None, "sentence_audio_s": None,
+                "end_done_s": None, "connect_s": None, "samples": 0, "audio_seconds": None, "sentences": sentences,
+                "expect_samples": sentences * expect_frames * SAMPLES_PER_FRAME if expect_frames else None,
+                "underrun": None, "gap_after_end_s": None, "gaps_before_end": None, "send_lag_s": 0.0,
+                "unknown_events": 0, "words": len(pieces)})
+    marks: dict = {}  # perf_counter times: first, sentence, end (sent); audio, done (received)
+    events: list[tuple[float, int]] = []
+
+    async def send(ws) -> None:
+        try:
+            if update:
+                await ws.send_str(json.dumps({"type": "session.update", **update}))
+            t0 = time.perf_counter()
+            for k, piece in enumerate(pieces):
+                due = t0 + k / words_per_s
+                if due > time.perf_counter():
+                    await asyncio.sleep(due - time.perf_counter())
+                await ws.send_str(json.dumps({"type": "input_text.append", "text": piece}))
+                now = time.perf_counter()
+                rec["send_lag_s"] = max(rec["send_lag_s"], now - due)
+                marks.setdefault("first", now)
+                if k == first_idx:
+                    marks["sentence"] = now
+            await ws.send_str(json.dumps({"type": "input_text.end"}))
+            marks["end"] = time.perf_counter()
+            marks.setdefault("sentence", marks["end"])
+        except (ConnectionError, aiohttp.ClientError):
+            pass  # the server closed the session; the reader says why
+
+    async def receive(ws) -> None:
+        loud, total = FirstLoud(threshold), 0
+        async for msg in ws:
+            now = time.perf_counter()
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                total += len(msg.data)
+                events.append((now, total))
+                if "audio" not in marks and loud.feed(msg.data):
+                    marks["audio"] = now
+                continue
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                rec["error"], rec["detail"] = "protocol", f"WebSocket message of type {msg.type!r}"
+                return
+            try:
+                event = json.loads(msg.data)
+                kind = event.get("type")
+            except (ValueError, AttributeError):
+                rec["error"], rec["detail"] = "protocol", f"not a JSON object: {msg.data[:120]!r}"
+                return
+            if kind == "done":
+                marks["done"] = now
+                rec["audio_seconds"] = event.get("audio_seconds")
+                break
+            if kind == "error":
+                rec["error"] = f"server_{event.get('code') or 'error'}"
+                rec["detail"] = str(event.get("message"))[:300]
+                return
+            if kind == "audio.start":
+                if event.get("sample_rate") != SAMPLE_RATE or event.get("format") != "pcm_s16le":
+                    rec["error"], rec["detail"] = "protocol", f"unexpected audio.start {event}"
+                    return
+            elif kind != "sentence.done":
+                rec["unknown_events"] += 1  # the protocol grows; other events are not ours to judge
+        rec["samples"] = total // BYTES_PER_SAMPLE
+        if "done" not in marks:
+            rec["error"], rec["detail"] = "closed", f"the server closed the session without done ({ws.close_code})"
+            return
+        if "end" not in marks:  # done before all text was sent: not the protocol
+            rec["error"], rec["detail"] = "protocol", "done before input_text.end was sent"
+            return
+        if total % BYTES_PER_SAMPLE:
+            rec["detail"] = f"odd audio length {total}"
+        rec["completed"] = True
+
+    async def go() -> None:
+        t_open = time.perf_counter()
+        try:
+            ws = await http.ws_connect(url, autoping=True, heartbeat=None, max_msg_size=0)
+        except aiohttp.WSServerHandshakeError as exc:
+            rec["error"], rec["detail"] = f"http_{exc.status}", str(exc.message)[:300]
+            return
+        except (aiohttp.ClientError, OSError) as exc:
+            rec["error"], rec["detail"] = "connect", f"{type(exc).__name__}: {exc}"
+            return
+        rec["connect_s"] = time.perf_counter() - t_open
+        async with ws:
+            sender = asyncio.create_task(send(ws))
+            try:
+                await receive(ws)
+            finally:
+                if not sender.done():
+                    sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+
+    try:
+        await asyncio.wait_for(go(), timeout)
+    except asyncio.TimeoutError:
+        rec["error"] = "timeout"
+    except asyncio.CancelledError:
+        rec["error"] = "incomplete"
+        raise
+    except (ConnectionError, aiohttp.ClientError) as exc:
+        rec["error"], rec["detail"] = "closed", f"{type(exc).__name__}: {exc}"
+    if rec["completed"]:
+        if "audio" in marks:
+            rec["first_audio_s"] = marks["audio"] - marks["first"]
+            rec["sentence_audio_s"] = marks["audio"] - marks["sentence"]
+        rec["end_done_s"] = marks["done"] - marks["end"]
+        before, after = split_gaps(playback_gaps(events, SAMPLE_RATE * BYTES_PER_SAMPLE), marks["end"])
+        rec.update(underrun=bool(after), gap_after_end_s=sum(b - a for a, b in after), gaps_before_end=len(before))
+    elif rec["error"] is None:
+        rec["error"] = "protocol"
+    return rec
+
+
+# -- one level ------------------------------------------------------------------------------------------
+class Live:
+    """What every level shares: the HTTP session, the route, the voices, the options."""
+
+    def __init__(self, args, target: Target, http, url: str, voices: list[str]):
+        self.args, self.target, self.http, self.url, self.voices = args, target, http, url, voices
+        self.threshold = max(0, int(args.silence_threshold * 32768))
+        self.started = 0  # sessions opened (voices go round-robin)
+
+    def update(self) -> dict:
+        a, u = self.args, {"voice": self.voices[self.started % len(self.voices)]}
+        self.started += 1
+        if a.language:
+            u["language"] = a.language
+        if a.frames:
+            u["max_frames"] = a.frames
+        return u
+
+
+async def run_level(live: Live, sessions: int, index: int) -> dict:
+    """`sessions` concurrent sessions back to back: warm-up, the measured window, the drain."""
+    a = live.args
+    t_start = time.perf_counter()
+    warm_end, win_end = t_start + a.warmup, t_start + a.warmup + a.window
+    deadline = win_end + a.drain_timeout
+    measured, phases = [], Counter()
+    state = {"outstanding": 0}
+    idle = asyncio.Event()
+    lags: list[float] = []
+    stop_lag = asyncio.Event()
+    lag_task = asyncio.create_task(lag_monitor(stop_lag, lags))
+    expect = a.frames if a.length_known else None
+
+    async def worker(w: int) -> None:
+        rng = random.Random(a.seed * 1_000_003 + index * 1_009 + w)
+        await asyncio.sleep(min(1.0, a.warmup) * w / sessions)  # not all in lockstep
+        while time.perf_counter() < win_end:
+            now = time.perf_counter()
+            phase = "warmup" if now < warm_end else "measured"
+            phases[phase] += 1
+            rec = {"phase": phase, "worker": w, "t_start_s": round(now - t_start, 4)}
+            if phase == "measured":
+                measured.append(rec)
+                state["outstanding"] += 1
+            try:
+                await live_session(live.http, live.url, live.update(), prompt(rng, a.words, a.words), a.words_per_s,
+                                   a.timeout, live.threshold, expect, rec=rec)
+            finally:
+                if phase == "measured":
+                    state["outstanding"] -= 1
+                    if state["outstanding"] == 0 and time.perf_counter() >= win_end:
+                        idle.set()
+            if rec["error"]:
+                await asyncio.sleep(RETRY_PAUSE_S)
+        # after the window: the same load while measured sessions finish
+        while not idle.is_set():
+            phases["cooldown"] += 1
+            rec = {}
+            await live_session(live.http, live.url, live.update(), prompt(rng, a.words, a.words), a.words_per_s,
+                               a.timeout, live.threshold, expect, rec=rec)
+            if rec["error"]:
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def window_marks() -> dict:  # engine counters at the window's edges
+        marks = {}
+        for edge, at in (("start", warm_end), ("end", win_end)):
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            marks[edge] = {"engine": await engine_stats(live.target), "t": time.perf_counter()}
+        return marks
+
+    marks_task = asyncio.create_task(window_marks())
+    workers = [asyncio.create_task(worker(w)) for w in range(sessions)]
+    await asyncio.sleep(max(0.0, win_end - time.perf_counter()))
+    if state["outstanding"] == 0:
+        idle.set()
+    try:
+        await asyncio.wait_for(idle.wait(), max(0.0, deadline - time.perf_counter()))
+    except asyncio.TimeoutError:
+        log.warning("%d sessions: %d measured sessions still running after the %.0f s drain timeout: cancelled",
+                    sessions, state["outstanding"], a.drain_timeout)
+    idle.set()
+    for task in workers:
+        task.cancel()
+    for result in await asyncio.gather(*workers, return_exceptions=True):
+        if isinstance(result, Exception):  # a bug in the client, not a cancelled worker: say so
+            marks_task.cancel()
+            stop_lag.set()
+            raise result
+    marks = await marks_task
+    stop_lag.set()
+    await lag_task
+    if not measured:
+        log.warning("%d sessions: no session started inside the %.0f s window (each lasts longer than warm-up and "
+                    "window): give a longer --window", sessions, a.window)
+
+    out = {"sessions": sessions, **summarize(measured, a.window), "started": dict(phases),
+           "client_loop_lag_ms": {"p99": ms(percentile(lags, 0.99)), "max": ms(max(lags) if lags else None)}}
+    engine = engine_window(marks["start"], marks["end"])
+    if engine:
+        out["engine"] = engine
+    details = Counter(f"{r['error']}: {r.get('detail', '')[:120]}" for r in measured if r.get("detail"))
+    if details:
+        out["error_details"] = dict(details.most_common(5))
+    out["records"] = [_compact(r) for r in measured] if a.save_sessions else None
+    return out
+
+
+def _compact(r: dict) -> dict:
+    out = {k: r.get(k) for k in ("phase", "worker", "t_start_s", "error", "completed", "samples", "sentences",
+                                 "underrun", "gaps_before_end")}
+    for k in ("first_audio_s", "sentence_audio_s", "end_done_s", "connect_s", "gap_after_end_s", "send_lag_s"):
+        out[k[:-2] + "_ms"] = ms(r.get(k))
+    return out
+
+
+def one_line(x: dict) -> str:
+    f, e = x["first_audio_ms"], x["end_to_done_ms"]
+    return (f"{x['measured']} measured, {x['completed']} completed; first audio p50 {f['p50']} p95 {f['p95']} "
+            f"max {f['max']} ms; end p50 {e['p50']} p95 {e['p95']} ms; underruns {x['underruns']}; "
+            f"errors {x['errors'] or 'none'}")
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+async def measure(args, res: dict) -> None:
+    """Every level against one daemon; fills `res` as it goes (so a failure keeps what was measured)."""
+    import aiohttp
+
+    async with served(args, res, args.frames + 1 if args.frames else None) as srv:
+        voices = await pick_voices(args, srv.target)
+        res["workload"]["voices"] = voices
+        res["slots"] = (srv.health.get("engine") or {}).get("max_slots") or args.slots
+        if args.prime:
+            most = max(args.sessions)
+            log.info("priming: ramping to %d concurrent streams", most)
+            res["prime"] = await prime(Load(args, srv.target, voices, None), most)
+            log.info("primed in %.1f s", res["prime"]["wall_s"])
+        connector, url = ws_endpoint(srv.target)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            live = Live(args, srv.target, http, url, voices)
+            for i, n in enumerate(args.sessions):
+                check_alive(srv.daemon, args.daemon_log)
+                log.info("%d sessions: %.0f s warm-up + %.0f s window", n, args.warmup, args.window)
+                level = await run_level(live, n, i)
+                res["levels"].append(level)
+                log.info("%d sessions: %s", n, one_line(level))
+
+
+def markdown(res: dict) -> str:
+    w = res["workload"]
+    frames = f"{w['frames']} frames per sentence" if w["frames"] else "sentences as long as the model makes them"
+    lines = [f"### Live text over the WebSocket: {res['model']}, {res['dtype']}, {res['device']}", "",
+             f"`{res['command']}`", "",
+             f"{w['words']} words per session sent one at a time at {w['words_per_s']:g} words/s, {frames}; per "
+             f"level {w['warmup_s']:g} s warm-up, then sessions started in a {w['window_s']:g} s window are measured; "
+             f"{res.get('slots') or '?'} slots; over {res.get('transport', '?')}; daemon {res.get('daemon', '?')}. "
+             "First audio = first word sent -> first non-silent sample received; sentence -> audio = the word that "
+             "completed the first sentence sent -> the same sample; end = last word (input_text.end) sent -> done; "
+             "underrun = a real-time player without a buffer, starting at the first audio, runs dry after the "
+             "text has ended.", ""]
+    head = ("| sessions | measured | completed | first audio p50 / p95 / max ms | sentence -> audio p50 / p95 ms "
+            "| end p50 / p95 / max ms | underruns (gap max ms) | audio s per session | errors |")
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    notes = []
+    for x in res["levels"]:
+        f, s, e = x["first_audio_ms"], x["sentence_to_audio_ms"], x["end_to_done_ms"]
+        errors = ", ".join(f"{k}: {v}" for k, v in x["errors"].items())
+        if x["incomplete"]:
+            errors = (errors + ", " if errors else "") + f"incomplete: {x['incomplete']}"
+        share = "-" if x["completed_share"] is None else f"{100 * x['completed_share']:.1f}%"
+        under = ("-" if x["underrun_share"] is None else
+                 f"{x['underruns']} ({100 * x['underrun_share']:.1f}%)"
+                 + (f" ({fmt(x['gap_after_end_ms']['max'])})" if x["underruns"] else ""))
+        lines.append(f"| {x['sessions']} | {x['measured']} | {share} | {fmt(f['p50'])} / {fmt(f['p95'])} / "
+                     f"{fmt(f['max'])} | {fmt(s['p50'])} / {fmt(s['p95'])} | {fmt(e['p50'])} / {fmt(e['p95'])} / "
+                     f"{fmt(e['max'])} | {under} | {fmt(x['audio_s_per_session']['mean'], nd=2)} | {errors or '-'} |")
+        n = x["sessions"]
+        if not x["measured"]:
+            notes.append(f"{n} sessions: no session started inside the window (each lasts longer than warm-up and "
+                         "window: give a longer --window)")
+        if x["length_mismatches"]:
+            notes.append(f"{n} sessions: {x['length_mismatches']} sessions of another length than sentences x "
+                         f"{w['frames']} frames")
+        if x["audio_seconds_mismatches"]:
+            notes.append(f"{n} sessions: {x['audio_seconds_mismatches']} `done` events whose audio_seconds differ "
+                         "from the audio received")
+        if x["silent"]:
+            notes.append(f"{n} sessions: {x['silent']} completed sessions had no sample above the silence threshold")
+        if x["gaps_while_text_arrived"]:
+            notes.append(f"{n} sessions: in {x['gaps_while_text_arrived']} completed sessions the player ran dry "
+                         "while text was still arriving (waiting for the next sentence; not counted as underruns)")
+        lag = x["client_loop_lag_ms"]["p99"]
+        send = x["send_lag_ms"]["p99"]
+        if lag is not None and lag > 5.0 or send is not None and send > 20.0:
+            notes.append(f"{n} sessions: the client's event loop woke {fmt(lag)} ms late and sent words "
+                         f"{fmt(send)} ms late at p99: the client may have added to the figures")
+        eng = x.get("engine") or {}
+        if eng.get("graphs_captured_in_window"):
+            notes.append(f"{n} sessions: the engine captured {eng['graphs_captured_in_window']} new graphs during "
+                         "the window (first use of a batch size): their capture time is in the figures")
+        if x["unknown_events"]:
+            notes.append(f"{n} sessions: {x['unknown_events']} events of types this benchmark does not know "
+                         "(ignored)")
+    if not res["fixed_length"]:
+        notes.append("lengths are not fixed (a real checkpoint stops where its speech ends)")
+    if res.get("prime"):
+        p = res["prime"]
+        notes.append(f"primed with {p['requests']} streams ramped to the largest level in {p['wall_s']} s"
+                     + (f" (errors: {p['errors']})" if p["errors"] else ""))
+    notes += stopped_note(res)
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_daemon_args(ap, PROG)
+    ap.add_argument("--sessions", default="1,16", help="comma list of concurrent session counts, one level each")
+    ap.add_argument("--words", type=int, default=40, help="words of text per session")
+    ap.add_argument("--words-per-s", type=float, default=15.0,
+                    help="words sent per second (15: a language model's output; 3: a person typing)")
+    ap.add_argument("--frames", type=int,
+                    help=f"max_frames per sentence (80 ms each; default with a fixed length {FIXED_FRAMES}, "
+                         "else not sent)")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of sessions before each window (not measured)")
+    ap.add_argument("--window", type=float, default=30.0, help="measured window, seconds")
+    ap.add_argument("--drain-timeout", type=float, default=120.0,
+                    help="seconds after the window for measured sessions to finish (then: incomplete)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one session may take")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the texts")
+    ap.add_argument("--prime", action=argparse.BooleanOptionalAction, default=True,
+                    help="ramp streams to the largest level once before the first level")
+    ap.add_argument("--save-sessions", action="store_true", help="every measured session in the JSON")
+    args = ap.parse_args(argv)
+    try:
+        args.sessions = [int(n) for n in args.sessions.split(",") if n.strip()]
+    except ValueError:
+        ap.error(f"--sessions {args.sessions!r}: give whole numbers, e.g. 1,16")
+    if not args.sessions or any(n < 1 for n in args.sessions):
+        ap.error("--sessions: give one or more counts >= 1")
+    if not 1 <= args.words <= len(WORDS):
+        ap.error(f"--words must be 1..{len(WORDS)}")
+    for name in ("words_per_s", "window", "timeout"):
+        if getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("warmup", "drain_timeout"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.frames is not None and args.frames < 1:
+        ap.error("--frames must be >= 1")
+    check_daemon_args(ap, args)
+    if args.fixed_length and args.frames is None:
+        args.frames = FIXED_FRAMES
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    res = base_result(args, argv, "live text over the WebSocket (benchmarks/live.py)", PROG)
+    res["workload"] = {"words": args.words, "words_per_s": args.words_per_s, "text_s": (args.words - 1) / args.words_per_s,
+                       "frames": args.frames, "warmup_s": args.warmup, "window_s": args.window,
+                       "drain_timeout_s": args.drain_timeout, "session_timeout_s": args.timeout,
+                       "language": args.language, "silence_threshold": args.silence_threshold, "seed": args.seed,
+                       "sessions": args.sessions}
+    return run_cli(args, res, measure, markdown, "live")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
