@@ -180,8 +180,9 @@ class EngineHost:
         return want if want in voices else (voices[0] if voices else None)
 
     def request(self, text, voice=None, language="auto", instruct=None, ref_audio=None, ref_text=None,
-                seed=None, max_frames=None):
-        """A SynthesisRequest with the daemon's frame cap (None when nothing can be said)."""
+                seed=None, max_frames=None, text_feed=None):
+        """A SynthesisRequest with the daemon's frame cap (None when nothing can be said); `text_feed`: text
+        still arriving (engines.runtime.text_feed)."""
         from engines.api import SamplingParams, SynthesisRequest
 
         if self.engine.model_type == "base" and not (voice or ref_audio):
@@ -190,7 +191,7 @@ class EngineHost:
         frames = min(x for x in (cap, max_frames) if x) if (cap or max_frames) else None
         sampling = SamplingParams(seed=seed, max_new_tokens=frames + 1 if frames else None)
         return SynthesisRequest(text=text, voice=voice, language=language or "auto", instruct=instruct,
-                                ref_audio=ref_audio, ref_text=ref_text, sampling=sampling)
+                                ref_audio=ref_audio, ref_text=ref_text, sampling=sampling, text_feed=text_feed)
 
     # -- streaming ---------------------------------------------------------------------------
     def submit_stream(self, request):

@@ -2,21 +2,26 @@
 a WebSocket.
 
 Client -> server, JSON text frames:
-    {"type": "session.update", "voice", "language", "instructions", "seed", "max_frames"}  (optional, before text)
+    {"type": "session.update", "voice", "language", "instructions", "seed", "max_frames", "speed",
+     "text_mode"}  (optional, before text)
     {"type": "input_text.append", "text": "..."}
     {"type": "input_text.end"}
 Server -> client:
     {"type": "audio.start", "sample_rate": 24000, "format": "pcm_s16le"}
     binary frames: 16-bit little-endian mono PCM, as the engine makes it
-    {"type": "sentence.done", "text": ...} after each sentence's audio
+    {"type": "text.done", "text": ...} after the audio of each utterance (words mode) or sentence
     {"type": "done", "audio_seconds": x}, then the server closes
     {"type": "error", "message": ..., "code": ...}, then the server closes
 
-A sentence is spoken once it is complete (`jobs.segment_split.split_streamed`, as the Wyoming server
-does), through the same streaming engine path as POST /v1/audio/speech (priority 0), one after the
-other in order; the rest when input_text.end comes. Text is never spoken half-finished because it
-arrives slowly. Buffered, unspoken text is capped at http.max_text_chars; a client that sends nothing
-for http.read_timeout_s while nothing is being spoken is dropped.
+text_mode "words" (the default): the model's streaming-text mode (engines.runtime.text_feed). Each
+complete word goes to the model as it comes, so audio starts after the first word; when the model has
+used every word it has, its row waits for more (it never ends early on slow text). Text is spoken as
+utterances of one request each: a new one starts at a sentence end after UTTERANCE_CHARS characters.
+text_mode "sentences" (and any voice cloned with its reference text, which needs whole text): each
+sentence is spoken once it is complete (`jobs.segment_split.split_streamed`, as the Wyoming server
+does). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
+the other in order. Text not yet spoken is capped at http.max_text_chars; a client that sends nothing
+for http.read_timeout_s while the session waits for its text is dropped.
 """
 from __future__ import annotations
 
@@ -30,31 +35,41 @@ from aiohttp import WSMsgType, web
 
 from engines.model.errors import TTSError
 from engines.runtime.runner import EngineBusy
+from engines.runtime.text_feed import TextFeed
 from jobs.encode import pcm16
 from jobs.normalize import language_code
 from jobs.segment_split import split_streamed
+from jobs.speed import StreamStretcher, check_speed
 from jobs.submit import check_voice
 
 from appliance.http_common import CTX, ApiError, field
 
 log = logging.getLogger(__name__)
 END, GONE = object(), object()  # speaker queue sentinel; reader result when the client left
+UTTERANCE_CHARS = 600  # words mode: an utterance ends at a sentence end once it holds this many characters
+UTTERANCE_MAX_CHARS = 2400  # ... or at a word boundary past this many (about 600 tokens: within one request)
+TEXT_MODES = ("words", "sentences")
 
 
 class LiveSession:
-    """One WebSocket connection: a reader task turns messages into sentences, a speaker task speaks them."""
+    """One WebSocket connection: a reader task turns messages into utterances (a TextFeed each) or
+    sentences, a speaker task speaks them in order."""
 
     def __init__(self, ctx, ws: web.WebSocketResponse):
         self.ctx, self.ws = ctx, ws
-        self.opts = {"voice": None, "language": "auto", "instructions": None, "seed": None, "max_frames": None}
-        self.rest = ""  # text after the last complete sentence
-        self.text_started = False
+        self.opts = {"voice": None, "language": "auto", "instructions": None, "seed": None, "max_frames": None,
+                     "speed": 1.0, "text_mode": "words"}
+        self.words: Optional[bool] = None  # words mode, decided at the first text
+        self.rest = ""  # sentences mode: text after the last complete sentence
+        self.feed: Optional[TextFeed] = None  # words mode: the utterance new text goes to
+        self.text_came = asyncio.Event()  # set at every append/end (the speaker waits for a first word)
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.queued_chars = 0  # complete sentences not yet spoken
+        self.queued_chars = 0  # text taken but not yet spoken
         self.speaking = False
         self.audio_started = False
         self.samples = 0
         self.sample_rate = ctx.host.engine.sample_rate
+        self.stretcher: Optional[StreamStretcher] = None
 
     async def run(self) -> None:
         reader = asyncio.create_task(self._read())
@@ -66,6 +81,8 @@ class LiveSession:
                 return
             await speaker  # raises the speaker's error; ends after END
             await self._start_audio()
+            if self.stretcher is not None:
+                await self._send_audio(await self._stretch(self.stretcher.finish))
             await self._send({"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)})
         except ApiError as exc:
             await self._fail(exc.message, exc.type)
@@ -78,6 +95,8 @@ class LiveSession:
         except (ConnectionResetError, asyncio.TimeoutError):
             log.info("live client stopped reading; its speech is cancelled")
         finally:
+            if self.feed is not None:
+                self.feed.end()
             for task in (reader, speaker):
                 task.cancel()
             await asyncio.gather(reader, speaker, return_exceptions=True)
@@ -90,8 +109,8 @@ class LiveSession:
             try:
                 msg = await self.ws.receive(timeout=idle)
             except asyncio.TimeoutError:
-                if self.speaking or not self.queue.empty():
-                    continue  # waiting for audio is not idling
+                if (self.speaking or not self.queue.empty()) and self.feed is None:
+                    continue  # waiting for audio is not idling (an utterance waiting for words is)
                 raise ApiError(408, f"no message for {idle:g} s; send input_text.append or input_text.end",
                                "timeout") from None
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
@@ -109,22 +128,32 @@ class LiveSession:
         """Apply one message; True at input_text.end."""
         kind = data.get("type")
         if kind == "session.update":
-            if self.text_started:
+            if self.words is not None:
                 raise ApiError(400, "session.update must come before any input_text.append")
             for key, typ in (("voice", str), ("language", str), ("instructions", str), ("seed", int),
-                             ("max_frames", int)):
+                             ("max_frames", int), ("speed", (int, float)), ("text_mode", str)):
                 if key in data:
-                    self.opts[key] = field(data, key, typ, self.opts[key] if key == "language" else None)
+                    keep = key in ("language", "speed", "text_mode")
+                    self.opts[key] = field(data, key, typ, self.opts[key] if keep else None)
+            try:
+                check_speed(self.opts["speed"])
+            except ValueError as exc:
+                raise ApiError(400, f"'speed': {exc}") from None
+            if self.opts["text_mode"] not in TEXT_MODES:
+                raise ApiError(400, f"'text_mode' must be one of {', '.join(TEXT_MODES)}")
             check_voice(self.ctx.host.engine, self.opts["voice"])  # VoiceNotFound, as the speech route says
             return False
         if kind == "input_text.append":
-            self.text_started = True
             self._add(field(data, "text", str, required=True))
             return False
         if kind == "input_text.end":
+            if self.feed is not None:
+                self.feed.end()
+                self.feed = None
             rest, self.rest = self.rest.strip(), ""
             if rest:
                 self._queue(rest)
+            self.text_came.set()
             return True
         raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append "
                             "or input_text.end")
@@ -134,11 +163,29 @@ class LiveSession:
         buffered = self.queued_chars + len(self.rest) + len(text)
         if buffered > limit:
             raise ApiError(413, f"{buffered} characters of text wait to be spoken; the limit is {limit} "
-                                "(send text no faster than it is spoken, with sentence ends)", "too_large")
+                                "(send text no faster than it is spoken)", "too_large")
+        if self.words is None:
+            voice = self.opts["voice"] or self.ctx.host.default_voice()
+            self.words = self.opts["text_mode"] == "words" and self.ctx.host.engine.streams_text(voice)
         lang = language_code(self.opts["language"]) or "en"
-        sentences, self.rest = split_streamed(self.rest + text, lang)
-        for s in sentences:
-            self._queue(s)
+        if not self.words:
+            sentences, self.rest = split_streamed(self.rest + text, lang)
+            for s in sentences:
+                self._queue(s)
+            return
+        self.queued_chars += len(text)
+        while text:
+            if self.feed is None:
+                self.feed = TextFeed()
+                self.queue.put_nowait(self.feed)
+            cut = _utterance_end(self.feed.text, text, lang)
+            if cut is None:
+                self.feed.append(text)
+                break
+            self.feed.append(text[:cut])
+            self.feed.end()
+            self.feed, text = None, text[cut:].lstrip()
+        self.text_came.set()
 
     def _queue(self, sentence: str) -> None:
         self.queued_chars += len(sentence)
@@ -147,21 +194,49 @@ class LiveSession:
     # -- audio -----------------------------------------------------------------------------------
     async def _speak(self) -> None:
         while True:
-            sentence = await self.queue.get()
-            if sentence is END:
+            item = await self.queue.get()
+            if item is END:
                 return
-            self.speaking = True
-            try:
-                await self._speak_one(sentence)
-            finally:
-                self.speaking = False
-                self.queued_chars -= len(sentence)
-            await self._send({"type": "sentence.done", "text": sentence})
+            while item is not None:
+                item = await self._speak_item(item)
 
-    async def _speak_one(self, sentence: str) -> None:
+    async def _speak_item(self, item):
+        """Speak a sentence or an utterance; returns an utterance for the words its request did not take
+        (it ended early, e.g. at max_frames), else None."""
+        if isinstance(item, TextFeed):
+            while not item.ready()[0] and not item.ended:  # submitted once it holds a complete word
+                self.text_came.clear()
+                await self.text_came.wait()
+            if not item.ready()[0]:
+                return None  # an utterance of whitespace only
+        self.speaking = True
+        try:
+            await self._speak_one(item)
+        finally:
+            self.speaking = False
+        if isinstance(item, str):
+            self.queued_chars -= len(item)
+            await self._send({"type": "text.done", "text": item})
+            return None
+        item.end()  # its request has ended: no more words go to it
+        spoken, rest = item.text[:item.taken], item.rest
+        self.queued_chars -= len(spoken)
+        await self._send({"type": "text.done", "text": spoken.strip()})
+        if self.feed is not item and not rest.strip():
+            return None
+        more = TextFeed(rest)  # the words it did not take start the next utterance
+        if self.feed is item:
+            self.feed = more  # still receiving: new words go there
+        else:
+            more.end()
+        return more
+
+    async def _speak_one(self, item) -> None:
         ctx, o = self.ctx, self.opts
-        req = ctx.host.request(sentence, voice=o["voice"] or ctx.host.default_voice(), language=o["language"], instruct=o["instructions"],
-                               seed=o["seed"], max_frames=o["max_frames"])
+        feed = item if isinstance(item, TextFeed) else None
+        req = ctx.host.request("" if feed else item, voice=o["voice"] or ctx.host.default_voice(),
+                               language=o["language"], instruct=o["instructions"], seed=o["seed"],
+                               max_frames=o["max_frames"], text_feed=feed)
         if req is None:
             raise ApiError(400, "this Base checkpoint clones voices: name a saved voice in session.update "
                                 "(POST /v1/voices adds one)")
@@ -170,12 +245,15 @@ class LiveSession:
         handle = ctx.host.submit_stream(req)  # EngineBusy: the session ends with an error event
         started, outcome = time.monotonic(), "cancelled"
         ctx.active_handles.add(handle)
+        if o["speed"] != 1.0 and self.stretcher is None:
+            self.stretcher = StreamStretcher(handle.sample_rate, o["speed"])
         try:
             async for chunk in ctx.host.aiter_chunks(handle):
                 self.sample_rate = handle.sample_rate
                 await self._start_audio()
-                await asyncio.wait_for(self.ws.send_bytes(pcm16(chunk)), ctx.cfg.http.write_timeout_s)
-                self.samples += len(chunk)
+                if self.stretcher is not None:
+                    chunk = await self._stretch(self.stretcher.push, chunk)
+                await self._send_audio(chunk)
             outcome = "ok"
         except TTSError:
             outcome = "bad_request"
@@ -188,6 +266,15 @@ class LiveSession:
             ctx.active_handles.discard(handle)
             ctx.metrics.request("live", outcome)
             ctx.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
+
+    async def _stretch(self, work, *args):
+        """Time-stretching takes ms per chunk: a worker thread keeps the other sessions flowing."""
+        return await asyncio.get_running_loop().run_in_executor(None, work, *args)
+
+    async def _send_audio(self, chunk) -> None:
+        if len(chunk):
+            await asyncio.wait_for(self.ws.send_bytes(pcm16(chunk)), self.ctx.cfg.http.write_timeout_s)
+            self.samples += len(chunk)
 
     async def _start_audio(self) -> None:
         if not self.audio_started:
@@ -203,6 +290,23 @@ class LiveSession:
             await self._send({"type": "error", "message": message, "code": code})
         except (ConnectionResetError, asyncio.TimeoutError):
             pass
+
+
+def _utterance_end(current: str, text: str, lang: str) -> Optional[int]:
+    """Where in `text` (appended to an utterance holding `current`) the utterance should end: after its last
+    complete sentence once it holds UTTERANCE_CHARS characters, else at a word boundary once it would pass
+    UTTERANCE_MAX_CHARS; None: all of `text` goes to this utterance."""
+    total = len(current) + len(text)
+    if total < UTTERANCE_CHARS:
+        return None
+    _, rest = split_streamed(current + text, lang)
+    cut = total - len(rest) - len(current)
+    if cut > 0:
+        return cut
+    if total <= UTTERANCE_MAX_CHARS:
+        return None
+    space = text.rfind(" ", 0, max(UTTERANCE_MAX_CHARS - len(current), 1))
+    return space if space > 0 else max(UTTERANCE_MAX_CHARS - len(current), 1)
 
 
 def _parse(raw: str) -> dict:

@@ -184,7 +184,8 @@ def ws_endpoint(target: Target):
 
 
 async def live_session(http, url: str, update: dict, text: str, words_per_s: float, timeout: float,
-                       threshold: int, expect_frames: Optional[int] = None, rec: Optional[dict] = None) -> dict:
+                       threshold: int, expect_frames: Optional[int] = None, rec: Optional[dict] = None,
+                       sentences_mode: bool = False) -> dict:
     """One live session, measured, into the record `rec` (a new dict if None; filled in place, so a
     caller that cancels the task still holds it) which it returns.
 
@@ -193,8 +194,9 @@ async def live_session(http, url: str, update: dict, text: str, words_per_s: flo
     (`done` came), error (None, 'http_<status>', 'connect', 'server_<code>', 'closed', 'timeout',
     'protocol', 'incomplete' when cancelled) and detail; first_audio_s (first word sent -> first loud
     sample received), sentence_audio_s (the piece completing the first sentence sent -> the same), end_done_s
-    (input_text.end sent -> `done`), connect_s, samples, audio_seconds (the server's), sentences,
-    expect_samples (sentences x expect_frames frames), underrun (a playback gap that began after
+    (input_text.end sent -> `done`; sentences mode only), connect_s, samples, audio_seconds (the server's),
+    sentences (planned), spoken (text.done events: requests), expect_samples (spoken x expect_frames
+    frames), underrun (a playback gap that began after
     input_text.end), gap_after_end_s, gaps_before_end, send_lag_s (the worst lateness of a piece),
     unknown_events.
     """
@@ -207,7 +209,7 @@ async def live_session(http, url: str, update: dict, text: str, words_per_s: flo
                 "end_done_s": None, "connect_s": None, "samples": 0, "audio_seconds": None, "sentences": sentences,
                 "expect_samples": sentences * expect_frames * SAMPLES_PER_FRAME if expect_frames else None,
                 "underrun": None, "gap_after_end_s": None, "gaps_before_end": None, "send_lag_s": 0.0,
-                "unknown_events": 0, "words": len(pieces)})
+                "unknown_events": 0, "words": len(pieces), "spoken": 0})
     marks: dict = {}  # perf_counter times: first, sentence, end (sent); audio, done (received)
     events: list[tuple[float, int]] = []
 
@@ -263,7 +265,9 @@ async def live_session(http, url: str, update: dict, text: str, words_per_s: flo
                 if event.get("sample_rate") != SAMPLE_RATE or event.get("format") != "pcm_s16le":
                     rec["error"], rec["detail"] = "protocol", f"unexpected audio.start {event}"
                     return
-            elif kind != "sentence.done":
+            elif kind == "text.done":
+                rec["spoken"] += 1
+            else:
                 rec["unknown_events"] += 1  # the protocol grows; other events are not ours to judge
         rec["samples"] = total // BYTES_PER_SAMPLE
         if "done" not in marks:
@@ -308,7 +312,10 @@ async def live_session(http, url: str, update: dict, text: str, words_per_s: flo
     if rec["completed"]:
         if "audio" in marks:
             rec["first_audio_s"] = marks["audio"] - marks["first"]
-            rec["sentence_audio_s"] = marks["audio"] - marks["sentence"]
+            if sentences_mode:
+                rec["sentence_audio_s"] = marks["audio"] - marks["sentence"]
+        if expect_frames:
+            rec["expect_samples"] = rec["spoken"] * expect_frames * SAMPLES_PER_FRAME
         rec["end_done_s"] = marks["done"] - marks["end"]
         before, after = split_gaps(playback_gaps(events, SAMPLE_RATE * BYTES_PER_SAMPLE), marks["end"])
         rec.update(underrun=bool(after), gap_after_end_s=sum(b - a for a, b in after), gaps_before_end=len(before))
@@ -333,6 +340,7 @@ class Live:
             u["language"] = a.language
         if a.frames:
             u["max_frames"] = a.frames
+        u["text_mode"] = a.text_mode
         return u
 
 
@@ -363,7 +371,8 @@ async def run_level(live: Live, sessions: int, index: int) -> dict:
                 state["outstanding"] += 1
             try:
                 await live_session(live.http, live.url, live.update(), prompt(rng, a.words, a.words), a.words_per_s,
-                                   a.timeout, live.threshold, expect, rec=rec)
+                                   a.timeout, live.threshold, expect, rec=rec,
+                                   sentences_mode=a.text_mode == "sentences")
             finally:
                 if phase == "measured":
                     state["outstanding"] -= 1
@@ -376,7 +385,8 @@ async def run_level(live: Live, sessions: int, index: int) -> dict:
             phases["cooldown"] += 1
             rec = {}
             await live_session(live.http, live.url, live.update(), prompt(rng, a.words, a.words), a.words_per_s,
-                               a.timeout, live.threshold, expect, rec=rec)
+                               a.timeout, live.threshold, expect, rec=rec,
+                               sentences_mode=a.text_mode == "sentences")
             if rec["error"]:
                 await asyncio.sleep(RETRY_PAUSE_S)
 
@@ -425,7 +435,7 @@ async def run_level(live: Live, sessions: int, index: int) -> dict:
 
 
 def _compact(r: dict) -> dict:
-    out = {k: r.get(k) for k in ("phase", "worker", "t_start_s", "error", "completed", "samples", "sentences",
+    out = {k: r.get(k) for k in ("phase", "worker", "t_start_s", "error", "completed", "samples", "sentences", "spoken",
                                  "underrun", "gaps_before_end")}
     for k in ("first_audio_s", "sentence_audio_s", "end_done_s", "connect_s", "gap_after_end_s", "send_lag_s"):
         out[k[:-2] + "_ms"] = ms(r.get(k))
@@ -497,7 +507,7 @@ def markdown(res: dict) -> str:
             notes.append(f"{n} sessions: no session started inside the window (each lasts longer than warm-up and "
                          "window: give a longer --window)")
         if x["length_mismatches"]:
-            notes.append(f"{n} sessions: {x['length_mismatches']} sessions of another length than sentences x "
+            notes.append(f"{n} sessions: {x['length_mismatches']} sessions of another length than requests x "
                          f"{w['frames']} frames")
         if x["audio_seconds_mismatches"]:
             notes.append(f"{n} sessions: {x['audio_seconds_mismatches']} `done` events whose audio_seconds differ "
@@ -536,6 +546,9 @@ def parse_args(argv=None):
     add_daemon_args(ap, PROG)
     ap.add_argument("--sessions", default="1,16", help="comma list of concurrent session counts, one level each")
     ap.add_argument("--words", type=int, default=40, help="words of text per session")
+    ap.add_argument("--text-mode", choices=("words", "sentences"), default="words",
+                    help="the session's text_mode: words (the model's streaming-text mode; the default) or "
+                         "sentences (each sentence spoken once complete)")
     ap.add_argument("--words-per-s", type=float, default=15.0,
                     help="words sent per second (15: a language model's output; 3: a person typing)")
     ap.add_argument("--frames", type=int,
@@ -578,7 +591,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     res = base_result(args, argv, "live text over the WebSocket (benchmarks/live.py)", PROG)
     res["workload"] = {"words": args.words, "words_per_s": args.words_per_s, "text_s": (args.words - 1) / args.words_per_s,
-                       "frames": args.frames, "warmup_s": args.warmup, "window_s": args.window,
+                       "frames": args.frames, "text_mode": args.text_mode, "warmup_s": args.warmup, "window_s": args.window,
                        "drain_timeout_s": args.drain_timeout, "session_timeout_s": args.timeout,
                        "language": args.language, "silence_threshold": args.silence_threshold, "seed": args.seed,
                        "sessions": args.sessions}

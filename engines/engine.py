@@ -132,6 +132,14 @@ class TTSEngine:
         voice.check_fits(self.cfg.talker.hidden_size, self.model_type, self.cfg.talker.num_code_groups,
                          self.cfg.tts_model_size, name=name)
 
+    def streams_text(self, voice=None) -> bool:
+        """Whether text that is still arriving can be spoken with `voice` (streaming-text mode): every voice
+        but one cloned with its reference text (ICL puts the whole text beside the reference codes)."""
+        if self.model_type != "base" or not voice:
+            return True
+        cloned = voice if not isinstance(voice, str) else self._load_voice(voice)
+        return bool(cloned.x_vector_only)
+
     # ----- request resolution ----------------------------------------------------------------
     def _language_id(self, language: Optional[str]) -> Optional[int]:
         lang = (language or "auto").strip().lower()

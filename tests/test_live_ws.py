@@ -1,10 +1,11 @@
-"""GET /v1/audio/speech/live over the daemon's real Unix socket: text arriving in pieces is spoken
-sentence by sentence (first audio before the text ends), and bad input ends one session with an error
-event while others go on."""
+"""GET /v1/audio/speech/live over the daemon's real Unix socket: text arriving in pieces is spoken as its
+words come (the model's streaming-text mode) or sentence by sentence (first audio before the text ends),
+and bad input ends one session with an error event while others go on."""
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -54,11 +55,48 @@ async def wait_for(events, pred, timeout=60.0):
     raise AssertionError(f"nothing matched in {timeout} s: {events}")
 
 
-def test_text_in_pieces_is_spoken_sentence_by_sentence(daemon):
+def kinds_of(events):
+    return [e["type"] if isinstance(e, dict) else "pcm" for e in events]
+
+
+def pcm_of(events):
+    pcm = b"".join(e for e in events if isinstance(e, bytes))
+    assert len(pcm) % 2 == 0 and len(pcm) > 0
+    assert events[-1]["audio_seconds"] == pytest.approx(len(pcm) / 2 / 24000, abs=1e-3)
+    return pcm
+
+
+def test_words_are_spoken_before_the_sentence_ends(daemon):
+    """Words mode (the default): audio comes after the first complete word, long before any sentence ends."""
     first_audio_before_end = []
 
     async def steps(ws, events):
         await ws.send_json({"type": "session.update", "voice": "ryan", "language": "english", "seed": 1})
+        await ws.send_json({"type": "input_text.append", "text": "Hello there and"})
+        await wait_for(events, lambda e: isinstance(e, bytes))  # "Hello there" is complete: spoken now
+        first_audio_before_end.append(True)
+        await asyncio.sleep(0.3)
+        await ws.send_json({"type": "input_text.append", "text": " good morning. The sec"})
+        await asyncio.sleep(0.3)
+        await ws.send_json({"type": "input_text.append", "text": "ond one"})
+        await ws.send_json({"type": "input_text.end"})
+
+    events = asyncio.run(session(daemon, steps))
+    assert first_audio_before_end
+    kinds = kinds_of(events)
+    assert kinds[0] == "audio.start" and kinds[1] == "pcm" and kinds[-2:] == ["text.done", "done"], kinds
+    # model.max_frames (4) ends each request early: the words it did not take are spoken next, none lost
+    spoken = [e["text"] for e in events if isinstance(e, dict) and e["type"] == "text.done"]
+    assert " ".join(spoken).split() == "Hello there and good morning. The second one".split()
+    pcm_of(events)
+
+
+def test_text_in_pieces_is_spoken_sentence_by_sentence(daemon):
+    first_audio_before_end = []
+
+    async def steps(ws, events):
+        await ws.send_json({"type": "session.update", "voice": "ryan", "language": "english", "seed": 1,
+                            "text_mode": "sentences"})
         await ws.send_json({"type": "input_text.append", "text": "Hello there. The sec"})
         await wait_for(events, lambda e: isinstance(e, bytes))  # the first sentence is complete: spoken now
         first_audio_before_end.append(True)
@@ -70,18 +108,29 @@ def test_text_in_pieces_is_spoken_sentence_by_sentence(daemon):
 
     events = asyncio.run(session(daemon, steps))
     assert first_audio_before_end
-    kinds = [e["type"] if isinstance(e, dict) else "pcm" for e in events]
+    kinds = kinds_of(events)
     assert kinds[0] == "audio.start" and kinds[1] == "pcm" and kinds[-1] == "done", kinds
     assert events[0] == {"type": "audio.start", "sample_rate": 24000, "format": "pcm_s16le"}
-    done = [e["text"] for e in events if isinstance(e, dict) and e["type"] == "sentence.done"]
+    done = [e["text"] for e in events if isinstance(e, dict) and e["type"] == "text.done"]
     assert done == ["Hello there.", "The second one is here.", "And the end"]
-    # every sentence has audio before its sentence.done
+    # every sentence has audio before its text.done
     for i, k in enumerate(kinds):
-        if k == "sentence.done":
+        if k == "text.done":
             assert kinds[i - 1] == "pcm", kinds
-    pcm = b"".join(e for e in events if isinstance(e, bytes))
-    assert len(pcm) % 2 == 0 and len(pcm) > 0
-    assert events[-1]["audio_seconds"] == pytest.approx(len(pcm) / 2 / 24000, abs=1e-3)
+    pcm_of(events)
+
+
+def test_speed_shortens_the_audio(daemon):
+    async def speak(speed):
+        async def steps(ws, events):
+            await ws.send_json({"type": "session.update", "voice": "ryan", "seed": 1, "speed": speed})
+            await ws.send_json({"type": "input_text.append", "text": "Hello there, quick words."})
+            await ws.send_json({"type": "input_text.end"})
+        return await session(daemon, steps)
+
+    normal, fast = (len(pcm_of(asyncio.run(speak(x)))) for x in (1.0, 2.0))
+    assert normal == 4 * 1920 * 2  # model.max_frames = 4 frames of 1920 samples
+    assert fast == pytest.approx(normal / 2, rel=0.15)
 
 
 def run_bad(daemon, messages):
@@ -104,8 +153,10 @@ def test_flood_is_an_error_event(daemon):
     assert f"the limit is {LIMIT}" in msg
 
 
-@pytest.mark.parametrize("message,needle", [("{nope", "not valid JSON"),
-                                            (json.dumps({"type": "speak"}), "unknown message type 'speak'")])
+@pytest.mark.parametrize("message,needle", [
+    ("{nope", "not valid JSON"), (json.dumps({"type": "speak"}), "unknown message type 'speak'"),
+    (json.dumps({"type": "session.update", "speed": 3}), "'speed'"),
+    (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences")])
 def test_bad_messages_are_error_events(daemon, message, needle):
     assert needle in run_bad(daemon, [message])
 
@@ -124,3 +175,20 @@ def test_silent_client_is_dropped_and_others_go_on(daemon):
     quiet, ok = asyncio.run(both())
     assert quiet[-1]["type"] == "error" and "no message for 1.5 s" in quiet[-1]["message"]
     assert ok[-1]["type"] == "done" and any(isinstance(e, bytes) for e in ok)
+
+
+def test_a_client_that_stops_mid_utterance_is_dropped(daemon):
+    """Words mode: an utterance waiting for words holds a slot; a client that stops sending is dropped after
+    http.read_timeout_s (its request is cancelled), not kept forever."""
+    async def stalls(ws, events):
+        await ws.send_json({"type": "input_text.append", "text": "Hello there and then "})
+        await wait_for(events, lambda e: isinstance(e, dict) and e.get("type") == "error", timeout=20.0)
+
+    events = asyncio.run(session(daemon, stalls))
+    assert events[-1]["type"] == "error" and "no message for 1.5 s" in events[-1]["message"]
+    for _ in range(100):  # the cancelled request leaves its slot at the runner's next iteration
+        status, health, _ = daemon.get("/health")
+        if health["engine"]["active_slots"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["engine"]["active_slots"] == 0, health

@@ -329,7 +329,8 @@ class EngineRunner:
         """Every running request waits for text that has not come, and nothing else is queued or prefilling."""
         seqs = self.slots.seqs
         return (bool(seqs) and not len(self.sched.queue) and not self.sched.prefilling
-                and all(seq.held and seq.text_open and seq.feed.version == seq.feed_version for seq in seqs))
+                and all(seq.held and seq.text_open and seq.feed.version == seq.feed_version
+                        and not seq.handle.cancelled for seq in seqs))
 
     @torch.no_grad()
     def step_once(self) -> None:
@@ -382,7 +383,7 @@ class EngineRunner:
         """A request whose text is still arriving: streaming-text mode over the words there so far."""
         eng, feed = self.engine, seq.feed
         seq.feed_version = feed.version
-        text, ended = feed.ready()
+        text, ended = feed.take()
         if not text:
             raise TTSError("no complete word to speak yet: append text (ending in a space) or end the feed "
                            "before submitting")
@@ -406,7 +407,7 @@ class EngineRunner:
             if not seq.text_open or seq.feed.version == seq.feed_version:
                 continue
             seq.feed_version = seq.feed.version
-            text, ended = seq.feed.ready()
+            text, ended = seq.feed.take()
             ids = prompts.text_ids(text) if text else []
             if ids[:len(seq.fed_ids)] != seq.fed_ids:
                 log.debug("live text re-tokenized differently at a word boundary; going on from token %d",

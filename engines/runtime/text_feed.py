@@ -27,6 +27,7 @@ class TextFeed:
         self._ended = False
         self.version = 0  # bumped on every change (the runner re-reads only then)
         self.on_change: Optional[Callable[[], None]] = None  # set by the runner: wakes its loop
+        self.taken = 0  # characters of `text` the model has been given (see `take`)
 
     def append(self, text: str) -> None:
         if not text:
@@ -57,14 +58,30 @@ class TextFeed:
     def ready(self) -> tuple[str, bool]:
         """(the text that may be spoken now, whether the feed has ended): everything once ended, else
         up to the last whitespace (complete words only)."""
+        text, ended, _ = self._ready()
+        return text, ended
+
+    def take(self) -> tuple[str, bool]:
+        """`ready()`, recording that the model has been given that text (the runner calls this)."""
+        text, ended, cut = self._ready()
+        self.taken = cut
+        return text, ended
+
+    @property
+    def rest(self) -> str:
+        """The text the model has not been given (e.g. when its request ended at a frame cap)."""
+        return self._text[self.taken:]
+
+    def _ready(self) -> tuple[str, bool, int]:
         with self._lock:
             text, ended = self._text, self._ended
         if ended:
-            return text.strip(), True
-        cut = max(text.rfind(c) for c in " \t\n\r\u3000")
-        if cut < 0:  # one word so far; in a script written without spaces, all but the last character
-            return (text[:-1].strip(), False) if _unspaced(text) else ("", False)
-        return text[:cut].strip(), False
+            cut = len(text)
+        else:
+            cut = max(text.rfind(c) for c in " \t\n\r\u3000")
+            if cut < 0:  # one word so far; in a script written without spaces, all but the last character
+                cut = len(text) - 1 if _unspaced(text) else 0
+        return text[:cut].strip(), ended, cut
 
     def _notify(self) -> None:
         if self.on_change is not None:
