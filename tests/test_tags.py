@@ -133,3 +133,80 @@ def _no_guard():
     from jobs.guard import GuardSettings
 
     return GuardSettings(enabled=False)
+
+
+class VoiceRecorder:
+    """Engine double that records the voice each request names (batch mode, or fed continuously
+    through `submit` when `running`: jobs.worker.Synthesizer); 0.5 s of tone per request."""
+
+    sample_rate = 24000
+    voices = VOICES
+    languages = ["english"]
+    model_id = "voice-recorder"
+
+    def __init__(self, running: bool):
+        self.running = running
+        self.spoken: list[tuple[str, str]] = []
+
+    def synthesize(self, requests):
+        from engines.api import SynthesisResult
+
+        out = []
+        for r in requests:
+            self.spoken.append((r.text, r.voice))
+            audio = (0.3 * np.sin(np.arange(self.sample_rate // 2) * 0.05)).astype(np.float32)
+            out.append(SynthesisResult(audio, self.sample_rate, np.zeros((1, 16), np.int64), True))
+        return out
+
+    def submit(self, request, priority):
+        result = self.synthesize([request])[0]
+
+        class Handle:
+            done, on_done = True, None
+
+            def result(self):
+                return result
+
+        return Handle()
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["batches", "fed"])
+def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, running):
+    """A segment's metadata (its tag or chapter voice) is read once per claim, for its audio key and
+    its request alike; the voices spoken stay those of the tags, chapters and job."""
+    import jobs.worker
+    from collections import Counter
+    from jobs.worker import Worker
+
+    paths, q, src = _book(tmp_path, BOOK)
+    spec = JobSpec(voice="ryan", chapter_voices={"2": "dylan"}, format="wav", sampling={"max_new_tokens": 6})
+    job_id, err = submit_file(q, paths, src, spec, VOICES)
+    assert err is None
+    segments = q.segments(job_id)
+    metadata = Counter(s["metadata"] for s in segments)
+
+    parsed: Counter = Counter()
+
+    class CountingJson:  # the worker's json module, counting what it parses
+        def __getattr__(self, name):
+            return getattr(json, name)
+
+        def loads(self, s, *a, **kw):
+            parsed[s] += 1
+            return json.loads(s, *a, **kw)
+
+    monkeypatch.setattr(jobs.worker, "json", CountingJson())
+    engine = VoiceRecorder(running)
+    worker = Worker(q, engine, paths, batch_size=16, guard=_no_guard())
+    try:
+        while q.job(job_id)["state"] not in ("done", "partial", "failed"):
+            worker.run_once()
+    finally:
+        worker.close()
+    assert q.job(job_id)["state"] == "done", q.job(job_id)["error"]
+    assert {m: parsed[m] for m in metadata} == dict(metadata)  # once per segment, not again for its request
+    voices = dict(engine.spoken)
+    assert voices["Eric has a line."] == "eric" and voices["The narrator begins."] == "ryan"
+    assert voices["The second chapter is read by its own voice."] == "dylan"
+    assert voices["Back to the narrator."] == "ryan" and voices["Ryan closes."] == "ryan"
+    assert len(engine.spoken) == len({s["key"] for s in q.segments(job_id)})  # one synthesis per audio key
