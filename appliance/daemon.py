@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +30,20 @@ log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
                 "http.mode", "wyoming", "jobs.home", "jobs.enabled", "jobs.voice", "jobs.language", "jobs.instruct",
                 "service.runtime_dir"}
+QUEUE_PROBE_TIMEOUT_S = 5.0  # how long the status line, /health and /metrics wait for a locked SQLite queue
+
+
+@dataclass
+class QueueState:
+    """The queue as the status line, /health and /metrics see it: counts by state, or why it cannot be read."""
+
+    segments: dict = field(default_factory=dict)
+    jobs: dict = field(default_factory=dict)
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 def setup_logging(level: str) -> None:
@@ -66,17 +80,41 @@ class Daemon:
         self.threads: list[threading.Thread] = []
         self.job_defaults: dict = {}  # spec values of jobs that name none (jobs.submit.job_defaults)
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
+        self.queue_down: Optional[str] = None  # why the queue cannot be read (None: it can), for logging changes
+        self._queue_lock = threading.Lock()
 
     # -- queue side ------------------------------------------------------------------------------
-    def queue_counts(self) -> tuple[dict, dict]:
-        """(segment counts, job counts) by state, on a connection of their own."""
+    def queue_counts(self, busy_timeout_s: float = 30.0) -> tuple[dict, dict]:
+        """(segment counts, job counts) by state, on a connection of their own (raises QueueError and the like)."""
         from jobs.queue import Queue
 
-        q = Queue(self.paths.db)
+        q = Queue(self.paths.db, busy_timeout_s=busy_timeout_s)
         try:
             return q.counts(), q.job_counts()
         finally:
             q.close()
+
+    def queue_state(self) -> QueueState:
+        """The queue's counts, or why it cannot be read now (database down, file unreadable, locked past
+        QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends."""
+        from jobs.queue import QueueError, QueueUnavailable
+
+        known = True
+        try:
+            state = QueueState(*self.queue_counts(QUEUE_PROBE_TIMEOUT_S))
+        except (QueueError, QueueUnavailable) as exc:
+            state = QueueState(error=" ".join(str(exc).split()) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - a driver error (sqlite3, psycopg): the queue is as good as down
+            known = False
+            state = QueueState(error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+        with self._queue_lock:
+            was, self.queue_down = self.queue_down, state.error
+        if state.error and was is None:
+            log.warning("queue unreachable: %s; streams go on, jobs wait until it is back", state.error,
+                        exc_info=not known)
+        elif was is not None and state.ok:
+            log.info("queue reachable again")
+        return state
 
     def _start_workers(self) -> None:
         from jobs.queue import Queue
@@ -114,13 +152,16 @@ class Daemon:
 
     def status_line(self) -> str:
         s = self.host.stats()
-        counts, jobs = self.queue_counts()
-        total = sum(counts.values())
         n = len(s.get("engines", ()))
         on = f" on {n} engines" if n > 1 else ""
-        return (f"{self.state}; streams {s.get('streams', 0)}, slots {s.get('active_slots', 0)}/"
-                f"{s.get('max_slots', '?')}{on}, waiting {s.get('queued', 0)}; jobs running {jobs.get('running', 0)}, "
-                f"queued {jobs.get('queued', 0)}; segments {counts['done']}/{total} done, {counts['leased']} in work")
+        line = (f"{self.state}; streams {s.get('streams', 0)}, slots {s.get('active_slots', 0)}/"
+                f"{s.get('max_slots', '?')}{on}, waiting {s.get('queued', 0)}; ")
+        q = self.queue_state()
+        if not q.ok:
+            return line + f"queue unreachable: {q.error}"
+        counts, jobs = q.segments, q.jobs
+        return line + (f"jobs running {jobs.get('running', 0)}, queued {jobs.get('queued', 0)}; "
+                       f"segments {counts['done']}/{sum(counts.values())} done, {counts['leased']} in work")
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -178,7 +219,7 @@ class Daemon:
                 log.warning("engine made no progress for %.0f s: withholding the watchdog ping", now - last_change)
             try:
                 self.notifier.status(await loop.run_in_executor(None, self.status_line))
-            except Exception as exc:  # a locked database must not stop the pings
+            except Exception as exc:  # nothing must stop the pings (the queue's outages are in the line itself)
                 log.debug("status: %s", exc)
             await asyncio.sleep(period)
 

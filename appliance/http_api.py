@@ -5,7 +5,7 @@
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
     DELETE /v1/voices/{name}     remove a saved cloned voice
-    GET    /health               {"status": "ok" | "starting" | "stopping", ...}
+    GET    /health               {"status": "ok" | "starting" | "stopping", "queue": {"ok": ...}, ...}
     GET    /metrics              Prometheus text format
     /v1/jobs...                  batch jobs (appliance.http_jobs)
 
@@ -68,21 +68,24 @@ async def delete_voice(request):
 
 
 async def health(request):
-    """GET /health"""
+    """GET /health: 200 while the daemon serves speech, also when its job queue cannot be read
+    (then `"queue": {"ok": false, "error": ...}`; streams go on, jobs wait for the queue)."""
     ctx = request.app[CTX]
     e = ctx.host.engine
+    q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     return web.json_response({"status": ctx.state, "model": str(ctx.cfg.model.path), "model_type": e.model_type,
                               "sample_rate": e.sample_rate, "runtime": getattr(ctx.host.runner, "settings", None),
                               "engine": ctx.host.stats(), "pid": ctx.pid,
+                              "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error},
                               "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes,
                                          "max_text_chars": ctx.cfg.http.max_text_chars}})
 
 
 async def metrics(request):
-    """GET /metrics (Prometheus text format)."""
+    """GET /metrics (Prometheus text format); `tts_queue_up 0` while the job queue cannot be read."""
     ctx = request.app[CTX]
-    counts, jobs = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_counts)
-    text = ctx.metrics.render(ctx.host.stats(), counts, jobs)
+    q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
+    text = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
 

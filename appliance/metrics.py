@@ -1,6 +1,7 @@
 """Prometheus metrics in the text exposition format (version 0.0.4), written by hand.
 
 Exposed at `GET /metrics`:
+    tts_queue_up                       1 when the job queue can be read, 0 while it cannot (no counts then)
     tts_queue_segments{state}          batch segments per state
     tts_jobs{state}                    jobs per state
     tts_engine_active_slots            requests being decoded now
@@ -63,7 +64,7 @@ class Metrics:
             if error:
                 self.errors[error] += 1
 
-    def render(self, engine_stats: dict, queue_counts: dict, job_counts: dict) -> str:
+    def render(self, engine_stats: dict, queue_counts: dict, job_counts: dict, queue_up: bool = True) -> str:
         out = []
 
         def metric(name, typ, help_, samples):
@@ -73,6 +74,8 @@ class Metrics:
                 out.append(f"{name}{_labels(labels)} {float(value):g}")
 
         with self._lock:
+            metric("tts_queue_up", "gauge", "Whether the job queue can be read (1) or not (0).",
+                   [({}, 1 if queue_up else 0)])
             metric("tts_queue_segments", "gauge", "Batch segments by state.",
                    [({"state": k}, v) for k, v in sorted(queue_counts.items())])
             metric("tts_jobs", "gauge", "Jobs by state.", [({"state": k}, v) for k, v in sorted(job_counts.items())])

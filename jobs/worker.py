@@ -283,7 +283,7 @@ class Worker:
                 self.queue.fail_job(row["job_id"], f"the reference audio cannot be used: {ctx.error}")
                 self.heartbeat.drop([row["id"]])
                 continue
-            voice = segment_voice(row)
+            voice = row["_voice"] = segment_voice(row)  # read once: the request (_request) takes it from here
             if voice:  # a [voice=...] tag or the chapter's voice: this segment's own speaker, nothing cloned
                 key = segment_key(row["text"], replace(ctx.spec, voice=voice, ref_audio=None, ref_text=None),
                                   row["seed"], self.engine.model_id)
@@ -315,7 +315,7 @@ class Worker:
         spec = ctx.spec
         row["_seed"] = attempt_seed(row["seed"], row["guard_failures"])
         sampling = SamplingParams(**{**spec.sampling, "seed": row["_seed"]})
-        voice = segment_voice(row)
+        voice = row["_voice"]  # the segment's own voice, read from its metadata in _group
         if voice:
             return SynthesisRequest(text=row["text"], voice=voice, language=spec.language, instruct=spec.instruct,
                                     sampling=sampling)

@@ -80,7 +80,8 @@ class PgServer:
 
     def stop(self) -> None:
         try:
-            self.halt()
+            if (self.data / "postmaster.pid").exists():  # not already halted by the test
+                self.halt()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

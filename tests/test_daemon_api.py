@@ -34,7 +34,7 @@ def speech(**kw):
 
 def test_health_and_voices(daemon):
     status, h, _ = daemon.get("/health")
-    assert status == 200 and h["status"] == "ok" and h["model_type"] == "custom_voice"
+    assert status == 200 and h["status"] == "ok" and h["model_type"] == "custom_voice" and h["queue"] == {"ok": True}
     status, v, _ = daemon.get("/v1/voices")
     assert status == 200 and {x["name"] for x in v["voices"]} >= {"ryan", "vivian"} and "english" in v["languages"]
 
@@ -228,6 +228,7 @@ def test_metrics(daemon):
     status, body, headers = daemon.get("/metrics")
     text = body.decode()
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert "\ntts_queue_up 1\n" in text
     for name in ("tts_queue_segments{state=\"done\"}", "tts_engine_active_slots", "tts_ttfa_seconds_count",
                  "tts_realtime_factor", "tts_requests_total{api=\"speech\",outcome=\"ok\"}", "tts_errors_total"):
         assert name in text, name

@@ -64,3 +64,16 @@ def test_list_and_daemon_refuse_a_schema_from_a_newer_version(tmp_path):
         assert "Traceback" not in r.stderr + r.stdout
         [line] = error_lines(r)
         assert "schema version 999, newer than this tts-appliance knows" in line
+
+
+@pytest.mark.parametrize("swap", ["directory", "garbage"])
+def test_list_and_daemon_stop_on_a_sqlite_queue_that_is_no_database(tmp_path, swap):
+    db = tmp_path / "queue.db"
+    db.mkdir() if swap == "directory" else db.write_bytes(b"not a database\n" * 512)
+    for args in (("list",), ("daemon",)):
+        r = run_cli(tmp_path, str(db), *args)
+        assert r.returncode == 1, args
+        assert "Traceback" not in r.stderr + r.stdout
+        [line] = error_lines(r)
+        assert f"cannot open the queue database {db}: " in line, line
+        assert "loading" not in r.stdout.lower()

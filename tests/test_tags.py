@@ -106,21 +106,13 @@ def test_tagged_segments_are_spoken_with_their_voice(tmp_path):
     """The real tiny engine: the same words with the same seed differ only by the tag's voice."""
     from engines.api import TTSEngine
     from engines.runtime.runner import EngineRunner
-    from jobs.worker import Worker
 
     text = "# One\n\nSame words here.\n\n[voice=eric]Same words here.[/voice]\n\n[voice=ryan]Same words here.\n"
     paths, q, src = _book(tmp_path, text)
     spec = JobSpec(voice="ryan", language="english", format="wav", sampling={"max_new_tokens": 6})
     job_id, err = submit_file(q, paths, src, spec, VOICES)
     assert err is None
-    runner = EngineRunner(TTSEngine.load(MODEL), max_slots=4, max_context=256)
-    worker = Worker(q, runner, paths, batch_size=8, guard=_no_guard())
-    try:
-        while q.job(job_id)["state"] not in ("done", "partial", "failed"):
-            worker.run_once()
-    finally:
-        worker.close()
-    assert q.job(job_id)["state"] == "done", q.job(job_id)["error"]
+    _work_through(q, EngineRunner(TTSEngine.load(MODEL), max_slots=4, max_context=256), paths, job_id, 8)
     rows = [s for s in q.segments(job_id) if s["original"] == "Same words here."]
     assert len(rows) == 3
     audio = [np.asarray(__import__("soundfile").read(r["audio_path"])[0]) for r in rows]
@@ -133,3 +125,86 @@ def _no_guard():
     from jobs.guard import GuardSettings
 
     return GuardSettings(enabled=False)
+
+
+def _work_through(q, engine, paths, job_id: str, batch_size: int) -> None:
+    """A worker on `engine` (no guard) until the job ends; it must end done."""
+    from jobs.worker import Worker
+
+    worker = Worker(q, engine, paths, batch_size=batch_size, guard=_no_guard())
+    try:
+        while q.job(job_id)["state"] not in ("done", "partial", "failed"):
+            worker.run_once()
+    finally:
+        worker.close()
+    assert q.job(job_id)["state"] == "done", q.job(job_id)["error"]
+
+
+class VoiceRecorder:
+    """Engine double that records the voice each request names (batch mode, or fed continuously
+    through `submit` when `running`: jobs.worker.Synthesizer); 0.5 s of tone per request."""
+
+    sample_rate = 24000
+    voices = VOICES
+    languages = ["english"]
+    model_id = "voice-recorder"
+
+    def __init__(self, running: bool):
+        self.running = running
+        self.spoken: list[tuple[str, str]] = []
+
+    def synthesize(self, requests):
+        from engines.api import SynthesisResult
+
+        out = []
+        for r in requests:
+            self.spoken.append((r.text, r.voice))
+            audio = (0.3 * np.sin(np.arange(self.sample_rate // 2) * 0.05)).astype(np.float32)
+            out.append(SynthesisResult(audio, self.sample_rate, np.zeros((1, 16), np.int64), True))
+        return out
+
+    def submit(self, request, priority):
+        result = self.synthesize([request])[0]
+
+        class Handle:
+            done, on_done = True, None
+
+            def result(self):
+                return result
+
+        return Handle()
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["batches", "fed"])
+def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, running):
+    """A segment's metadata (its tag or chapter voice) is read once per claim, for its audio key and
+    its request alike; the voices spoken stay those of the tags, chapters and job."""
+    import jobs.worker
+    from collections import Counter
+
+    paths, q, src = _book(tmp_path, BOOK)
+    spec = JobSpec(voice="ryan", chapter_voices={"2": "dylan"}, format="wav", sampling={"max_new_tokens": 6})
+    job_id, err = submit_file(q, paths, src, spec, VOICES)
+    assert err is None
+    segments = q.segments(job_id)
+    metadata = Counter(s["metadata"] for s in segments)
+
+    parsed: Counter = Counter()
+
+    class CountingJson:  # the worker's json module, counting what it parses
+        def __getattr__(self, name):
+            return getattr(json, name)
+
+        def loads(self, s, *a, **kw):
+            parsed[s] += 1
+            return json.loads(s, *a, **kw)
+
+    monkeypatch.setattr(jobs.worker, "json", CountingJson())
+    engine = VoiceRecorder(running)
+    _work_through(q, engine, paths, job_id, 16)
+    assert {m: parsed[m] for m in metadata} == dict(metadata)  # once per segment, not again for its request
+    voices = dict(engine.spoken)
+    assert voices["Eric has a line."] == "eric" and voices["The narrator begins."] == "ryan"
+    assert voices["The second chapter is read by its own voice."] == "dylan"
+    assert voices["Back to the narrator."] == "ryan" and voices["Ryan closes."] == "ryan"
+    assert len(engine.spoken) == len({s["key"] for s in q.segments(job_id)})  # one synthesis per audio key

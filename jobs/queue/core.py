@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
@@ -37,7 +38,8 @@ class Queue(Leases, Records):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL. Start-up problems (unreachable
-    server, wrong credentials, a schema from a newer version) raise `QueueError` in one line."""
+    server, wrong credentials, a SQLite file that cannot be opened, a schema from a newer version)
+    raise `QueueError` in one line."""
 
     def __init__(self, location: str | Path, max_attempts: int = 3, busy_timeout_s: float = 30.0,
                  max_lost: int = 25):
@@ -47,9 +49,11 @@ class Queue(Leases, Records):
         try:
             self.store = open_store(location, busy_timeout_s)
             migrate(self.store, self.where)
-        except (QueueUnavailable, SchemaTooNew) as exc:
+        except (QueueUnavailable, SchemaTooNew, sqlite3.Error) as exc:
             if getattr(self, "store", None) is not None:
                 self.store.close()
+            if isinstance(exc, sqlite3.Error):  # not a database, not readable, locked past the busy timeout
+                raise QueueError(f"cannot open the queue database {self.where}: {exc}") from None
             raise QueueError(str(exc)) from None
 
     @property

@@ -45,9 +45,13 @@ class SqliteStore:
         self.location.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.location), timeout=busy_timeout_s, isolation_level=None,
                                check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error:  # not a database, or locked: the caller says so (jobs.queue.core.Queue)
+            conn.close()
+            raise
         self.conn = conn
 
     def execute(self, sql: str, args: Sequence | dict = ()):
