@@ -132,6 +132,9 @@ class EnginePool:
             per.append(s)
         out = {k: sum(s.get(k, 0) for s in per) for k in ("active_slots", "queued", "steps", "frames", "graphs",
                                                             "max_slots")}
+        phases = [s["ttfa_phases_s"] for s in per if "ttfa_phases_s" in s]
+        if phases:
+            out["ttfa_phases_s"] = {k: sum(p[k] for p in phases) for k in phases[0]}
         out["alive"] = all(s["alive"] for s in per)
         out["engines"] = per
         return out

@@ -163,3 +163,28 @@ def test_a_feed_with_no_complete_word_is_an_error():
         runner.step_once()
     with pytest.raises(TTSError, match="no complete word"):
         h.result()
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_hold_rows_and_match_the_reference():
+    """On CUDA in fp32 with captured decode graphs: a fed request held for text gives the reference codes."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    eng = engine(device="cuda")
+    sp = SamplingParams.greedy(max_new_tokens=40, seed=7)
+    codes_ref, _ = _reference_streaming(eng, TEXT, sp)
+    runner = EngineRunner(eng, max_slots=4, max_context=256, compile=False)
+    runner.prepare()
+    runner.start()
+    try:
+        feed = TextFeed()
+        producer = _feed_slowly(feed, TEXT, runner)
+        h = runner.submit(SynthesisRequest(text="", voice="vivian", language="english", sampling=sp, text_feed=feed))
+        producer.start()
+        res = h.result()
+    finally:
+        runner.stop()
+    assert runner.holds > 0 and runner.graphs
+    assert np.array_equal(res.codes, codes_ref)

@@ -147,8 +147,13 @@ def engine_window(m0: dict, m1: dict) -> Optional[dict]:
     e0, e1, span = m0["engine"], m1["engine"], m1["t"] - m0["t"]
     if "frames" not in e0 or "frames" not in e1 or span <= 0:
         return None
-    return {"audio_s_per_s": round((e1["frames"] - e0["frames"]) * SAMPLES_PER_FRAME / SAMPLE_RATE / span, 2),
-            "graphs_captured_in_window": (e1.get("graphs") or 0) - (e0.get("graphs") or 0)}
+    out = {"audio_s_per_s": round((e1["frames"] - e0["frames"]) * SAMPLES_PER_FRAME / SAMPLE_RATE / span, 2),
+           "graphs_captured_in_window": (e1.get("graphs") or 0) - (e0.get("graphs") or 0)}
+    p0, p1 = e0.get("ttfa_phases_s"), e1.get("ttfa_phases_s")
+    if p0 and p1 and p1["n"] > p0["n"]:  # the engine's share of TTFA, mean per stream in the window
+        n = p1["n"] - p0["n"]
+        out["engine_ttfa_mean_ms"] = {k: round((p1[k] - p0[k]) / n * 1000, 2) for k in p1 if k != "n"} | {"n": n}
+    return out
 
 
 def book_window(b0: Optional[dict], b1: Optional[dict]) -> dict:

@@ -123,6 +123,9 @@ def markdown(res: dict) -> str:
         if eng.get("graphs_captured_in_window"):
             notes.append(f"rate {r}: the engine captured {eng['graphs_captured_in_window']} new graphs during the "
                          "window (first use of a batch size): their capture time is in the figures")
+        if eng.get("engine_ttfa_mean_ms"):
+            notes.append(f"rate {r}: the engine's share of TTFA, mean ms per stream: " +
+                         ", ".join(f"{k} {v}" for k, v in eng["engine_ttfa_mean_ms"].items() if k != "n"))
         b = x.get("book") or {}
         if book and b.get("state_at_end") not in (None, "running", "queued"):
             notes.append(f"rate {r}: the book job was '{b['state_at_end']}' at the window's end")

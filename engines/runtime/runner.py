@@ -183,6 +183,9 @@ class EngineRunner:
         self.steps = 0
         self.frames = 0
         self.holds = 0  # rows x steps that waited for text
+        # where streams' time to first audio goes, summed (seconds): submit -> admitted (queue), -> in a slot
+        # (prefill), -> first frame read back (first_frame), -> first audio handed out (codec)
+        self.ttfa_phases = dict.fromkeys(("queue", "prefill", "first_frame", "codec"), 0.0) | {"n": 0}
 
     # ----- public API --------------------------------------------------------------------------
     @property
@@ -302,7 +305,7 @@ class EngineRunner:
 
     def stats(self) -> dict:
         return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
-                "frames": self.frames, "text_holds": self.holds, "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
+                "frames": self.frames, "text_holds": self.holds, "ttfa_phases_s": dict(self.ttfa_phases), "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
 
     # ----- loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -363,6 +366,7 @@ class EngineRunner:
 
     def _prepare(self, seq: _Seq) -> None:
         eng = self.engine
+        seq.handle.marks["admit"] = time.perf_counter()
         if seq.feed is None:
             spec, ref_codes = eng.resolve(seq.request)
             seq.prompt = eng.prompts.build(spec)
@@ -378,6 +382,14 @@ class EngineRunner:
         seq.ref_codes = ref_codes
         seq.frame_row = self.store.take(ref_codes)
         seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))
+
+    def _count_ttfa(self, h: StreamHandle) -> None:
+        m, p = h.marks, self.ttfa_phases
+        if all(k in m for k in ("admit", "slot", "frame", "audio")):
+            for phase, a, b in (("queue", h.created, m["admit"]), ("prefill", m["admit"], m["slot"]),
+                                ("first_frame", m["slot"], m["frame"]), ("codec", m["frame"], m["audio"])):
+                p[phase] += b - a
+            p["n"] += 1
 
     def _prepare_feed(self, seq: _Seq):
         """A request whose text is still arriving: streaming-text mode over the words there so far."""
@@ -450,6 +462,7 @@ class EngineRunner:
                 continue
             end, row = seq.offset, seq.side_row
             slot = self.sched.prefilled(seq)
+            seq.handle.marks["slot"] = time.perf_counter()
             seq.pos = end
             for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
                 k[slot, :, :end].copy_(k_side[row, :, :end])
@@ -520,6 +533,7 @@ class EngineRunner:
             if emit[i]:
                 seq.member.emitted += 1
                 self.frames += 1
+                seq.handle.marks.setdefault("frame", time.perf_counter())
             if done[i]:
                 seq.handle.finished_by_eos = bool(eos[i])
                 self._end(seq)
@@ -576,7 +590,10 @@ class EngineRunner:
 
     def _deliver(self, out: list, complete: list) -> None:
         for m, audio in out:
+            first = m.seq.handle.ttfa_s is None
             m.seq.handle.add_audio(audio)
+            if first and m.seq.priority <= 0 and m.seq.handle.ttfa_s is not None:
+                self._count_ttfa(m.seq.handle)
         for m in complete:
             if not m.dropped:
                 m.seq.handle.codes = m.codes

@@ -50,6 +50,7 @@ class StreamHandle:
         self._consumed: list[np.ndarray] = []
         self._ended = False  # the end marker was read (iterating again yields nothing more)
         self.on_done = None  # optional callback(handle), called from the runner thread at the end
+        self.marks: dict = {}  # perf_counter times set by the runner: admit, slot, frame (first), audio (first)
 
     @property
     def audio_seconds(self) -> float:
@@ -84,7 +85,8 @@ class StreamHandle:
         if audio.size == 0:
             return
         if self.ttfa_s is None:
-            self.ttfa_s = time.perf_counter() - self.created
+            self.marks["audio"] = time.perf_counter()
+            self.ttfa_s = self.marks["audio"] - self.created
         self.samples += audio.size
         self._q.put(audio)
 
