@@ -59,6 +59,7 @@ class RuntimeSection:
     max_queue: int = 16               # admission queue; beyond it requests get "busy" (HTTP 503)
     retry_after_s: int = 2            # Retry-After sent with 503
     codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
+    prefill_graphs: bool = True       # GPU: prompts prefilled by captured graphs (false: eager, for A/B runs)
 
 
 @dataclass

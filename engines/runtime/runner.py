@@ -40,6 +40,9 @@ from engines.runtime.stream import FrameStore, StreamHandle, collect
 log = logging.getLogger(__name__)
 
 
+PREFILL_LENGTHS = (16, 32, 64, 128)  # prompt-chunk length buckets of the captured prefill (then prefill_chunk)
+
+
 class EngineBusy(TTSError):
     """The admission queue is full: try again shortly."""
 
@@ -56,6 +59,7 @@ class EngineConfig:
     length_step: int = 256  # cache-length bucket granularity
     batch_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     use_graphs: Optional[bool] = None  # None: on CUDA
+    prefill_graphs: bool = True  # with graphs: prompt chunks prefilled by captured graphs (per rows/length bucket)
     # read a step's codes back while the next step runs (pinned buffers + events)
     overlap: bool = True
     compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
@@ -173,6 +177,11 @@ class EngineRunner:
         self.slots = self.sched.slots
         self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
         self.graphs: dict = {}
+        # prefill graphs per (rows bucket, length bucket): a prompt chunk costs one replay, not ~30 launches/layer
+        self.prefill_graphs: dict = {}
+        pb, chunk = self.cfg.prefill_batch, self.cfg.prefill_chunk
+        self.prefill_rows = tuple(b for b in self.cfg.batch_buckets if b < pb) + (pb,)
+        self.prefill_lengths = tuple(t for t in PREFILL_LENGTHS if t < chunk) + (chunk,)
         self.overlap = self.cfg.overlap
         self._inflight: Optional[_Step] = None
         pin = self.device.type == "cuda"
@@ -251,6 +260,9 @@ class EngineRunner:
             raise RuntimeError("prepare() captures graphs on idle slots: call it before submitting requests")
         t0 = time.perf_counter()
         self._warm_prefill()
+        for b in self.prefill_rows if self.use_graphs and self.cfg.prefill_graphs else ():
+            for t in self.prefill_lengths:
+                self._prefill_graph(b, t)
         step, cap = self.cfg.length_step, self.cfg.max_context
         lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
         for b in self.buckets:
@@ -268,7 +280,7 @@ class EngineRunner:
                     lane.capture(b, n)
         self._drain()
         t2 = time.perf_counter()
-        out = {"decode_graphs": len(self.graphs), "decode_capture_s": t1 - t0,
+        out = {"decode_graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "decode_capture_s": t1 - t0,
                "codec_graphs": sum(len(l.graphs) for l in self.lanes.values()), "codec_capture_s": t2 - t1}
         log.info("prepared %d decode graphs in %.1f s and %d codec graphs in %.1f s", out["decode_graphs"],
                  out["decode_capture_s"], out["codec_graphs"], out["codec_capture_s"])
@@ -446,16 +458,28 @@ class EngineRunner:
         b = max(seq.side_row for seq in group) + 1
         t = min(self.cfg.prefill_chunk, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))
         dev, cap = self.device, self.cfg.max_context - 1
-        x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=dev, dtype=self.table.hidden.dtype)
-        pos = torch.full((b, t), cap, device=dev, dtype=torch.long)  # idle rows write only the never-used last slot
-        last = torch.zeros(b, dtype=torch.long, device=dev)
+        graph = None
+        if self.use_graphs and self.cfg.prefill_graphs:  # padded up to a captured (rows, length) bucket
+            b, t = pick_bucket(b, self.prefill_rows), pick_bucket(t, self.prefill_lengths)
+            graph, x, pos, last, hidden = self._prefill_graph(b, t)
+            x.zero_()
+            pos.fill_(cap)
+            last.zero_()
+        else:
+            x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=dev, dtype=self.table.hidden.dtype)
+            pos = torch.full((b, t), cap, device=dev, dtype=torch.long)  # idle rows write only the never-used last slot
+            last = torch.zeros(b, dtype=torch.long, device=dev)
         for seq in group:
             rows = seq.prompt.prefill[seq.offset:seq.offset + t]
             x[seq.side_row, :rows.shape[0]] = rows
             pos[seq.side_row] = torch.arange(seq.offset, seq.offset + t, device=dev).clamp(max=cap)
             last[seq.side_row] = rows.shape[0] - 1
-        side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
-        hidden = self.fast.prefill(x, pos, side, last)  # [b, H]
+        if graph is not None:
+            graph.replay()
+        else:
+            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+            hidden = self.fast.prefill(x, pos, side, last)  # [b, H]
+        t = min(t, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))  # rows taken per request
         for seq in list(group):
             seq.offset = min(seq.offset + t, seq.prompt.prefill.shape[0])
             if seq.offset < seq.prompt.prefill.shape[0]:
@@ -470,6 +494,23 @@ class EngineRunner:
                 k[slot, :, end:].zero_()
             self.table.load(slot, seq.prompt, hidden[row], seq.settings, seq.frame_row, seq.member.n_ref,
                             seq.text_open)
+
+    def _prefill_graph(self, b: int, t: int) -> tuple:
+        """(graph, x, pos, last, hidden) of the prefill over side-cache rows [0, b) for chunks of t rows,
+        captured on first use (prepare() captures every bucket at start-up)."""
+        if (b, t) not in self.prefill_graphs:
+            self._drain()
+            dev, cap = self.device, self.cfg.max_context - 1
+            x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=dev, dtype=self.table.hidden.dtype)
+            pos = torch.full((b, t), cap, device=dev, dtype=torch.long)
+            last = torch.zeros(b, dtype=torch.long, device=dev)
+            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+            self.fast.prefill(x, pos, side, last)  # warm-up (and compilation): writes only the unused last slot
+            graph = make_graph(self.device, self._pool, self._capture_stream)
+            hidden = graph.capture(lambda: self.fast.prefill(x, pos, side, last), warmup=0)
+            self.prefill_graphs[(b, t)] = (graph, x, pos, last, hidden)
+            log.info("captured prefill graph rows=%d length=%d", b, t)
+        return self.prefill_graphs[(b, t)]
 
     def _drain(self) -> None:
         """Finish the step in flight before a graph capture: no copy or event may be pending then."""
