@@ -9,9 +9,10 @@ frames (a frame bucket) in one batched call, captured once per (b, n) in a devic
 codes are gathered from the FrameStore inside the call.
 
 Calls overlap the decode steps: they run on the lane's stream, and their audio is copied to pinned
-host memory behind an event. A lane with `wait=True` (streams) waits for its call at once, which
-costs the host only the call itself (the next decode step is already queued on the GPU); the batch
-lane collects finished calls on later `run()`s. A member's FrameStore row is handed back only when
+host memory behind an event. A lane with `wait=True` (streams) waits at once for a call that carries
+some request's first audio (its time to first audio), which costs the host only that call (the next
+decode step is already queued on the GPU); its later calls, like every batch-lane call, are collected
+on later `run()`s once finished, so a long call never holds up the loop (admission, the next step). A member's FrameStore row is handed back only when
 the call that read its last frames has finished.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Member:
     """A request's place in a codec lane; its row in the lane moves when others leave."""
 
     __slots__ = ("frame_row", "n_ref", "emitted", "decoded", "target", "discard", "finished", "dropped", "seq",
-                 "codes", "stalled")
+                 "codes", "stalled", "heard")
 
     def __init__(self, seq, frame_row: int, n_ref: int, first: int, spf: int):
         self.seq, self.frame_row, self.n_ref = seq, frame_row, n_ref
@@ -45,6 +46,7 @@ class Member:
         self.finished = False  # no more frames will come
         self.dropped = False  # cancelled: decode nothing more
         self.stalled = False  # its request waits for text: what it has is decoded now, not at the next chunk
+        self.heard = False  # a call has made audio of it (reference frames aside)
         self.codes: Optional[np.ndarray] = None  # [frames, K] int64, set when its audio is complete
 
     @property
@@ -55,7 +57,7 @@ class Member:
 class _Call:
     """A launched lane call: its audio on the way to host memory, and the members it completes."""
 
-    __slots__ = ("event", "wav", "parts", "complete", "codes")
+    __slots__ = ("event", "wav", "parts", "complete", "codes", "first")
 
     def __init__(self):
         self.event = None  # CUDA event after the host copies (None: already done)
@@ -63,6 +65,7 @@ class _Call:
         self.parts: list = []  # (member, row, samples from, samples to)
         self.complete: list = []  # members whose audio ends with this call
         self.codes: list = []  # (member, host int32 codes [frames, K])
+        self.first = False  # it holds a member's first audio
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -170,7 +173,7 @@ class CodecLane:
         See `_launch` for what a call covers."""
         if len(self._inflight) < self.max_inflight:
             self._launch()
-        return self._harvest(block=self.wait or block)
+        return self._harvest(block=block or (self.wait and any(c.first for c in self._inflight)))
 
     def drain(self) -> tuple[list, list]:
         """Wait for every launched call and hand out its results (stop, failure)."""
@@ -207,6 +210,8 @@ class CodecLane:
                     cut = min(m.discard, got)
                     m.discard -= cut
                     call.parts.append((m, i, cut, got))
+                    if got > cut and not m.heard:  # this call makes its first audio
+                        call.first = m.heard = True
                     m.decoded += valid[i]
                     m.target = min(max(m.target * 2, self.first), self.max_chunk)
             done = [m for m in self.members if m.dropped or (m.finished and not m.pending)]
