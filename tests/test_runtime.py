@@ -322,3 +322,22 @@ def test_a_request_ending_with_every_frame_decoded_completes(frames):
             break
         runner.step_once()
     assert h.done and h.result().audio.size > 0
+
+
+def test_a_stream_about_to_run_dry_is_urgent():
+    """The stream lane waits for a call when its listener (playing in real time since the first audio) has
+    less than URGENT_S of audio left; not before the first audio, not with plenty buffered."""
+    import time
+    from types import SimpleNamespace
+
+    from engines.runtime.runner import URGENT_S
+    from engines.runtime.stream import StreamHandle
+
+    runner = EngineRunner(engine(), max_slots=1, max_context=256)
+    h = StreamHandle(runner, 24000)
+    m = SimpleNamespace(seq=SimpleNamespace(handle=h))
+    assert not runner._running_dry(m)  # no audio yet: the first-chunk rule applies, not this one
+    h.add_audio(np.zeros(24000, np.float32))  # 1 s of audio, just now
+    assert not runner._running_dry(m)
+    h.marks["audio"] = time.perf_counter() - (1.0 - URGENT_S / 2)  # the listener is near its end
+    assert runner._running_dry(m)

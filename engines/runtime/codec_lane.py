@@ -11,8 +11,9 @@ codes are gathered from the FrameStore inside the call.
 Calls overlap the decode steps: they run on the lane's stream, and their audio is copied to pinned
 host memory behind an event. A lane with `wait=True` (streams) waits at once for a call that carries
 some request's first audio (its time to first audio), which costs the host only that call (the next
-decode step is already queued on the GPU); its later calls, like every batch-lane call, are collected
-on later `run()`s once finished, so a long call never holds up the loop (admission, the next step). A member's FrameStore row is handed back only when
+decode step is already queued on the GPU), or audio a listener is about to run out of (`urgent`); its
+other calls, like every batch-lane call, are collected on later `run()`s once finished, so a long call
+does not hold up the loop (admission, the next step). A member's FrameStore row is handed back only when
 the call that read its last frames has finished.
 """
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Member:
 class _Call:
     """A launched lane call: its audio on the way to host memory, and the members it completes."""
 
-    __slots__ = ("event", "wav", "parts", "complete", "codes", "first")
+    __slots__ = ("event", "wav", "parts", "complete", "codes", "first", "urgent")
 
     def __init__(self):
         self.event = None  # CUDA event after the host copies (None: already done)
@@ -66,6 +67,7 @@ class _Call:
         self.complete: list = []  # members whose audio ends with this call
         self.codes: list = []  # (member, host int32 codes [frames, K])
         self.first = False  # it holds a member's first audio
+        self.urgent = False  # it holds audio a member's listener is about to run out of
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -99,6 +101,7 @@ class CodecLane:
         self.graphs: dict = {}  # (b, n) -> (graph, ctrl_in, wav_out), or None: runs eagerly (capture failed)
         self.pool = pool
         self.before_capture = None  # called before a new graph is captured (the runner drains its step)
+        self.urgent = None  # (member) -> True when its listener is about to run dry: the loop waits for its call
         self.calls = 0
         dev = frames.codes.device
         self.cuda = dev.type == "cuda"
@@ -173,7 +176,7 @@ class CodecLane:
         See `_launch` for what a call covers."""
         if len(self._inflight) < self.max_inflight:
             self._launch()
-        return self._harvest(block=block or (self.wait and any(c.first for c in self._inflight)))
+        return self._harvest(block=block or (self.wait and any(c.first or c.urgent for c in self._inflight)))
 
     def drain(self) -> tuple[list, list]:
         """Wait for every launched call and hand out its results (stop, failure)."""
@@ -212,6 +215,8 @@ class CodecLane:
                     call.parts.append((m, i, cut, got))
                     if got > cut and not m.heard:  # this call makes its first audio
                         call.first = m.heard = True
+                    elif got > cut and self.urgent is not None and self.urgent(m):
+                        call.urgent = True
                     m.decoded += valid[i]
                     m.target = min(max(m.target * 2, self.first), self.max_chunk)
             done = [m for m in self.members if m.dropped or (m.finished and not m.pending)]

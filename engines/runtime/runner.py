@@ -40,6 +40,7 @@ from engines.runtime.stream import FrameStore, StreamHandle, collect
 log = logging.getLogger(__name__)
 
 
+URGENT_S = 0.3  # a stream with less audio ahead of its listener than this gets its next chunk at once
 PREFILL_LENGTHS = (16, 32, 64, 128)  # prompt-chunk length buckets of the captured prefill (then prefill_chunk)
 
 
@@ -169,6 +170,7 @@ class EngineRunner:
                                cfg.batch_chunk_frames, cfg.batch_chunk_frames, cfg.batch_call_frames, self.use_graphs,
                                lazy_finish=True, wait=False, stream=b_stream),
         }
+        self.lanes["stream"].urgent = self._running_dry
         for lane in self.lanes.values():
             lane.before_capture = self._drain
             lane.use_stream(cfg.codec_streams)
@@ -628,6 +630,13 @@ class EngineRunner:
             if self.sched.streams_about() else batch.max_frames_per_call
         for lane in self.lanes.values():
             self._deliver(*lane.run(block=idle))  # nothing else to do: wait for the codec rather than spin
+
+    def _running_dry(self, m) -> bool:
+        """A stream whose listener (playing since its first audio, in real time) has less than
+        URGENT_S of audio left: the loop waits for the codec call that carries its next audio."""
+        h = m.seq.handle
+        start = h.marks.get("audio")
+        return start is not None and h.samples / h.sample_rate - (time.perf_counter() - start) < URGENT_S
 
     def _deliver(self, out: list, complete: list) -> None:
         for m, audio in out:
