@@ -61,7 +61,7 @@ from collections import Counter
 from typing import Optional, Sequence
 
 from benchmarks.load.client import FirstLoud, Target, engine_stats
-from benchmarks.load.harness import (add_daemon_args, base_result, check_alive, check_daemon_args, pick_voices,
+from benchmarks.load.harness import (add_daemon_args, add_window_args, base_result, check_alive, check_daemon_args, pick_voices,
                                      run_cli, served)
 from benchmarks.load.level import Load, engine_window, lag_monitor, prime
 from benchmarks.load.report import fmt, stopped_note
@@ -554,14 +554,7 @@ def parse_args(argv=None):
     ap.add_argument("--frames", type=int,
                     help=f"max_frames per sentence (80 ms each; default with a fixed length {FIXED_FRAMES}, "
                          "else not sent)")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of sessions before each window (not measured)")
-    ap.add_argument("--window", type=float, default=30.0, help="measured window, seconds")
-    ap.add_argument("--drain-timeout", type=float, default=120.0,
-                    help="seconds after the window for measured sessions to finish (then: incomplete)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one session may take")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the texts")
-    ap.add_argument("--prime", action=argparse.BooleanOptionalAction, default=True,
-                    help="ramp streams to the largest level once before the first level")
+    add_window_args(ap, "session", "ramp streams to the largest level once before the first level")
     ap.add_argument("--save-sessions", action="store_true", help="every measured session in the JSON")
     args = ap.parse_args(argv)
     try:

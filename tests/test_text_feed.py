@@ -66,6 +66,21 @@ def _feed_slowly(feed: TextFeed, text: str, runner: EngineRunner, every: int = 3
     return threading.Thread(target=run, daemon=True)
 
 
+def _speak_fed(runner: EngineRunner, sp: SamplingParams):
+    """TEXT fed slowly to one request on a running `runner` -> its result (the runner is stopped after)."""
+    runner.start()
+    try:
+        feed = TextFeed()
+        producer = _feed_slowly(feed, TEXT, runner)
+        h = runner.submit(SynthesisRequest(text="", voice="vivian", language="english", sampling=sp, text_feed=feed))
+        producer.start()
+        res = h.result()
+        producer.join()
+    finally:
+        runner.stop()
+    return res
+
+
 def _reference_streaming(eng, text, sampling, voice="vivian"):
     req = SynthesisRequest(text=text, voice=voice, language="english", non_streaming_text=False, sampling=sampling)
     return reference(eng, [req])[0]
@@ -78,16 +93,7 @@ def test_slow_text_gives_the_whole_text_codes(greedy):
     sp = mk(max_new_tokens=40, seed=7)
     codes_ref, wav_ref = _reference_streaming(eng, TEXT, sp)
     runner = EngineRunner(eng, max_slots=2, max_context=256)
-    runner.start()
-    try:
-        feed = TextFeed()
-        producer = _feed_slowly(feed, TEXT, runner)
-        h = runner.submit(SynthesisRequest(text="", voice="vivian", language="english", sampling=sp, text_feed=feed))
-        producer.start()
-        res = h.result()
-        producer.join()
-    finally:
-        runner.stop()
+    res = _speak_fed(runner, sp)
     assert runner.holds > 0, "the text came fast enough never to hold the row: the test checks nothing"
     assert np.array_equal(res.codes, codes_ref)
     assert res.audio.shape == wav_ref.shape and np.abs(res.audio - wav_ref).max() < 1e-4
@@ -177,14 +183,6 @@ def test_gpu_graphs_hold_rows_and_match_the_reference():
     codes_ref, _ = _reference_streaming(eng, TEXT, sp)
     runner = EngineRunner(eng, max_slots=4, max_context=256, compile=False)
     runner.prepare()
-    runner.start()
-    try:
-        feed = TextFeed()
-        producer = _feed_slowly(feed, TEXT, runner)
-        h = runner.submit(SynthesisRequest(text="", voice="vivian", language="english", sampling=sp, text_feed=feed))
-        producer.start()
-        res = h.result()
-    finally:
-        runner.stop()
+    res = _speak_fed(runner, sp)
     assert runner.holds > 0 and runner.graphs
     assert np.array_equal(res.codes, codes_ref)

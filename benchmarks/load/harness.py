@@ -38,6 +38,17 @@ log = logging.getLogger(__name__)
 RUN_PREFIX = "tts-load-run-"  # a short runtime folder in /tmp when the workdir's path is too long for a socket
 
 
+def add_window_args(ap: argparse.ArgumentParser, unit: str, prime_help: str) -> None:
+    """The options of a measured level: warm-up, window, drain, per-`unit` timeout, seed, priming."""
+    ap.add_argument("--warmup", type=float, default=10.0, help=f"seconds of {unit}s before each window (not measured)")
+    ap.add_argument("--window", type=float, default=30.0, help="measured window, seconds")
+    ap.add_argument("--drain-timeout", type=float, default=120.0,
+                    help=f"seconds after the window for measured {unit}s to finish (then: incomplete)")
+    ap.add_argument("--timeout", type=float, default=300.0, help=f"seconds one {unit} may take")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the arrival times, texts and voices")
+    ap.add_argument("--prime", action=argparse.BooleanOptionalAction, default=True, help=prime_help)
+
+
 def add_daemon_args(ap: argparse.ArgumentParser, prog: str) -> None:
     """The options that pick the daemon (--dummy, --model, --socket, --url; one is required), configure
     one this benchmark starts, and name the outputs."""

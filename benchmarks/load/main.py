@@ -55,7 +55,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.load.book import BookError, BookLoad
-from benchmarks.load.harness import (add_daemon_args, base_result, check_alive, check_daemon_args, pick_voices,
+from benchmarks.load.harness import (add_daemon_args, add_window_args, base_result, check_alive, check_daemon_args, pick_voices,
                                      run_cli, served)
 from benchmarks.load.level import Load, one_line, prime, run_level
 from benchmarks.load.report import markdown
@@ -128,14 +128,7 @@ def parse_args(argv=None):
     ap.add_argument("--rates", default="1,4,10,20,30", help="comma list of arrival rates, requests/s")
     ap.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
     ap.add_argument("--frames", type=int, default=60, help="max_frames per request (80 ms each; default 60 = 4.8 s)")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of load before each window (not measured)")
-    ap.add_argument("--window", type=float, default=30.0, help="measured window, seconds")
-    ap.add_argument("--drain-timeout", type=float, default=120.0,
-                    help="seconds after the window for measured requests to finish (then: incomplete)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the arrival times, prompts and voices")
-    ap.add_argument("--prime", action=argparse.BooleanOptionalAction, default=True,
-                    help="ramp to the slot count once before the first rate")
+    add_window_args(ap, "request", "ramp to the slot count once before the first rate")
     ap.add_argument("--book", type=int, metavar="SEGMENTS", help="keep a book job of about SEGMENTS segments running")
     ap.add_argument("--book-frames", type=int, default=150, help="frames per book segment with fixed length")
     ap.add_argument("--book-poll", type=float, default=1.0, help="seconds between book progress polls")
