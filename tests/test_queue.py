@@ -374,3 +374,34 @@ def test_workers_back_off_while_postgresql_is_away_and_resume(pg, tmp_path):
     t.join(10)
     assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
     q.close()
+
+
+def test_workers_back_off_while_sqlite_is_locked_and_resume(tmp_path):
+    """Another process holding the SQLite write lock past the busy timeout is an outage the worker waits out
+    (as with PostgreSQL), not an error that ends its thread."""
+    import sqlite3
+    import threading
+
+    paths = resolve_home(tmp_path / "home").ensure()
+    db = tmp_path / "queue.db"
+    q = Queue(db)
+    job = q.add_job(JobSpec(format="wav"), _chapters(2, 4))
+    q.close()
+    worker = Worker(Queue(db, busy_timeout_s=0.2), ToneEngine(), paths, batch_size=2, heartbeat_s=0.2)
+    locker = sqlite3.connect(str(db), isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")  # e.g. a backup or an admin's shell holding the file
+    stop = threading.Event()
+    t = threading.Thread(target=worker.run_forever, args=(stop, 0.1), daemon=True)
+    t.start()
+    time.sleep(1.5)
+    assert t.is_alive()  # backing off, not dead
+    locker.execute("ROLLBACK")
+    locker.close()
+    q = Queue(db)
+    deadline = time.time() + 60
+    while q.job(job)["state"] != "done" and time.time() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    t.join(10)
+    assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
+    q.close()

@@ -32,6 +32,9 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
+_SQLITE_AWAY = ("locked", "busy", "disk i/o", "unable to open", "readonly", "disk is full")
+
+
 class SqliteStore:
     """A SQLite file in WAL mode; writes serialize on `BEGIN IMMEDIATE`."""
 
@@ -54,24 +57,41 @@ class SqliteStore:
             raise
         self.conn = conn
 
+    def _unavailable(self, exc: sqlite3.Error) -> Exception:
+        """A locked or unreadable file (another process holding the write lock past the busy timeout, a
+        full or failing disk) is an outage the workers wait out, as a PostgreSQL server going away is;
+        other errors (a bad statement) stay what they are."""
+        msg = str(exc).lower()
+        if isinstance(exc, sqlite3.OperationalError) and any(w in msg for w in _SQLITE_AWAY):
+            return QueueUnavailable(f"the queue database {self.location} cannot be used now: {exc}")
+        return exc
+
     def execute(self, sql: str, args: Sequence | dict = ()):
-        return self.conn.execute(sql, args)
+        try:
+            return self.conn.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
 
     def rows(self, sql: str, args: Sequence | dict = ()) -> list[dict]:
-        cur = self.conn.execute(sql, args)
+        cur = self.execute(sql, args)
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, r)) for r in cur.fetchall()]
 
     @contextmanager
     def tx(self, lock: bool = False):
         """A write transaction (waits up to the busy timeout for other writers)."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.execute("BEGIN IMMEDIATE")
         try:
             yield self
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self.execute("COMMIT")
+        finally:  # a COMMIT that failed (busy) leaves the transaction open: end it, the work is retried
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
         self.conn.close()
