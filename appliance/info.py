@@ -213,8 +213,11 @@ def render(r: dict) -> str:
     if d.get("reachable"):
         h = d["health"]
         eng = h.get("engine", {}) if isinstance(h, dict) else {}
+        queue = h.get("queue") if isinstance(h, dict) else None
+        q = "" if not isinstance(queue, dict) else (", queue ok" if queue.get("ok") else
+                                                    f", queue unreachable: {queue.get('error')}")
         out += ["daemon", f"  {d['socket']}: {h.get('status')}, pid {h.get('pid')}, "
-                          f"slots {eng.get('active_slots')}/{eng.get('max_slots')}, streams {eng.get('streams')}",
+                          f"slots {eng.get('active_slots')}/{eng.get('max_slots')}, streams {eng.get('streams')}{q}",
                 *[f"  engine {e.get('device')}: {e.get('dtype')}, {e.get('max_slots')} slots, {e.get('frames')} frames"
                   for e in eng.get("engines", [])]]
     else:

@@ -72,5 +72,6 @@ def test_info_shows_the_running_daemon(tmp_path):
         assert daemon["health"]["status"] == "ok" and daemon["health"]["runtime"]["max_slots"] == 4
         text = run_info("--config", str(d.path), "info")
         assert f"{d.socket}: ok, pid {d.proc.pid}" in text and "engine cpu: float32, 4 slots" in text
+        assert "queue ok" in text
     finally:
         assert d.stop() == 0
