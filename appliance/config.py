@@ -60,6 +60,7 @@ class RuntimeSection:
     retry_after_s: int = 2            # Retry-After sent with 503
     codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
     prefill_graphs: bool = True       # GPU: prompts prefilled by captured graphs (false: eager, for A/B runs)
+    codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling (None: on CUDA; false for A/B)
 
 
 @dataclass

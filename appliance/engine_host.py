@@ -108,7 +108,7 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
         runner = EngineRunner(engine, max_slots=slots, max_queue=max_queue or cfg.runtime.max_queue,
                               max_context=cfg.runtime.max_context,
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=cfg.runtime.codec,
-                              prefill_graphs=cfg.runtime.prefill_graphs)
+                              prefill_graphs=cfg.runtime.prefill_graphs, codec_fast=cfg.runtime.codec_fast)
     runner.settings = chosen
     return runner
 

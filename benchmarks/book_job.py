@@ -115,6 +115,20 @@ def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
                     "startup_s": time.perf_counter() - t_prep, "prepare": prep}
 
 
+def set_codec_fast(runner: EngineRunner, on: bool) -> None:
+    """Switch the eager torch codec of every lane to the fused stack (on) or the reference one; codec graphs
+    captured for the other setting are dropped and captured again (start-up, not timed)."""
+    changed = False
+    for lane in runner.lanes.values():
+        stream = getattr(lane.codec, "stream", None)
+        if stream is None or getattr(lane.codec, "compiled", False) or stream.fast == on:
+            continue
+        stream.fast, changed = on, True
+        lane.graphs.clear()
+    if changed:
+        runner.prepare()
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -138,6 +152,8 @@ def main() -> None:
     ap.add_argument("--format", default="flac")
     ap.add_argument("--codec-streams", default="on", help="codec lanes on their own CUDA streams: on, off, or "
                     "on,off (A/B: the book runs once per setting, same process)")
+    ap.add_argument("--codec-fast", default="on", help="eager torch codec with the fused channels-last stack: on, "
+                    "off, or on,off (A/B in one process; the codec graphs are captured again for each)")
     ap.add_argument("--json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -146,7 +162,7 @@ def main() -> None:
     made: dict = {}  # (device, n-th engine on it) -> (runner, start-up figures): kept between runs
     res = {"model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
            "fuse": args.fuse, "format": args.format}
-    variants = args.codec_streams.split(",")
+    variants = [(f, v) for f in args.codec_fast.split(",") for v in args.codec_streams.split(",")]
     runs = []
     for devices in sets:
         keys = [(d, devices[:i].count(d)) for i, d in enumerate(devices)]
@@ -155,15 +171,17 @@ def main() -> None:
                 made[k] = make_runner(k[0], args)
         pool = EnginePool([made[k][0] for k in keys])
         slots = sum(r.cfg.max_slots for r in pool.runners)
-        for v in variants:
+        for f, v in variants:
             for r in pool.runners:
+                set_codec_fast(r, f == "on")
                 for lane in r.lanes.values():
                     lane.use_stream(v == "on")
             out = run_book(pool, slots, args)
             out.update(devices=",".join(devices), device=", ".join(device_name(d) for d in devices), slots=slots,
-                       codec_streams=v, startup=[made[k][1] for k in keys])
+                       codec_streams=v, codec_fast=f, startup=[made[k][1] for k in keys])
             runs.append(out)
-            logging.info("book on %s (codec streams %s): %.1f audio-s/s", out["devices"], v, out["audio_s_per_s"])
+            logging.info("book on %s (codec fast %s, codec streams %s): %.1f audio-s/s", out["devices"], f, v,
+                         out["audio_s_per_s"])
     for runner, _ in made.values():
         runner.stop()
     if len(runs) == 1:  # one run: its figures at the top level, as before
@@ -173,11 +191,11 @@ def main() -> None:
     else:
         res["runs"] = runs
         base = runs[0]["audio_s_per_s"]
-        res["scaling"] = {f"{r['devices']} codec_streams_{r['codec_streams']}": round(r["audio_s_per_s"] / base, 3)
-                          for r in runs}
+        res["scaling"] = {f"{r['devices']} codec_fast_{r['codec_fast']} codec_streams_{r['codec_streams']}":
+                          round(r["audio_s_per_s"] / base, 3) for r in runs}
         for r in runs:
-            logging.info("%s (codec streams %s): %.1f audio-s/s, x%.2f of the first run", r["devices"],
-                         r["codec_streams"], r["audio_s_per_s"], r["audio_s_per_s"] / base)
+            logging.info("%s (codec fast %s, codec streams %s): %.1f audio-s/s, x%.2f of the first run", r["devices"],
+                         r["codec_fast"], r["codec_streams"], r["audio_s_per_s"], r["audio_s_per_s"] / base)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -2,7 +2,8 @@
 
 `TorchCodec(decoder, batch)` is the reference and the fallback everywhere (CPU, CUDA, Ascend NPU).
 `TorchCodec(decoder, batch, compile=True, cache_dir=...)` runs the same streaming step through
-torch.compile (engines.codec.backend_compiled): name "torch-compiled". Both are graphable: the
+torch.compile (engines.codec.backend_compiled): name "torch-compiled". `fast=True` runs the upsampling
+stack channels-last and fused (engines.codec.fast; the default of the eager codec on CUDA). Both are graphable: the
 runtime (engines.runtime.stream.CodecStreams) captures their `push` per (batch, frames) bucket in
 CUDA graphs, the compiled kernels inside the captured graph.
 """
@@ -35,7 +36,8 @@ class TorchCodec:
 
     graphable = True
 
-    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None):
+    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None,
+                 fast: bool | None = None):
         from engines.codec import backend_compiled as cc
 
         self.decoder, self.batch_size, self.compiled = decoder, batch_size, compile
@@ -45,7 +47,14 @@ class TorchCodec:
             if reason:
                 raise RuntimeError(f"cannot compile the codec: {reason}")
         # the compiled step pads one-row pushes to MIN_ROWS: keep a spare row for that
-        self.stream = StreamingCodecDecoder(decoder, max(batch_size, cc.MIN_ROWS) if compile else batch_size)
+        if compile and fast:
+            raise ValueError("the fast codec stack is not compiled: choose compile or fast")
+        if fast is None:  # the eager codec on CUDA runs the fused stack
+            fast = not compile and p.device.type == "cuda"
+        self.stream = StreamingCodecDecoder(decoder, max(batch_size, cc.MIN_ROWS) if compile else batch_size,
+                                            fast=fast)
+        if fast:
+            decoder.fast_stack()  # built now, not inside the first graph capture
         self.device, self.dtype = self.stream.device, self.stream.dtype
         self.samples_per_frame = self.stream.samples_per_frame
         self.name = cc.NAME if compile else "torch"

@@ -399,7 +399,8 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
 RUNTIME_CHOICES = RUNTIME_CODECS
 
 
-def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None):
+def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None,
+                  fast: bool | None = None):
     """The codec backend the runner decodes its slot table with (engines.runtime.stream.CodecStreams).
 
     `choice`:
@@ -411,6 +412,8 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
       (`load_built_codec` without rebuilding: stale or missing builds fall back to eager torch, logged);
     - "auto": "built" when a manifest exists in the cache folder, else "torch".
     `cache_dir`: the engine cache folder (default: `default_cache_dir(engine.root)`).
+    `fast`: the eager torch codec runs its upsampling stack channels-last and fused (engines.codec.fast);
+    None: on CUDA.
     """
     from engines.codec.backend_torch import TorchCodec
 
@@ -422,7 +425,7 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
         choice = "built" if cache is not None and (cache / MANIFEST).is_file() else "torch"
         log.info("codec backend auto -> %s (%s)", choice, cache / MANIFEST if cache is not None else "no cache folder")
     if choice == "torch":
-        return TorchCodec(engine.decoder, n_slots)
+        return TorchCodec(engine.decoder, n_slots, fast=fast)
     if choice == COMPILED:
         try:
             codec = TorchCodec(engine.decoder, n_slots, compile=True,

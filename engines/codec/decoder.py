@@ -315,7 +315,9 @@ class CodecDecoder(nn.Module):
         return {m.key + k: s for m in self.modules() if hasattr(m, "state_shapes")
                 for k, s in m.state_shapes(batch).items()}
 
-    def forward(self, codes: Tensor, st: StreamState | None = None) -> Tensor:
+    def forward(self, codes: Tensor, st: StreamState | None = None, fast: bool = False) -> Tensor:
+        """`fast`: the upsampling stack runs channels-last and fused (engines.codec.fast, `fast_stack()`);
+        the same math up to rounding."""
         if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"codes must be [B, {self.config.num_quantizers}, T], got {tuple(codes.shape)}")
         if st is not None:
@@ -324,9 +326,22 @@ class CodecDecoder(nn.Module):
         x = self.pre_transformer(x.transpose(1, 2), st).transpose(1, 2)  # [B, latent, T]
         for trans, block in self.upsample:
             x = block(trans(x, st), st)  # [B, latent, T * r]
-        for m in self.decoder:
-            x = m(x, st)
+        if fast:
+            x = self.fast_stack()(x, st)
+        else:
+            for m in self.decoder:
+                x = m(x, st)
         return x.clamp(min=-1, max=1)  # [B, 1, T * samples_per_frame]
+
+    def fast_stack(self):
+        """The channels-last fused upsampling stack for this decoder's device and dtype (built once)."""
+        from engines.codec.fast import FastStack
+
+        p = next(self.parameters())
+        stack = self.__dict__.get("_fast")
+        if stack is None or stack.device != p.device or stack.dtype != p.dtype:
+            stack = self.__dict__["_fast"] = FastStack(self)
+        return stack
 
     def chunked_decode(self, codes: Tensor, chunk_size: int = 300, left_context_size: int = 25) -> Tensor:
         """Decode `chunk_size` frames at a time, each with up to `left_context_size` frames of context."""

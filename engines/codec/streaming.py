@@ -70,15 +70,16 @@ class StreamState:
         self.pos.masked_fill_(rows, 0)
 
 
-def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tensor, bufs: dict) -> Tensor:
+def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tensor, bufs: dict,
+                fast: bool = False) -> Tensor:
     """One streaming step on explicit state: decode codes [b, K, n] continuing the rows whose
     left-context buffers are `bufs` ({name: [b, ...]}) and frame counters `pos` [b], both updated in
     place; row r consumes its first n_valid[r] frames. Returns wav [b, 1, n * samples_per_frame].
 
     Sync-free and shape-static for a given (b, n): the function the CUDA graphs capture and the
-    one torch.compile fuses (engines.codec.backend_compiled)."""
+    one torch.compile fuses (engines.codec.backend_compiled). `fast`: see CodecDecoder.forward."""
     st = StreamState(bufs, pos, n_valid=n_valid)
-    wav = decoder(codes, st)
+    wav = decoder(codes, st, fast=fast)
     pos.add_(n_valid)
     return wav
 
@@ -103,8 +104,8 @@ class StreamingCodecDecoder:
     (masked in-place fills, also sync-free).
     """
 
-    def __init__(self, decoder: CodecDecoder, batch_size: int = 1):
-        self.decoder = decoder
+    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, fast: bool = False):
+        self.decoder, self.fast = decoder, fast
         p = next(decoder.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.samples_per_frame = decoder.samples_per_frame
@@ -133,8 +134,8 @@ class StreamingCodecDecoder:
             return torch.zeros(b, 1, 0, device=self.device, dtype=self.dtype)
         codes, (bufs, pos) = codes.to(self.device), self.rows(b)
         if n_valid is not None:
-            return stream_step(self.decoder, codes, n_valid.to(self.device, torch.long), pos, bufs)
-        wav = self.decoder(codes, StreamState(bufs, pos))  # all frames valid: contiguous tail copies
+            return stream_step(self.decoder, codes, n_valid.to(self.device, torch.long), pos, bufs, self.fast)
+        wav = self.decoder(codes, StreamState(bufs, pos), fast=self.fast)  # all frames valid: contiguous tail copies
         pos += codes.shape[-1]
         return wav
 

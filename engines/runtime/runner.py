@@ -75,6 +75,7 @@ class EngineConfig:
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
+    codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
 
 
@@ -163,10 +164,12 @@ class EngineRunner:
         # decode graphs are captured on one stream, each lane works on its own: never one cuBLAS workspace twice
         self._capture_stream, s_stream, b_stream = distinct_streams(self.device, (0, -1, 0)) if cuda else (None,) * 3
         self.lanes = {  # priority 0 (streams): waited for at once, high-priority stream; batch work: collected later
-            "stream": CodecLane("stream", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
+            "stream": CodecLane("stream", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast),
+                                self.store,
                                 cfg.first_chunk_frames, cfg.max_chunk_frames, cfg.batch_call_frames, self.use_graphs,
                                 wait=True, stream=s_stream),
-            "batch": CodecLane("batch", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache), self.store,
+            "batch": CodecLane("batch", runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast),
+                               self.store,
                                cfg.batch_chunk_frames, cfg.batch_chunk_frames, cfg.batch_call_frames, self.use_graphs,
                                lazy_finish=True, wait=False, stream=b_stream),
         }
