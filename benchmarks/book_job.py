@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +68,7 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
         # one worker keeps every slot of every engine busy: it tops up as segments finish (jobs.worker, pipelined)
         worker = Worker(Queue(paths.db), engines, paths, batch_size=slots, guard=GuardSettings(enabled=False))
         before = [r.stats() for r in engines.runners]
+        prof = profile_window(args.profile, args.json) if args.profile else None
         while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
             if not worker.run_once():
                 time.sleep(0.01)
@@ -75,8 +78,12 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
         segs = [s for ch in manifest["chapters"] for s in ch["segments"]]
         audio = max(ch["book_end_s"] for ch in manifest["chapters"])
         last_segment = max(s["updated_at"] for s in queue.segments(job_id)) - t0_wall
+        if prof is not None:
+            prof.join()
         per = [{"device": str(r.device), "slots": r.cfg.max_slots, "decode_steps": r.stats()["steps"] - b["steps"],
-                "frames": r.stats()["frames"] - b["frames"]} for r, b in zip(engines.runners, before)]
+                "frames": r.stats()["frames"] - b["frames"],
+                "loop_s": {k: round(v - b["loop_s"][k], 3) for k, v in r.stats()["loop_s"].items()}}
+               for r, b in zip(engines.runners, before)]
         synthesized = sum(e["frames"] for e in per)
         if synthesized < len(segs) * args.frames:  # a figure from cached audio would not be the engine's
             raise SystemExit(f"only {synthesized} of {len(segs) * args.frames} frames were synthesized: "
@@ -87,6 +94,33 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
                 "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
                 "state": queue.job(job_id)["state"], "decode_steps": sum(e["decode_steps"] for e in per),
                 "engines": per, "engine": engines.stats()}
+
+
+def profile_window(spec: str, json_path) -> threading.Thread:
+    """Profile every thread's torch ops and the device's kernels for a window of the run ("START,SECONDS" after
+    the submit); the table (by device time) goes to the log and next to the JSON as .profile.txt."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    start, seconds = (float(x) for x in spec.split(","))
+
+    def run():
+        time.sleep(start)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=acts) as prof:
+            time.sleep(seconds)
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        busy = sum(e.self_device_time_total for e in events) / 1e6
+        table = prof.key_averages().table(sort_by="self_cuda_time_total" if events else "self_cpu_time_total",
+                                          row_limit=40, max_name_column_width=80)
+        text = f"window {seconds} s from {start} s: device kernel time {busy:.3f} s ({busy / seconds:.0%})\n{table}"
+        logging.info("profile: %s", text)
+        if json_path:
+            Path(json_path).with_suffix(".profile.txt").write_text(text)
+
+    t = threading.Thread(target=run, name="profile-window", daemon=True)
+    t.start()
+    return t
 
 
 def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
@@ -154,6 +188,9 @@ def main() -> None:
                     "on,off (A/B: the book runs once per setting, same process)")
     ap.add_argument("--codec-fast", default="on", help="eager torch codec with the fused channels-last stack: on, "
                     "off, or on,off (A/B in one process; the codec graphs are captured again for each)")
+    ap.add_argument("--gil-switch-ms", help="the GIL switch interval for each run, e.g. 0.5,5 (A/B; default: the "
+                    "runner's setting)")
+    ap.add_argument("--profile", help="START,SECONDS: profile that window of each run (torch profiler, CPU and device)")
     ap.add_argument("--json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -162,7 +199,8 @@ def main() -> None:
     made: dict = {}  # (device, n-th engine on it) -> (runner, start-up figures): kept between runs
     res = {"model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
            "fuse": args.fuse, "format": args.format}
-    variants = [(f, v) for f in args.codec_fast.split(",") for v in args.codec_streams.split(",")]
+    variants = [(f, v, g) for f in args.codec_fast.split(",") for v in args.codec_streams.split(",")
+                for g in (args.gil_switch_ms.split(",") if args.gil_switch_ms else [None])]
     runs = []
     for devices in sets:
         keys = [(d, devices[:i].count(d)) for i, d in enumerate(devices)]
@@ -171,17 +209,20 @@ def main() -> None:
                 made[k] = make_runner(k[0], args)
         pool = EnginePool([made[k][0] for k in keys])
         slots = sum(r.cfg.max_slots for r in pool.runners)
-        for f, v in variants:
+        for f, v, g in variants:
+            if g is not None:
+                sys.setswitchinterval(float(g) / 1e3)
             for r in pool.runners:
                 set_codec_fast(r, f == "on")
                 for lane in r.lanes.values():
                     lane.use_stream(v == "on")
             out = run_book(pool, slots, args)
             out.update(devices=",".join(devices), device=", ".join(device_name(d) for d in devices), slots=slots,
-                       codec_streams=v, codec_fast=f, startup=[made[k][1] for k in keys])
+                       codec_streams=v, codec_fast=f, gil_switch_ms=sys.getswitchinterval() * 1e3,
+                       startup=[made[k][1] for k in keys])
             runs.append(out)
-            logging.info("book on %s (codec fast %s, codec streams %s): %.1f audio-s/s", out["devices"], f, v,
-                         out["audio_s_per_s"])
+            logging.info("book on %s (codec fast %s, codec streams %s, GIL switch %.2f ms): %.1f audio-s/s",
+                         out["devices"], f, v, out["gil_switch_ms"], out["audio_s_per_s"])
     for runner, _ in made.values():
         runner.stop()
     if len(runs) == 1:  # one run: its figures at the top level, as before
@@ -191,11 +232,12 @@ def main() -> None:
     else:
         res["runs"] = runs
         base = runs[0]["audio_s_per_s"]
-        res["scaling"] = {f"{r['devices']} codec_fast_{r['codec_fast']} codec_streams_{r['codec_streams']}":
-                          round(r["audio_s_per_s"] / base, 3) for r in runs}
+        res["scaling"] = {f"{r['devices']} codec_fast_{r['codec_fast']} codec_streams_{r['codec_streams']} "
+                          f"gil_{r['gil_switch_ms']:.2f}ms": round(r["audio_s_per_s"] / base, 3) for r in runs}
         for r in runs:
-            logging.info("%s (codec fast %s, codec streams %s): %.1f audio-s/s, x%.2f of the first run", r["devices"],
-                         r["codec_fast"], r["codec_streams"], r["audio_s_per_s"], r["audio_s_per_s"] / base)
+            logging.info("%s (codec fast %s, codec streams %s, GIL switch %.2f ms): %.1f audio-s/s, x%.2f of the "
+                         "first run", r["devices"], r["codec_fast"], r["codec_streams"], r["gil_switch_ms"],
+                         r["audio_s_per_s"], r["audio_s_per_s"] / base)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

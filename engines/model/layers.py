@@ -51,17 +51,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @dataclass
 class KVCache:
-    """Static per-layer key/value buffers: k, v `[L][B, kv_heads, S, D]`."""
+    """Static per-layer key/value buffers: k, v `[L][B, kv_heads, S, D]`. An allocated cache keeps every
+    layer in one tensor each for keys and values (`all_k`, `all_v` `[L, B, kv_heads, S, D]`, the layers
+    views of them), so a request's rows move across all layers in one copy (`copy_row`)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    all_k: Optional[torch.Tensor] = None
+    all_v: Optional[torch.Tensor] = None
 
     @staticmethod
     def allocate(cfg: DecoderStackConfig, batch: int, max_len: int, device, dtype) -> "KVCache":
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        n = cfg.num_hidden_layers
-        return KVCache([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)],
-                       [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)])
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        k, v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v)
+
+    def copy_row(self, dst: int, src_cache: "KVCache", src: int, length: int, clear_rest: bool = False) -> None:
+        """Row `dst` of every layer = the first `length` positions of row `src` of `src_cache` (which may be
+        this cache); with `clear_rest` the positions after them are zeroed."""
+        pairs = ([(self.all_k, src_cache.all_k), (self.all_v, src_cache.all_v)]
+                 if self.all_k is not None and src_cache.all_k is not None
+                 else [(a[None], b[None]) for a, b in zip(self.k + self.v, src_cache.k + src_cache.v)])
+        for a, b in pairs:
+            a[:, dst, :, :length].copy_(b[:, src, :, :length])
+            if clear_rest:
+                a[:, dst, :, length:].zero_()
 
     @property
     def max_len(self) -> int:

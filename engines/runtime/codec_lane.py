@@ -19,6 +19,7 @@ the call that read its last frames has finished.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from contextlib import nullcontext
 from typing import Optional
@@ -103,6 +104,7 @@ class CodecLane:
         self.before_capture = None  # called before a new graph is captured (the runner drains its step)
         self.urgent = None  # (member) -> True when its listener is about to run dry: the loop waits for its call
         self.calls = 0
+        self.wait_s = 0.0  # host time spent waiting for calls to finish
         dev = frames.codes.device
         self.cuda = dev.type == "cuda"
         # its own stream (given by the runner, distinct from the decode graphs' capture stream)
@@ -243,7 +245,9 @@ class CodecLane:
         while self._inflight and (block or self._inflight[0].ready()):
             call = self._inflight.popleft()
             if call.event is not None:
+                t0 = time.perf_counter()
                 call.event.synchronize()
+                self.wait_s += time.perf_counter() - t0
             pinned = isinstance(call.wav, torch.Tensor)  # a ring buffer the next calls reuse: copy out
             wav = call.wav.numpy() if pinned else call.wav
             for m, row, a, z in call.parts:

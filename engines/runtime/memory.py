@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 MAX_AUTO_SLOTS = 256  # beyond this a step is compute-bound: more slots only add latency
 GRAPH_RESERVE = 2 * 2**30  # decode-step intermediates and bookkeeping of the captured graphs
-CODEC_LIVE_TENSORS = 6  # activations of the last upsampling stage alive at once in a codec call
+CODEC_LIVE_TENSORS = 8  # activations of the last upsampling stage alive at once in a codec call
 
 
 def _nbytes(dtype: torch.dtype) -> int:
@@ -101,7 +101,7 @@ def device_free_bytes(device: torch.device) -> Optional[int]:
 
 
 def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtype, max_context: int,
-               prefill_batch: int = 8, batch_call_frames: int = 4096, max_text_rows: int = 1024,
+               prefill_batch: int = 8, batch_call_frames: int = 1024, max_text_rows: int = 1024,
                still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS) -> MemoryPlan:
     """The slot count on `device`: what fits in its free memory (x headroom, less `still_to_load` bytes of
     weights not loaded yet), at most `cap`; on the CPU one slot per core (at least 1, at most `cap`)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -71,12 +72,16 @@ class EngineConfig:
     first_chunk_frames: int = 1  # streams: frames in the first codec chunk (then doubling up to max_chunk_frames)
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
-    batch_call_frames: int = 4096  # batch work: rows x frames of one codec call (bounds its memory)
+    batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory; larger gains nothing)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
+    # the process's GIL switch interval while the loop runs on an accelerator (None: Python's 5 ms): the loop
+    # thread waits up to this long for the GIL after each device wait while other threads (job workers
+    # encoding audio, the HTTP server) run Python
+    gil_switch_s: Optional[float] = 0.0005
 
 
 def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
@@ -200,6 +205,8 @@ class EngineRunner:
         # where streams' time to first audio goes, summed (seconds): submit -> admitted (queue), -> in a slot
         # (prefill), -> first frame read back (first_frame), -> first audio handed out (codec)
         self.ttfa_phases = dict.fromkeys(("queue", "prefill", "first_frame", "codec"), 0.0) | {"n": 0}
+        # where the loop's wall time goes (seconds, summed): host work per phase, and waits for the device
+        self.loop_s = dict.fromkeys(("admit", "decode_launch", "step_wait", "step_rows", "codec", "codec_wait"), 0.0)
 
     # ----- public API --------------------------------------------------------------------------
     @property
@@ -279,8 +286,8 @@ class EngineRunner:
                     self.fast(*args)  # warm-up (and compilation) on free rows: they write only scratch
                     self._capture_step(b, length, args)
         t1 = time.perf_counter()
-        for lane in self.lanes.values():
-            for b, n in lane.shapes():
+        for lane in self.lanes.values():  # largest calls first: the smaller ones reuse their pool's blocks
+            for b, n in sorted(lane.shapes(), key=lambda s: -s[0] * s[1]):
                 if (b, n) not in lane.graphs:
                     lane.capture(b, n)
         self._drain()
@@ -304,6 +311,8 @@ class EngineRunner:
 
     def start(self) -> None:
         if self._thread is None:
+            if self.device.type != "cpu" and self.cfg.gil_switch_s:
+                sys.setswitchinterval(min(sys.getswitchinterval(), self.cfg.gil_switch_s))
             self._stop = False
             self._thread = threading.Thread(target=self._loop, name="engine-runner", daemon=True)
             self._thread.start()
@@ -321,8 +330,10 @@ class EngineRunner:
             self._cv.notify()
 
     def stats(self) -> dict:
+        self.loop_s["codec_wait"] = sum(lane.wait_s for lane in self.lanes.values())  # (inside "codec")
         return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
-                "frames": self.frames, "text_holds": self.holds, "ttfa_phases_s": dict(self.ttfa_phases), "graphs": len(self.graphs), "max_slots": self.cfg.max_slots}
+                "frames": self.frames, "text_holds": self.holds, "ttfa_phases_s": dict(self.ttfa_phases), "graphs": len(self.graphs), "max_slots": self.cfg.max_slots,
+                "loop_s": {k: round(v, 3) for k, v in self.loop_s.items()}}
 
     # ----- loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -358,15 +369,19 @@ class EngineRunner:
         for seq in list(self.slots.seqs):
             if seq.handle.cancelled and not seq.done:
                 self._end(seq, dropped=True)
+        t0 = time.perf_counter()
         self._admit()
         self._feed_text()
+        self.loop_s["admit"] += time.perf_counter() - t0
         n = self.slots.n_active
         if n and not self._starved():
             self._decode(n)
         elif self._inflight is not None:
             self._collect(self._inflight)
             self._inflight = None
+        t0 = time.perf_counter()
         self._run_codec()
+        self.loop_s["codec"] += time.perf_counter() - t0
 
     def _lane(self, seq: _Seq) -> CodecLane:
         return self.lanes["stream" if seq.priority <= 0 else "batch"]
@@ -493,10 +508,8 @@ class EngineRunner:
             slot = self.sched.prefilled(seq)
             seq.handle.marks["slot"] = time.perf_counter()
             seq.pos = end
-            for k, k_side in zip(self.cache.k + self.cache.v, self.side.k + self.side.v):
-                k[slot, :, :end].copy_(k_side[row, :, :end])
-                # masked positions still enter attention as 0 * value: clear what a free slot left there
-                k[slot, :, end:].zero_()
+            # masked positions still enter attention as 0 * value: clear what a free slot left there
+            self.cache.copy_row(slot, self.side, row, end, clear_rest=True)
             self.table.load(slot, seq.prompt, hidden[row], seq.settings, seq.frame_row, seq.member.n_ref,
                             seq.text_open)
 
@@ -530,7 +543,9 @@ class EngineRunner:
         b, length = self._bucket(n)
         if self.use_graphs and (b, length, self._k_cap(self.slots.seqs, b)) not in self.graphs:
             self._drain()
+        t0 = time.perf_counter()
         rec = self._launch(n)
+        self.loop_s["decode_launch"] += time.perf_counter() - t0
         prev, self._inflight = self._inflight, rec
         if prev is not None:
             self._collect(prev)
@@ -561,8 +576,11 @@ class EngineRunner:
 
     def _collect(self, rec: "_Step") -> None:
         """Count a finished step's frames for the codec lanes; end the requests that are done."""
+        t0 = time.perf_counter()
         if rec.event is not None:
             rec.event.synchronize()
+        t1 = time.perf_counter()
+        self.loop_s["step_wait"] += t1 - t0
         emit, done, eos, bad, hold = rec.buf[:, :rec.n].tolist()
         if any(bad):
             rows = [i for i, x in enumerate(bad) if x]
@@ -583,6 +601,7 @@ class EngineRunner:
             if done[i]:
                 seq.handle.finished_by_eos = bool(eos[i])
                 self._end(seq)
+        self.loop_s["step_rows"] += time.perf_counter() - t1
 
     def _k_cap(self, seqs, b: int) -> int:
         """The top-k cap a step over `seqs` in batch bucket b sorts with: cfg.topk_cap when b >= topk_min_batch
@@ -661,9 +680,7 @@ class EngineRunner:
             return
         src, dst = move
         self.slots.seqs[dst].slot = dst
-        p = min(self.slots.seqs[dst].pos, self.cfg.max_context)
-        for k in self.cache.k + self.cache.v:
-            k[dst, :, :p].copy_(k[src, :, :p])
+        self.cache.copy_row(dst, self.cache, src, min(self.slots.seqs[dst].pos, self.cfg.max_context))
         self.table.move(src, dst)
         self.table.free(src, trash)
 
