@@ -188,8 +188,8 @@ def main() -> None:
                     "on,off (A/B: the book runs once per setting, same process)")
     ap.add_argument("--codec-fast", default="on", help="eager torch codec with the fused channels-last stack: on, "
                     "off, or on,off (A/B in one process; the codec graphs are captured again for each)")
-    ap.add_argument("--gil-switch-ms", help="the GIL switch interval for each run, e.g. 0.5,5 (A/B; default: the "
-                    "runner's setting)")
+    ap.add_argument("--gil-switch-ms", help="the GIL switch interval for each run, e.g. 0.5,5 (A/B; default: Python's, "
+                    "5 ms)")
     ap.add_argument("--profile", help="START,SECONDS: profile that window of each run (torch profiler, CPU and device)")
     ap.add_argument("--json")
     args = ap.parse_args()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -78,10 +77,6 @@ class EngineConfig:
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)
     engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
-    # the process's GIL switch interval while the loop runs on an accelerator (None: Python's 5 ms): the loop
-    # thread waits up to this long for the GIL after each device wait while other threads (job workers
-    # encoding audio, the HTTP server) run Python
-    gil_switch_s: Optional[float] = 0.0005
 
 
 def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
@@ -311,8 +306,6 @@ class EngineRunner:
 
     def start(self) -> None:
         if self._thread is None:
-            if self.device.type != "cpu" and self.cfg.gil_switch_s:
-                sys.setswitchinterval(min(sys.getswitchinterval(), self.cfg.gil_switch_s))
             self._stop = False
             self._thread = threading.Thread(target=self._loop, name="engine-runner", daemon=True)
             self._thread.start()
