@@ -150,7 +150,7 @@ class StreamingCodecDecoder:
 
     def reset(self, rows: Tensor | None = None) -> None:
         """Forget the history of all rows, or of the rows where bool mask `rows` [B] is True."""
-        self.state.reset(None if rows is None else rows.to(self.device))
+        self.state.reset(None if rows is None else rows.to(self.device, non_blocking=True))  # no stream sync
 
     def move(self, src: int, dst: int) -> None:
         """Copy the stream in row `src` (state and frame counter) to row `dst`."""

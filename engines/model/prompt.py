@@ -55,12 +55,19 @@ class Prompt:
     pad: torch.Tensor  # [H] tts_pad row, fed once the trailing rows are used up
 
 
+def ids_on(ids: list, device) -> torch.Tensor:
+    """Token ids `[1, n]` (int64) on `device` without waiting for the device: a plain `torch.tensor(...,
+    device=cuda)` synchronises the stream after its copy, so every prompt built while a decode step runs
+    would stall the loop until that step ends."""
+    return torch.tensor([ids], dtype=torch.long).to(device, non_blocking=True)
+
+
 class PromptBuilder:
     def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, talker: Talker):
         self.cfg, self.tok, self.talker = cfg, tokenizer, talker
 
     def _ids(self, text: str, device) -> torch.Tensor:
-        return torch.tensor([self.tok.encode(text)], dtype=torch.long, device=device)  # [1, L]
+        return ids_on(self.tok.encode(text), device)  # [1, L]
 
     def text_ids(self, text: str) -> list[int]:
         """The text's token ids as the prompt holds them (inside the assistant turn)."""
@@ -73,10 +80,10 @@ class PromptBuilder:
         ids = list(ids) + ([self.cfg.tts_eos_token_id] if end else [])
         if not ids:
             return torch.empty(0, self.cfg.talker.hidden_size, device=dev, dtype=self.talker.codec_head.weight.dtype)
-        return self.talker.text_embed(torch.tensor([ids], dtype=torch.long, device=dev))[0]
+        return self.talker.text_embed(ids_on(ids, dev))[0]
 
     def _codec(self, ids: list[int], device) -> torch.Tensor:
-        return self.talker.codec_embed(torch.tensor([ids], dtype=torch.long, device=device))  # [1, n, H]
+        return self.talker.codec_embed(ids_on(ids, device))  # [1, n, H]
 
     @torch.no_grad()
     def build(self, spec: PromptSpec, text_open: bool = False) -> Prompt:
@@ -84,8 +91,7 @@ class PromptBuilder:
         rows stop at the text given, without tts_eos."""
         tc, dev, talker = self.cfg.talker, self.talker.codec_head.weight.device, self.talker
         ids = self._ids(assistant_text(spec.text), dev)
-        special = torch.tensor([[self.cfg.tts_bos_token_id, self.cfg.tts_eos_token_id,
-                                 self.cfg.tts_pad_token_id]], device=dev)
+        special = ids_on([self.cfg.tts_bos_token_id, self.cfg.tts_eos_token_id, self.cfg.tts_pad_token_id], dev)
         tts_bos, tts_eos, tts_pad = talker.text_embed(special).chunk(3, dim=1)  # 3 x [1, 1, H]
 
         if spec.language_id is None:
@@ -96,7 +102,7 @@ class PromptBuilder:
         if spec.speaker_id is not None:
             parts.append(self._codec([spec.speaker_id], dev))
         elif spec.speaker_embedding is not None:
-            parts.append(spec.speaker_embedding.to(dev, tts_pad.dtype).view(1, 1, -1))
+            parts.append(spec.speaker_embedding.to(dev, tts_pad.dtype, non_blocking=True).view(1, 1, -1))
         parts.append(self._codec([tc.codec_pad_id, tc.codec_bos_id], dev))
         codec = torch.cat(parts, dim=1)  # [1, C, H]
 
@@ -106,7 +112,7 @@ class PromptBuilder:
 
         if spec.ref_codes is not None:
             icl, trailing = self._icl(ids[:, 3:-5], self._ids(ref_text_prompt(spec.ref_text), dev)[:, 3:-2],
-                                      spec.ref_codes.to(dev), tts_pad, tts_eos, spec.non_streaming)
+                                      spec.ref_codes.to(dev, non_blocking=True), tts_pad, tts_eos, spec.non_streaming)
             x = torch.cat((x, icl), dim=1)
         elif spec.non_streaming:
             n = ids[:, 3:-5].shape[1]

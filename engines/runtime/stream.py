@@ -121,7 +121,7 @@ class FrameStore:
         row = self._free.pop()
         if ref_codes is not None and ref_codes.shape[0]:
             r = min(ref_codes.shape[0], self.max_frames)
-            self.codes[row, :r] = ref_codes[:r].to(self.codes.device, torch.int32)
+            self.codes[row, :r] = ref_codes[:r].to(self.codes.device, torch.int32, non_blocking=True)
         return row
 
     def give(self, row: int) -> None:
