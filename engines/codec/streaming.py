@@ -157,4 +157,4 @@ class StreamingCodecDecoder:
         st = self.state
         for buf in st.bufs.values():
             buf[dst].copy_(buf[src])
-        st.pos[dst] = st.pos[src]
+        st.pos[dst].copy_(st.pos[src])

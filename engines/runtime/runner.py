@@ -486,7 +486,7 @@ class EngineRunner:
             rows = seq.prompt.prefill[seq.offset:seq.offset + t]
             x[seq.side_row, :rows.shape[0]] = rows
             pos[seq.side_row] = torch.arange(seq.offset, seq.offset + t, device=dev).clamp(max=cap)
-            last[seq.side_row] = rows.shape[0] - 1
+            last[seq.side_row].fill_(rows.shape[0] - 1)  # (a plain setitem would sync the stream)
         if graph is not None:
             graph.replay()
         else:

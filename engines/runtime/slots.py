@@ -76,15 +76,18 @@ class SlotTable:
             t = getattr(self, f.name)
             t[dst].copy_(t[src])
 
+    # per-slot writes use fill_ with a Python scalar: `t[slot] = scalar` copies a host scalar to the device with
+    # a stream sync, which would make the loop wait for the decode step in flight at every admission and exit
+
     def free(self, slot: int, trash_row: int) -> None:
         """Slot `slot` holds no request: done, a finite state, its frame writes go to the scratch row."""
-        self.done[slot] = True
-        self.emit[slot] = False
-        self.text_open[slot] = False
-        self.hold[slot] = False
-        self.hidden[slot] = 0
-        self.frame_row[slot] = trash_row
-        self.n_frames[slot] = 0
+        self.done[slot].fill_(True)
+        self.emit[slot].fill_(False)
+        self.text_open[slot].fill_(False)
+        self.hold[slot].fill_(False)
+        self.hidden[slot].fill_(0)
+        self.frame_row[slot].fill_(trash_row)
+        self.n_frames[slot].fill_(0)
 
     def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams, frame_row: int,
              n_ref: int, text_open: bool = False) -> None:
@@ -95,25 +98,25 @@ class SlotTable:
         if n > self.trailing.shape[1]:
             raise ValueError(f"text too long for one request: {n} rows > {self.trailing.shape[1]}")
         self.hidden[slot] = hidden
-        self.pos[slot] = prompt.prefill.shape[0]
+        self.pos[slot].fill_(prompt.prefill.shape[0])
         self.trailing[slot, :n] = prompt.trailing
-        self.trailing_len[slot] = n
-        self.text_open[slot] = text_open
-        self.hold[slot] = False
-        self.gen_step[slot] = 0
-        self.seen[slot] = False
-        self.done[slot] = False
-        self.eos[slot] = False
-        self.emit[slot] = False
-        self.frame_row[slot] = frame_row
-        self.n_frames[slot] = n_ref
+        self.trailing_len[slot].fill_(n)
+        self.text_open[slot].fill_(text_open)
+        self.hold[slot].fill_(False)
+        self.gen_step[slot].fill_(0)
+        self.seen[slot].fill_(False)
+        self.done[slot].fill_(False)
+        self.eos[slot].fill_(False)
+        self.emit[slot].fill_(False)
+        self.frame_row[slot].fill_(frame_row)
+        self.n_frames[slot].fill_(n_ref)
         for name, value in (("seed", r.seed & 0xFFFFFFFF), ("penalty", r.repetition_penalty),
                             ("min_new", r.min_new_tokens), ("limit", r.max_new_tokens),
                             ("m_do", r.do_sample), ("m_temp", max(r.temperature, 1e-5)), ("m_topk", r.top_k),
                             ("m_topp", r.top_p), ("s_do", r.subtalker_dosample),
                             ("s_temp", max(r.subtalker_temperature, 1e-5)), ("s_topk", r.subtalker_top_k),
                             ("s_topp", r.subtalker_top_p)):
-            getattr(self, name)[slot] = value
+            getattr(self, name)[slot].fill_(value)
 
     def append_text(self, slot: int, start: int, rows: torch.Tensor, end: bool) -> None:
         """Text rows `[k, H]` for slot `slot` from trailing row `start` on; `end`: no more will come."""
@@ -122,6 +125,6 @@ class SlotTable:
             raise ValueError(f"text too long for one request: {start + k} rows > {self.trailing.shape[1]}")
         if k:
             self.trailing[slot, start:start + k] = rows
-            self.trailing_len[slot] = start + k
+            self.trailing_len[slot].fill_(start + k)
         if end:
-            self.text_open[slot] = False
+            self.text_open[slot].fill_(False)
