@@ -221,14 +221,14 @@ class LiveSession:
         item.end()  # its request has ended: no more words go to it
         spoken, rest = item.text[:item.taken], item.rest
         self.queued_chars -= len(spoken)
+        more = None
+        if self.feed is item or rest.strip():  # (no await before self.feed moves on: the reader appends to it)
+            more = TextFeed(rest)  # the words it did not take start the next utterance
+            if self.feed is item:
+                self.feed = more  # still receiving: new words go there
+            else:
+                more.end()
         await self._send({"type": "text.done", "text": spoken.strip()})
-        if self.feed is not item and not rest.strip():
-            return None
-        more = TextFeed(rest)  # the words it did not take start the next utterance
-        if self.feed is item:
-            self.feed = more  # still receiving: new words go there
-        else:
-            more.end()
         return more
 
     async def _speak_one(self, item) -> None:

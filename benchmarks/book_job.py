@@ -149,6 +149,16 @@ def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
                     "startup_s": time.perf_counter() - t_prep, "prepare": prep}
 
 
+def run_name(r: dict, args) -> str:
+    """A run's name: its devices and the settings that vary between the runs."""
+    name = f"{r['devices']} codec_streams_{r['codec_streams']}"
+    if "," in args.codec_fast:
+        name += f" codec_fast_{r['codec_fast']}"
+    if args.gil_switch_ms:
+        name += f" gil_{r['gil_switch_ms']:g}ms"
+    return name
+
+
 def set_codec_fast(runner: EngineRunner, on: bool) -> None:
     """Switch the eager torch codec of every lane to the fused stack (on) or the reference one; codec graphs
     captured for the other setting are dropped and captured again (start-up, not timed)."""
@@ -232,8 +242,7 @@ def main() -> None:
     else:
         res["runs"] = runs
         base = runs[0]["audio_s_per_s"]
-        res["scaling"] = {f"{r['devices']} codec_fast_{r['codec_fast']} codec_streams_{r['codec_streams']} "
-                          f"gil_{r['gil_switch_ms']:.2f}ms": round(r["audio_s_per_s"] / base, 3) for r in runs}
+        res["scaling"] = {run_name(r, args): round(r["audio_s_per_s"] / base, 3) for r in runs}
         for r in runs:
             logging.info("%s (codec fast %s, codec streams %s, GIL switch %.2f ms): %.1f audio-s/s, x%.2f of the "
                          "first run", r["devices"], r["codec_fast"], r["codec_streams"], r["gil_switch_ms"],

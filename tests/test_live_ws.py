@@ -192,3 +192,35 @@ def test_a_client_that_stops_mid_utterance_is_dropped(daemon):
             break
         time.sleep(0.05)
     assert health["engine"]["active_slots"] == 0, health
+
+
+def test_words_arriving_while_an_utterance_ends_go_to_the_next_one():
+    """An utterance whose request ends early (frame cap) is ended and replaced; words the client sends while the
+    session reports `text.done` for it must go to the replacement, never to the ended feed (seen as
+    "text appended after the feed was ended" under CPU load)."""
+    from types import SimpleNamespace
+
+    from appliance.http_live import LiveSession
+
+    sent = []
+
+    class Session(LiveSession):
+        async def _speak_one(self, item):  # the request took the first word only, then ended
+            item.take()
+            item.taken = len("one ")
+
+        async def _send(self, event):  # the reader runs while the speaker awaits this send
+            sent.append(event)
+            if event["type"] == "text.done":
+                self._add("four ")
+
+    cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0))
+    host = SimpleNamespace(engine=SimpleNamespace(sample_rate=24000, streams_text=lambda voice: True),
+                           default_voice=lambda: "vivian")
+    live = Session(SimpleNamespace(cfg=cfg, host=host), ws=None)
+    live._add("one two three ")
+    first = live.feed
+    more = asyncio.run(live._speak_item(first))
+    assert first.ended and first.text == "one two three "
+    assert more is live.feed and not more.ended and more.text == "two three four "
+    assert sent == [{"type": "text.done", "text": "one"}]
