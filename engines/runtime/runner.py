@@ -71,7 +71,7 @@ class EngineConfig:
     first_chunk_frames: int = 1  # streams: frames in the first codec chunk (then doubling up to max_chunk_frames)
     max_chunk_frames: int = 16
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
-    batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory; larger gains nothing)
+    batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
