@@ -140,7 +140,7 @@ class _Trans:
 
     def __init__(self, m, key: str):
         conv = m.conv
-        self.key, self.r = key, m.stride
+        self.key, self.r, self.context = key, m.stride, 1  # one input frame of left context
         k = conv.kernel_size[0]
         if k != 2 * self.r or m.context != 1:
             raise ValueError(f"fast codec path: transposed conv kernel {k}, stride {self.r} not supported")
@@ -149,6 +149,9 @@ class _Trans:
         self.w_cur = w[:, :, :self.r].permute(0, 2, 1).reshape(self.cin, self.r * self.cout).contiguous()
         self.w_prev = w[:, :, self.r:].permute(0, 2, 1).reshape(self.cin, self.r * self.cout).contiguous()
         self.bias = conv.bias.detach().float()
+
+    def padded_len(self, t: int) -> int:
+        return self.context + t
 
     def __call__(self, xp: Tensor) -> Tensor:
         """xp [B, 1 + Q, Cin] contiguous (one frame of left context first) -> [B, Q*r, Cout] (a view, no bias)."""
@@ -189,28 +192,25 @@ class FastStack:
         self.final = _Conv(mods[-1].conv, mods[-1].key)
 
     # ----- padded inputs with stream state ---------------------------------------------------------------
-    def _open(self, b: int, context: int, rows: int, c: int, key: str, st) -> Tensor:
-        """A [B, context + rows, C] buffer: the saved left context (zeros without a stream) then room for the
-        new samples (and zeros past them, up to `rows`)."""
-        xp = torch.empty(b, context + rows, c, device=self.device, dtype=self.dtype)
+    def _open(self, layer, b: int, t: int, st) -> Tensor:
+        """The padded input of `layer` (a _Conv or _Trans) for t new samples: [B, padded_len(t), Cin], its saved
+        left context (zeros without a stream) first, zeros after the t samples the caller writes."""
+        c, start = layer.context, layer.context + t
+        xp = torch.empty(b, layer.padded_len(t), layer.cin, device=self.device, dtype=self.dtype)
         if st is None:
-            xp[:, :context].zero_()
+            xp[:, :c].zero_()
         else:
-            xp[:, :context].copy_(st.bufs[key].transpose(1, 2))
+            xp[:, :c].copy_(st.bufs[layer.key].transpose(1, 2))
+        if xp.shape[1] > start:
+            xp[:, start:].zero_()
         return xp
 
     @staticmethod
-    def _close(xp: Tensor, context: int, t: int, key: str, st, rate: int) -> None:
-        """Save each row's last `context` valid input samples as its new left context (n_valid rows)."""
-        if st is None:
-            return
-        buf = st.bufs[key]  # [B, C, P]
-        if st.n_valid is None:
-            buf.copy_(xp[:, t:t + context].transpose(1, 2))
-            return
-        idx = (st.n_valid * rate)[:, None] + torch.arange(context, device=xp.device)  # [B, P]
-        tail = xp.gather(1, idx[:, :, None].expand(-1, -1, xp.shape[2]))  # [B, P, C]
-        buf.copy_(tail.transpose(1, 2))
+    def _close(xp: Tensor, layer, t: int, st, rate: int) -> None:
+        """Save each row's last valid input samples as `layer`'s new left context (StreamState.tail)."""
+        if st is not None:
+            c = layer.context
+            st.bufs[layer.key].copy_(st.tail(xp[:, :c + t], c, dim=1, rate=rate).transpose(1, 2))
 
     # ----- the stack -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -220,35 +220,29 @@ class FastStack:
         b, _, t = x.shape
         rate = st.rate if st is not None else 1
         c0 = self.conv0
-        xp = self._open(b, c0.context, c0.padded_len(t) - c0.context, c0.cin, c0.key, st)
+        xp = self._open(c0, b, t, st)
         xp[:, c0.context:c0.context + t].copy_(x.transpose(1, 2))
-        if xp.shape[1] > c0.context + t:
-            xp[:, c0.context + t:].zero_()
-        self._close(xp, c0.context, t, c0.key, st, rate)
+        self._close(xp, c0, t, st, rate)
         h, bias, res = c0(xp)[:, :t], c0.bias, None  # the stack's running value is h + bias + res
         for snake_in, trans, units in self.blocks:
             # block input: SnakeBeta of it into the transposed conv's padded input (one frame of context)
-            tp = self._open(b, 1, t, trans.cin, trans.key, st)
+            tp = self._open(trans, b, t, st)
             epilogue(h, bias=bias, res=res, snake=snake_in, s=tp[:, 1:])
-            self._close(tp, 1, t, trans.key, st, rate)
+            self._close(tp, trans, t, st, rate)
             rate *= trans.r
             t *= trans.r
             x_res = torch.empty(b, t, trans.cout, device=self.device, dtype=self.dtype)
-            src, bias = trans(tp), trans.bias
-            conv, act1, _, _, _ = units[0]
-            xp = self._open(b, conv.context, conv.padded_len(t) - conv.context, trans.cout, conv.key, st)
-            self._zero_tail(xp, conv.context + t)
-            epilogue(src, bias=bias, y=x_res, snake=act1, s=xp[:, conv.context:conv.context + t])
+            conv, act1 = units[0][:2]
+            xp = self._open(conv, b, t, st)
+            epilogue(trans(tp), bias=trans.bias, y=x_res, snake=act1, s=xp[:, conv.context:conv.context + t])
             for j, (conv, act1, act2, w2, b2) in enumerate(units):
-                self._close(xp, conv.context, t, conv.key, st, rate)
+                self._close(xp, conv, t, st, rate)
                 hc = torch.empty(b, t, trans.cout, device=self.device, dtype=self.dtype)
                 epilogue(conv(xp)[:, :t], bias=conv.bias, snake=act2, s=hc)
                 g = torch.mm(hc.view(b * t, -1), w2).view(b, t, -1)  # 1x1 conv, bias in the epilogue
                 if j + 1 < len(units):  # next unit: its conv's input
-                    conv_n, act_n = units[j + 1][0], units[j + 1][1]
-                    xp = self._open(b, conv_n.context, conv_n.padded_len(t) - conv_n.context, trans.cout,
-                                    conv_n.key, st)
-                    self._zero_tail(xp, conv_n.context + t)
+                    conv_n, act_n = units[j + 1][:2]
+                    xp = self._open(conv_n, b, t, st)
                     y = torch.empty_like(x_res)
                     epilogue(g, bias=b2, res=x_res, y=y, snake=act_n, s=xp[:, conv_n.context:conv_n.context + t])
                     x_res = y
@@ -256,16 +250,10 @@ class FastStack:
                     h, bias, res = g, b2, x_res
         # final SnakeBeta, output conv
         f = self.final
-        xp = self._open(b, f.context, f.padded_len(t) - f.context, f.cin, f.key, st)
-        self._zero_tail(xp, f.context + t)
+        xp = self._open(f, b, t, st)
         epilogue(h, bias=bias, res=res, snake=self.final_snake, s=xp[:, f.context:f.context + t])
-        self._close(xp, f.context, t, f.key, st, rate)
+        self._close(xp, f, t, st, rate)
         wav = f(xp)[:, :t].float() + f.bias  # [B, T, 1]
         if st is not None:
             st.rate = rate
         return wav.to(self.dtype).transpose(1, 2)  # [B, 1, T]
-
-    @staticmethod
-    def _zero_tail(xp: Tensor, start: int) -> None:
-        if xp.shape[1] > start:
-            xp[:, start:].zero_()

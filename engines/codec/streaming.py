@@ -47,16 +47,18 @@ class StreamState:
         """Return cat(saved, x) along `dim`; save its last P valid entries back in place."""
         buf = self.bufs[key]
         xc = torch.cat([buf, x], dim)
-        p = buf.shape[dim]
-        if self.n_valid is None:
-            tail = xc.narrow(dim, xc.shape[dim] - p, p)
-        else:  # per-row end: n_valid * rate frames of x are real
-            xm = xc.movedim(dim, -1)
-            idx = (self.n_valid * self.rate)[:, None] + torch.arange(p, device=xc.device)  # [B, P]
-            idx = idx.view(idx.shape[0], *([1] * (xm.dim() - 2)), p).expand(*xm.shape[:-1], p)
-            tail = xm.gather(-1, idx).movedim(-1, dim)
-        buf.copy_(tail)
+        buf.copy_(self.tail(xc, buf.shape[dim], dim))
         return xc
+
+    def tail(self, xc: Tensor, p: int, dim: int = -1, rate: int | None = None) -> Tensor:
+        """The last `p` valid entries of each row of `xc` (= saved context + new input) along `dim`: with
+        `n_valid`, row r's input ends after n_valid[r] * rate of them (`rate`: the current one by default)."""
+        if self.n_valid is None:
+            return xc.narrow(dim, xc.shape[dim] - p, p)
+        xm = xc.movedim(dim, -1)  # per-row end: n_valid * rate frames of x are real
+        idx = (self.n_valid * (self.rate if rate is None else rate))[:, None] + torch.arange(p, device=xc.device)
+        idx = idx.view(idx.shape[0], *([1] * (xm.dim() - 2)), p).expand(*xm.shape[:-1], p)  # [B, ..., P]
+        return xm.gather(-1, idx).movedim(-1, dim)
 
     def reset(self, rows: Tensor | None = None) -> None:
         """Zero the state of all rows, or of the rows where bool mask `rows` [B] is True."""
