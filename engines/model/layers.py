@@ -68,11 +68,8 @@ class KVCache:
 
     def copy_row(self, dst: int, src_cache: "KVCache", src: int, length: int, clear_rest: bool = False) -> None:
         """Row `dst` of every layer = the first `length` positions of row `src` of `src_cache` (which may be
-        this cache); with `clear_rest` the positions after them are zeroed."""
-        pairs = ([(self.all_k, src_cache.all_k), (self.all_v, src_cache.all_v)]
-                 if self.all_k is not None and src_cache.all_k is not None
-                 else [(a[None], b[None]) for a, b in zip(self.k + self.v, src_cache.k + src_cache.v)])
-        for a, b in pairs:
+        this cache); with `clear_rest` the positions after them are zeroed. Both caches as `allocate` made them."""
+        for a, b in ((self.all_k, src_cache.all_k), (self.all_v, src_cache.all_v)):
             a[:, dst, :, :length].copy_(b[:, src, :, :length])
             if clear_rest:
                 a[:, dst, :, length:].zero_()
