@@ -22,18 +22,13 @@ import torch.nn.functional as F
 
 
 def median_ms(fn, reps: int = 10, warmup: int = 3) -> float:
+    """Median of `reps` event-timed calls after `warmup` untimed ones (benchmarks.codec_gpu.time_calls)."""
+    from benchmarks.codec_gpu import time_calls
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    return statistics.median(time_calls(fn, torch.device("cuda"), reps, float("inf")))
 
 
 def stage_times(dec, codes) -> dict:
