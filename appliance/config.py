@@ -69,6 +69,7 @@ class JobsSection:
 
     home: Optional[str] = None        # spool folder (else $TTS_APPLIANCE_HOME, else ~/.local/share/tts-appliance)
     queue: Optional[str] = None       # job queue: HOME/queue.db (SQLite), or postgresql://user@host/db (several hosts)
+    queue_file: Optional[str] = None  # a file holding jobs.queue (keeps a password out of the config)
     enabled: bool = True              # run a queue worker inside the daemon
     batch_size: int = 0               # segments a worker keeps in flight (0: the engine's slot count)
     workers: int = 1                  # worker threads (each tops up its segments as they finish)
@@ -147,7 +148,7 @@ class Config:
     def home(self):
         from jobs.settings import resolve_home
 
-        return resolve_home(self.jobs.home, queue=self.jobs.queue)
+        return resolve_home(self.jobs.home, queue=self.jobs.queue, queue_file=self.jobs.queue_file)
 
     def runtime_dir(self) -> Path:
         raw = (self.service.runtime_dir or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
@@ -281,7 +282,23 @@ def check(cfg: Config, origin: str = "config") -> Config:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: give an octal file mode such as 0660") from None
     if mode & ~0o777:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: only permission bits (e.g. 0660)")
+    check_queue(cfg.jobs, origin)
     return cfg
+
+
+def check_queue(jobs: JobsSection, origin: str) -> None:
+    """jobs.queue parsed strictly (a typo must not become a SQLite file); jobs.queue_file an absolute path."""
+    from jobs.queue.store import parse_location
+
+    if jobs.queue and jobs.queue_file:
+        raise ConfigError(f"{origin}: set jobs.queue or jobs.queue_file, not both")
+    if jobs.queue_file and not Path(jobs.queue_file).expanduser().is_absolute():
+        raise ConfigError(f"{origin}: jobs.queue_file = {jobs.queue_file!r}: give an absolute path")
+    if jobs.queue:
+        try:
+            parse_location(jobs.queue)
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
 
 
 def user_config(environ=None) -> Path:
@@ -334,5 +351,10 @@ def resolve(config_path: Optional[str | os.PathLike] = None, *, model=None, devi
 
 def as_dict(cfg: Config) -> dict:
     """The effective configuration as plain data (for `daemon --print-config`)."""
-    return {name: {f.name: getattr(getattr(cfg, name), f.name) for f in fields(getattr(cfg, name))}
-            for name in SECTIONS if is_dataclass(getattr(cfg, name))}
+    from jobs.queue.store import redact
+
+    out = {name: {f.name: getattr(getattr(cfg, name), f.name) for f in fields(getattr(cfg, name))}
+           for name in SECTIONS if is_dataclass(getattr(cfg, name))}
+    if cfg.jobs.queue:
+        out["jobs"]["queue"] = redact(cfg.jobs.queue)  # the database password is not shown
+    return out

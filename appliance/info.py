@@ -104,15 +104,22 @@ def codec_info(cfg: Config) -> dict:
 
 
 def paths_info(cfg: Config) -> dict:
+    from jobs.queue import QueueError
+    from jobs.queue.store import redact
+
     paths = cfg.home()
-    out = {"home": str(paths.home), "queue": str(paths.db), "inbox": str(paths.home / "inbox"),
+    try:
+        db = paths.db
+    except QueueError as exc:  # jobs.queue_file unreadable here: say so, report the rest
+        db = exc
+    out = {"home": str(paths.home), "queue": redact(str(db)), "inbox": str(paths.home / "inbox"),
            "output": str(paths.output), "runtime_dir": str(cfg.runtime_dir()),
            "http_socket": str(cfg.http_socket()) if cfg.http_socket() else None,
            "http_tcp": f"{cfg.http.tcp_host}:{cfg.http.tcp_port}" if cfg.http.tcp else None,
            "wyoming_socket": str(cfg.wyoming_socket()) if cfg.wyoming_socket() else None}
-    if Path(paths.db).is_file():  # read-only: the report never creates or migrates the queue
+    if isinstance(db, Path) and db.is_file():  # read-only: the report never creates or migrates the queue
         try:
-            with sqlite3.connect(f"file:{paths.db}?mode=ro", uri=True, timeout=2.0) as con:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0) as con:
                 out["jobs"] = dict(con.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
         except sqlite3.Error as exc:
             out["jobs"] = {"error": str(exc)}

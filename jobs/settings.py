@@ -29,12 +29,22 @@ class Paths:
     """Locations inside one spool folder."""
 
     home: Path
-    queue: Optional[str] = None  # a postgresql:// URL (jobs.queue); None: the SQLite file below
+    queue: Optional[str] = None  # jobs.queue: a postgresql:// URL or a SQLite file; None: the SQLite file below
+    queue_file: Optional[str] = None  # jobs.queue_file: a file holding jobs.queue (read when the queue is opened)
 
     @property
     def db(self) -> Path | str:
-        """Where the queue lives: what `jobs.queue.Queue` opens."""
-        return self.queue or self.home / "queue.db"
+        """Where the queue lives: what `jobs.queue.Queue` opens. QueueError when jobs.queue or the
+        file of jobs.queue_file names none (`jobs.queue.store.parse_location`)."""
+        from jobs.queue import QueueError
+        from jobs.queue.store import parse_location, read_location_file
+
+        try:
+            if self.queue_file:
+                return read_location_file(self.queue_file)
+            return parse_location(self.queue) if self.queue else self.home / "queue.db"
+        except ValueError as exc:
+            raise QueueError(str(exc)) from None
 
     @property
     def audio(self) -> Path:
@@ -67,10 +77,11 @@ class Paths:
         return self
 
 
-def resolve_home(home: Optional[str | os.PathLike] = None, queue: Optional[str] = None) -> Paths:
-    """The spool folder: `home` (the settings' jobs.home), else ~/.local/share/tts-appliance; `queue`:
-    the settings' jobs.queue."""
-    return Paths(Path(home or DEFAULT_HOME).expanduser().resolve(), queue or None)
+def resolve_home(home: Optional[str | os.PathLike] = None, queue: Optional[str] = None,
+                 queue_file: Optional[str] = None) -> Paths:
+    """The spool folder: `home` (the settings' jobs.home), else ~/.local/share/tts-appliance; `queue`,
+    `queue_file`: the settings' jobs.queue, jobs.queue_file."""
+    return Paths(Path(home or DEFAULT_HOME).expanduser().resolve(), queue or None, queue_file or None)
 
 
 def _plain_types(cls) -> dict[str, type]:

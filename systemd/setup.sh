@@ -92,6 +92,9 @@ if model:
         yaml.safe_dump(cfg, f, sort_keys=False)
     print(f"install.sh: config: {conf} (model.path = {model})")
 PY
+# the config may hold secrets (jobs.queue's database password): readable by the service, not by everyone
+CONF_MODE=$([ "$MODE" = system ] && echo 0640 || echo 0600)
+[ -f "$CONF_DIR/config.yaml" ] && chmod "$CONF_MODE" "$CONF_DIR/config.yaml"
 [ "${SETUP_SYSTEMD:-1}" = 1 ] || exit 0
 
 # -- units ------------------------------------------------------------------------------------------
@@ -109,8 +112,10 @@ if [ "$MODE" = system ]; then
   if [ -z "$SYSROOT" ] && command -v systemd-sysusers >/dev/null 2>&1; then
     systemd-sysusers "$SYSUSERS" && systemd-tmpfiles --create "$TMPFILES" || say "warning: sysusers/tmpfiles failed"
     chown -R tts-appliance:tts-appliance "$DATA" 2>/dev/null || true
+    chown root:tts-appliance "$CONF_DIR/config.yaml" 2>/dev/null || say "warning: could not give $CONF_DIR/config.yaml to group tts-appliance"
   else
-    say "note: systemd-sysusers not available here; create user tts-appliance and $DATA yourself"
+    say "note: systemd-sysusers not available here; create user tts-appliance and $DATA yourself," \
+        "and give $CONF_DIR/config.yaml to its group (chown root:tts-appliance)"
   fi
 else  # user units: same daemon, no system hardening (the block from '# Hardening' to the next blank line)
       # and no user switching, sockets in $XDG_RUNTIME_DIR

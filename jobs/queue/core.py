@@ -22,7 +22,7 @@ from typing import Iterable, Optional, Sequence
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate
-from jobs.queue.store import QueueUnavailable, is_url, open_store, redact
+from jobs.queue.store import QueueUnavailable, open_store, parse_location, redact
 from jobs.settings import JobSpec
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,18 @@ def _now() -> float:
 class Queue(Leases, Records):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
-    `location` is a SQLite file path or a `postgresql://` URL. Start-up problems (unreachable
+    `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`store.parse_location`:
+    a string that is neither is refused). Start-up problems (unreachable
     server, wrong credentials, a SQLite file that cannot be opened, a schema from a newer version)
     raise `QueueError` in one line."""
 
     def __init__(self, location: str | Path, max_attempts: int = 3, busy_timeout_s: float = 30.0,
                  max_lost: int = 25):
-        self.path = location if is_url(location) else Path(location)
+        try:
+            location = parse_location(location)
+        except ValueError as exc:
+            raise QueueError(str(exc)) from None
+        self.path = location
         self.where = redact(str(location))
         self.max_attempts, self.max_lost = int(max_attempts), int(max_lost)
         try:

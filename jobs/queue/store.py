@@ -23,13 +23,71 @@ class QueueUnavailable(Exception):
     """The queue database cannot be reached right now (workers back off and try again)."""
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
 def is_url(location) -> bool:
+    """Whether `location` (as `parse_location` returns it) names a PostgreSQL database."""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
 
 
-def redact(url: str) -> str:
-    """A database URL with its password hidden, fit for logs and error messages."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+def parse_location(value: str | Path) -> str | Path:
+    """The queue `jobs.queue` names, strictly: a `postgresql://` or `postgres://` URL (scheme in any
+    case; returned in lower case) or the absolute path of a SQLite file (`~` expanded). Anything else
+    (`postgresql:/db`, `postgresql+psycopg://...`, `mysql://...`, a relative path) raises ValueError
+    naming the key: a typo must not become a private SQLite file named after the URL. A `Path` is
+    taken as given (code, not an admin, chose it)."""
+    if isinstance(value, Path):
+        return value
+    text = str(value).strip()
+    scheme = _SCHEME.match(text)
+    if scheme:
+        name, rest = scheme.group(1).lower(), text[scheme.end():]
+        if name in POSTGRES_SCHEMES and rest.startswith("//"):
+            return f"{name}:{rest}"
+        form = "postgresql://user@host[:port]/database"
+        if name in POSTGRES_SCHEMES:
+            raise ValueError(f"jobs.queue = {redact(text)!r}: a PostgreSQL queue is a URL of the form {form}")
+        raise ValueError(f"jobs.queue = {redact(text)!r}: unknown scheme {scheme.group(1)!r}; give {form} "
+                         "(PostgreSQL), the absolute path of a SQLite file, or nothing (HOME/queue.db)")
+    path = Path(text).expanduser()
+    if not text or not path.is_absolute():
+        raise ValueError(f"jobs.queue = {redact(text)!r}: a SQLite queue is an absolute file path (leave jobs.queue "
+                         "unset for HOME/queue.db); a PostgreSQL queue is a postgresql://user@host/database URL")
+    return path
+
+
+def read_location_file(path: str | Path) -> str | Path:
+    """The queue named by the first line of `path` (jobs.queue_file: a file only the service reads,
+    e.g. a systemd credential), parsed as `parse_location` does."""
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
+            line = f.readline().strip()
+    except OSError as exc:
+        raise ValueError(f"jobs.queue_file = {str(path)!r}: cannot read it ({exc.strerror}); it holds the queue "
+                         "URL and must be readable by the service (e.g. mode 0640, group tts-appliance)") from None
+    try:
+        return parse_location(line)
+    except ValueError as exc:
+        raise ValueError(f"jobs.queue_file = {str(path)!r}: {exc}") from None
+
+
+def _hide_userinfo(m: re.Match) -> str:
+    token = m.group(0)
+    head, at, tail = token.rpartition("@")
+    start = head.find("://")
+    colon = head.find(":", start + 3 if start >= 0 else 0)
+    return token if colon < 0 else f"{head[:colon + 1]}***{at}{tail}"
+
+
+def redact(text: str) -> str:
+    """`text` (a database URL, or a message quoting one) with passwords hidden, fit for logs and errors:
+    in every word with an `@`, what lies between the first `:` of its user part and its last `@`
+    (`postgresql://tts:***@db/tts`; also a mistyped URL, and a password holding `@`), and `password=`
+    parameters."""
+    text = re.sub(r"[^\s'\"]+@[^\s'\"]*", _hide_userinfo, text)
+    return re.sub(r"(?i)(\bpassword=)[^\s&'\"]*", r"\1***", text)
 
 
 _SQLITE_AWAY = ("locked", "busy", "disk i/o", "unable to open", "readonly", "disk is full")
@@ -193,7 +251,7 @@ class PostgresStore:
 
 
 def open_store(location, busy_timeout_s: float = 30.0):
-    """The store of `location`: a `postgresql://` URL or the path of a SQLite file."""
+    """The store of `location` (as `parse_location` returns it): a `postgresql://` URL or a SQLite file."""
     if is_url(location):
         return PostgresStore(location)
     return SqliteStore(location, busy_timeout_s)
