@@ -149,6 +149,22 @@ def test_priority_orders_claims_and_fills_batch(q):
     assert [r["job_id"] for r in rows] == [high, high, low, low]
 
 
+def test_claims_share_workers_between_jobs_of_one_priority(q):
+    """A huge book queued first does not hold back a 2-segment job: each claim hands segments to the job
+    with the fewest in work, then the oldest; within a job they go in order."""
+    big = q.add_job(JobSpec(), _chapters(4, 50, "big"))  # 200 segments
+    small = q.add_job(JobSpec(), _chapters(1, 2, "small"))
+    first = q.claim("w1", 8, lease_s=60)
+    assert [r["job_id"] for r in first] == [big, small, big, small, big, big, big, big]
+    assert [r["idx"] for r in first if r["job_id"] == big] == [0, 1, 2, 3, 4, 5]
+    assert q.counts(small)["leased"] == 2
+    medium = q.add_job(JobSpec(), _chapters(1, 10, "medium"))
+    rows = q.claim("w2", 8, lease_s=60)  # big has 6 in work, medium none: medium catches up first
+    assert [r["job_id"] for r in rows] == [medium] * 6 + [big, medium]
+    urgent = q.add_job(JobSpec(priority=5), _chapters(1, 3, "urgent"))
+    assert [r["job_id"] for r in q.claim("w3", 4, lease_s=60)] == [urgent] * 3 + [big]  # 7 in work each: the older
+
+
 def test_model_filter(q):
     q.add_job(JobSpec(model="/models/a"), _chapters(1, 1))
     assert q.claim("w", 4, lease_s=60, model="/models/b") == []

@@ -9,6 +9,7 @@ kills them. Only real synthesis failures (`fail`) use up `max_attempts`.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from typing import Optional, Sequence
@@ -68,36 +69,76 @@ class Leases:
 
     def claim(self, worker_id: str, limit: int, lease_s: float, model: Optional[str] = None,
               min_priority: Optional[int] = None) -> list[dict]:
-        """Lease up to `limit` queued segments, highest job priority first, oldest job first.
+        """Lease up to `limit` queued segments, shared fairly between jobs (`fair_turns`): the highest
+        job priority first; among jobs of one priority each next segment goes to the job with the fewest
+        segments in work, then to the oldest job, so a short job is not stuck behind a long book. A job's
+        segments go in order.
 
-        Only jobs whose model is unset or equals `model` are served. Returns segment rows with
-        the job's `spec` (JSON) and `priority` joined in.
+        Only jobs whose model is unset or equals `model` are served. Returns segment rows with the
+        job's `spec` (JSON) and `priority` joined in, in the order they were handed out.
         """
         now = time.time()
         with self.tx() as c:
             self._reap_dead(c, now)
             self._expire(c, now)
             self._register(c, worker_id, now)
-            sql = """SELECT s.id FROM segments s JOIN jobs j ON j.id = s.job_id
-                     WHERE s.state = 'queued' AND j.state IN ('queued', 'running')
-                       AND (j.model IS NULL OR j.model = ?)"""
-            args: list = [model]
-            if min_priority is not None:
-                sql += " AND j.priority >= ?"
-                args.append(min_priority)
-            sql += " ORDER BY j.priority DESC, j.created_at, j.id, s.idx LIMIT ?" + self.store.skip_locked
-            ids = [r[0] for r in c.execute(sql, args + [int(limit)]).fetchall()]
+            jobs = self._claimable(c, model, min_priority, int(limit))
+            taken: dict[str, list[int]] = {}  # job id -> its segment ids, in order
+            turns: list[str] = []  # the job of each segment handed out
+            while jobs and len(turns) < limit:
+                want = fair_turns(jobs, int(limit) - len(turns))
+                got: dict[str, int] = {}
+                for job in jobs:
+                    n = want.count(job["id"])
+                    if n == 0:
+                        continue
+                    ids = [r[0] for r in c.execute(
+                        "SELECT s.id FROM segments s WHERE s.job_id = ? AND s.state = 'queued' ORDER BY s.idx LIMIT ?"
+                        + self.store.skip_locked, (job["id"], n)).fetchall()]
+                    self._lease(c, worker_id, ids, now + lease_s, now)
+                    taken.setdefault(job["id"], []).extend(ids)
+                    got[job["id"]] = len(ids)
+                    job["busy"] += len(ids)
+                    job["waiting"] = job["waiting"] - len(ids) if len(ids) == n else 0  # fewer: locked elsewhere
+                for j in want:  # the turns that got a segment, in hand-out order
+                    if got.get(j, 0) > 0:
+                        turns.append(j)
+                        got[j] -= 1
+                jobs = [j for j in jobs if j["waiting"] > 0]
+            ids = [taken[j].pop(0) for j in turns]
             if not ids:
                 return []
             marks = ",".join("?" * len(ids))
-            c.execute(f"""UPDATE segments SET state = 'leased', worker_id = ?, lease_expires = ?,
-                          attempts = attempts + 1, updated_at = ? WHERE id IN ({marks})""",
-                      [worker_id, now + lease_s, now] + ids)
             c.execute(f"""UPDATE jobs SET state = 'running', updated_at = ? WHERE state = 'queued'
                           AND id IN (SELECT job_id FROM segments WHERE id IN ({marks}))""", [now] + ids)
-        return self._rows(f"""SELECT s.*, j.spec AS spec, j.priority AS priority FROM segments s
-                              JOIN jobs j ON j.id = s.job_id WHERE s.id IN ({marks}) ORDER BY j.priority DESC,
-                              j.created_at, j.id, s.idx""", ids)
+        rows = {r["id"]: r for r in self._rows(f"""SELECT s.*, j.spec AS spec, j.priority AS priority FROM segments s
+                                                   JOIN jobs j ON j.id = s.job_id WHERE s.id IN ({marks})""", ids)}
+        return [rows[i] for i in ids]
+
+    @staticmethod
+    def _claimable(c, model: Optional[str], min_priority: Optional[int], limit: int) -> list[dict]:
+        """Jobs with queued segments that this worker may serve: id, priority, created_at, `busy` (segments
+        leased now) and `waiting` (queued segments, counted up to `limit`)."""
+        sql = """SELECT j.id, j.priority, j.created_at,
+                   (SELECT COUNT(*) FROM segments s WHERE s.job_id = j.id AND s.state = 'leased') AS busy,
+                   (SELECT COUNT(*) FROM (SELECT 1 FROM segments s WHERE s.job_id = j.id AND s.state = 'queued'
+                                          LIMIT ?) w) AS waiting
+                 FROM jobs j WHERE j.state IN ('queued', 'running') AND (j.model IS NULL OR j.model = ?)
+                   AND EXISTS (SELECT 1 FROM segments s WHERE s.job_id = j.id AND s.state = 'queued')"""
+        args: list = [limit, model]
+        if min_priority is not None:
+            sql += " AND j.priority >= ?"
+            args.append(min_priority)
+        names = ("id", "priority", "created_at", "busy", "waiting")
+        return [dict(zip(names, r)) for r in c.execute(sql, args).fetchall()]
+
+    @staticmethod
+    def _lease(c, worker_id: str, ids: list[int], expires: float, now: float) -> None:
+        if ids:
+            marks = ",".join("?" * len(ids))
+            c.execute(f"""UPDATE segments SET state = 'leased', worker_id = ?, lease_expires = ?,
+                          attempts = attempts + 1, updated_at = ? WHERE id IN ({marks})""",
+                      [worker_id, expires, now] + ids)
 
     def renew(self, worker_id: str, ids: Sequence[int], lease_s: float) -> int:
         """Extend this worker's leases; returns how many are still held."""
@@ -135,3 +176,18 @@ class Leases:
                                                AND s.state IN ('queued', 'leased'))""",
                             (worker_id, now + lease_s, job_id, now, job_id))
         return cur.rowcount == 1
+
+
+def fair_turns(jobs: Sequence[dict], n: int) -> list[str]:
+    """Hand out up to `n` segments one at a time and return the job id of each: to the highest `priority`,
+    then to the job with the fewest in work (`busy` plus those handed out here), then the oldest
+    (`created_at`, `id`); a job gets at most its `waiting` segments."""
+    heap = [(-j["priority"], j["busy"], j["created_at"] or 0.0, j["id"], j["waiting"]) for j in jobs if j["waiting"] > 0]
+    heapq.heapify(heap)
+    turns: list[str] = []
+    while heap and len(turns) < n:
+        prio, busy, created, job_id, left = heapq.heappop(heap)
+        turns.append(job_id)
+        if left > 1:
+            heapq.heappush(heap, (prio, busy + 1, created, job_id, left - 1))
+    return turns
