@@ -165,6 +165,78 @@ def test_claims_share_workers_between_jobs_of_one_priority(q):
     assert [r["job_id"] for r in q.claim("w3", 4, lease_s=60)] == [urgent] * 3 + [big]  # 7 in work each: the older
 
 
+def test_a_large_submit_lets_other_writers_in_and_hides_half_a_job(tmp_path, monkeypatch):
+    """SQLite has one writer: a book of thousands of segments is written in short transactions with the job
+    row last, so a worker recording audio on another connection gets in between them (instead of waiting
+    for the whole book, past its busy timeout: "database is locked") and never claims half a job."""
+    from jobs.queue import core
+
+    monkeypatch.setattr(core, "INSERT_ROWS", 50, raising=False)
+    db = tmp_path / "queue.db"
+    adder, worker = Queue(db), Queue(db, busy_timeout_s=0.2)
+    adder.add_job(JobSpec(), _chapters(1, 20, "other"))
+    held = worker.claim("w", 20, lease_s=60)
+    seen = []  # (segments of the big job already written, what a claim got, an error) at each transaction start
+
+    def between(sql: str) -> None:  # runs on the adder's connection as each of its statements starts
+        if not sql.lstrip().upper().startswith("BEGIN") or not held:
+            return
+        r = held.pop()
+        try:
+            assert worker.complete(r["id"], f"k{r['id']}", "/a.wav", 24000, 100, 0)
+            n = worker._rows("SELECT COUNT(*) AS n FROM segments WHERE job_id = 'bigbook'")[0]["n"]
+            seen.append((n, [c["job_id"] for c in worker.claim("w2", 4, lease_s=60)], None))
+        except Exception as exc:  # noqa: BLE001 - recorded: an exception in a trace callback is swallowed
+            seen.append((None, None, exc))
+
+    adder.conn.set_trace_callback(between)
+    adder.add_job(JobSpec(), _chapters(4, 100, "big"), job_id="bigbook")
+    adder.conn.set_trace_callback(None)
+    assert all(err is None for _, _, err in seen), seen
+    assert any(0 < n < 400 for n, _, _ in seen), seen  # the worker wrote while the book was half written
+    assert all(claimed == [] for _, claimed, _ in seen), seen  # ... and could not claim any of it
+    assert [r["job_id"] for r in worker.claim("w2", 2, lease_s=60)] == ["bigbook"] * 2
+    adder.close()
+    worker.close()
+
+
+def test_opening_and_reading_the_queue_does_not_wait_for_a_writer(tmp_path):
+    """An up-to-date schema is only read at open: the status probe, /health and every API call open a queue,
+    and must not wait (5 s, then "database is locked") while another connection writes."""
+    import sqlite3
+
+    db = tmp_path / "queue.db"
+    Queue(db).close()
+    locker = sqlite3.connect(str(db), isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    locker.execute("INSERT INTO events (job_id, ts, level, message) VALUES (NULL, 0, 'info', 'x')")
+    try:
+        q = Queue(db, busy_timeout_s=0.2)
+        assert q.counts()["queued"] == 0 and q.job_counts() == {}
+        q.close()
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+
+
+def test_add_job_leaves_no_half_job(q, monkeypatch):
+    """A submit that fails half-way leaves no rows; rows a crashed one left are removed when its reserved
+    job id is added again."""
+    from jobs.queue import core
+
+    monkeypatch.setattr(core, "INSERT_ROWS", 3, raising=False)
+    chapters = _chapters(2, 4)
+    chapters[1][1][2] = SegmentText(None, "broken", 0)  # NOT NULL text: the third transaction fails
+    with pytest.raises(Exception):
+        q.add_job(JobSpec(), chapters, job_id="half")
+    assert q.segments("half") == [] and q.chapters("half") == []
+    with q.tx() as c:  # what a process killed in the middle of add_job leaves behind
+        c.execute("INSERT INTO chapters (job_id, idx, title) VALUES ('half', 0, 'x')")
+        c.execute("INSERT INTO segments (job_id, idx, chapter_idx, text, seed) VALUES ('half', 0, 0, 'x', 0)")
+    assert q.add_job(JobSpec(), _chapters(2, 4), job_id="half") == "half"
+    assert len(q.segments("half")) == 8 and q.segments("half")[0]["text"] == "Sentence 0-0 is spoken here."
+
+
 def test_model_filter(q):
     q.add_job(JobSpec(model="/models/a"), _chapters(1, 1))
     assert q.claim("w", 4, lease_s=60, model="/models/b") == []

@@ -28,6 +28,7 @@ from jobs.settings import JobSpec
 log = logging.getLogger(__name__)
 
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled", "partial")
+INSERT_ROWS = 500  # segment rows per write transaction of add_job (other writers wait milliseconds, not seconds)
 
 
 def _now() -> float:
@@ -86,27 +87,49 @@ class Queue(Leases, Records):
     def add_job(self, spec: JobSpec, chapters: Sequence[tuple[str, Sequence]], sources: Iterable[str] = (),
                 meta: Optional[dict] = None, job_id: Optional[str] = None) -> str:
         """Queue a job: `chapters` is [(title, [SegmentText, ...]), ...]. Returns the job id (`job_id`:
-        one reserved earlier, jobs.submissions)."""
+        one reserved earlier, jobs.submissions).
+
+        A book of many thousand segments must not hold the (SQLite: only) write lock for seconds while
+        workers record audio: the rows are built first, written `INSERT_ROWS` at a time in short
+        transactions, and the job row comes last, so no worker sees (claims, assembles) half a job."""
         if not any(segs for _, segs in chapters):
             raise QueueError("the document has no text to speak (no segments)")
         job_id = job_id or uuid.uuid4().hex[:12]
         now = _now()
-        with self.tx() as c:
-            c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model,
-                         created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                      (job_id, spec.priority, spec.to_json(), spec.title, spec.author, json.dumps(list(sources)),
-                       json.dumps(meta or {}), spec.model, now, now))
-            idx = 0
-            for ci, (title, segs) in enumerate(chapters):
-                c.execute("INSERT INTO chapters (job_id, idx, title) VALUES (?, ?, ?)", (job_id, ci, title))
-                for s in segs:
-                    c.execute("""INSERT INTO segments (job_id, idx, chapter_idx, text, original, pause_after_ms,
-                                 metadata, seed, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                              (job_id, idx, ci, s.text, s.original, int(s.pause_after_ms or 0),
-                               json.dumps(getattr(s, "metadata", None) or {}, default=str), spec.seed, now))
-                    idx += 1
-            self._event(c, job_id, f"submitted: {idx} segments in {len(chapters)} chapters")
+        segments = [(job_id, idx, ci, s.text, s.original, int(s.pause_after_ms or 0),
+                     json.dumps(getattr(s, "metadata", None) or {}, default=str), spec.seed, now)
+                    for idx, (ci, s) in enumerate((ci, s) for ci, (_, segs) in enumerate(chapters) for s in segs)]
+        try:
+            with self.tx() as c:
+                self._drop_unqueued(c, job_id)
+                c.executemany("INSERT INTO chapters (job_id, idx, title) VALUES (?, ?, ?)",
+                              [(job_id, ci, title) for ci, (title, _) in enumerate(chapters)])
+            for start in range(0, len(segments), INSERT_ROWS):
+                with self.tx() as c:
+                    c.executemany("""INSERT INTO segments (job_id, idx, chapter_idx, text, original, pause_after_ms,
+                                     metadata, seed, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                                  segments[start:start + INSERT_ROWS])
+            with self.tx() as c:
+                c.execute("""INSERT INTO jobs (id, state, priority, spec, title, author, sources, meta, model,
+                             created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                          (job_id, spec.priority, spec.to_json(), spec.title, spec.author, json.dumps(list(sources)),
+                           json.dumps(meta or {}), spec.model, now, now))
+                self._event(c, job_id, f"submitted: {len(segments)} segments in {len(chapters)} chapters")
+        except BaseException:
+            try:
+                with self.tx() as c:
+                    self._drop_unqueued(c, job_id)
+            except Exception as exc:  # noqa: BLE001 - the first error is the one to report; a retry cleans up
+                log.warning("job %s: could not remove its half-written rows (%s); the next add of it does", job_id, exc)
+            raise
         return job_id
+
+    @staticmethod
+    def _drop_unqueued(c, job_id: str) -> None:
+        """Remove chapter and segment rows of `job_id` that no job row owns (an add_job that failed half-way)."""
+        for table in ("segments", "chapters"):
+            c.execute(f"DELETE FROM {table} WHERE job_id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = ?)",
+                      (job_id, job_id))
 
     def add_failed_job(self, spec: JobSpec, sources: Iterable[str], error: str, job_id: Optional[str] = None) -> str:
         """Record a job that failed before it had segments (bad input), so status/logs show why."""

@@ -130,6 +130,15 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
 
+    def executemany(self, sql: str, rows: Sequence[Sequence]) -> None:
+        try:
+            self.conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+
+    def has_table(self, name: str) -> bool:
+        return self.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
     def rows(self, sql: str, args: Sequence | dict = ()) -> list[dict]:
         cur = self.execute(sql, args)
         names = [d[0] for d in cur.description or ()]
@@ -224,6 +233,19 @@ class PostgresStore:
             if conn.closed or conn.broken:
                 raise self._lost(exc) from exc
             raise
+
+    def executemany(self, sql: str, rows: Sequence[Sequence]) -> None:
+        conn = self._ready()
+        try:
+            with conn.cursor() as cur:
+                cur.executemany(to_pyformat(sql), rows)
+        except self._psycopg.OperationalError as exc:
+            if conn.closed or conn.broken:
+                raise self._lost(exc) from exc
+            raise
+
+    def has_table(self, name: str) -> bool:
+        return self.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0]
 
     def rows(self, sql: str, args: Sequence | dict = ()) -> list[dict]:
         cur = self.execute(sql, args)
