@@ -80,8 +80,6 @@ class Daemon:
         self.threads: list[threading.Thread] = []
         self.job_defaults: dict = {}  # spec values of jobs that name none (jobs.submit.job_defaults)
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
-        self.queue_down: Optional[str] = None  # why the queue cannot be read (None: it can), for logging changes
-        self._queue_lock = threading.Lock()
 
     # -- queue side ------------------------------------------------------------------------------
     def queue_counts(self, busy_timeout_s: float = 30.0) -> tuple[dict, dict]:
@@ -96,8 +94,10 @@ class Daemon:
 
     def queue_state(self) -> QueueState:
         """The queue's counts, or why it cannot be read now (database down, file unreadable, locked past
-        QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends."""
+        QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends
+        (for the whole process: the queue workers report to the same `OUTAGE`)."""
         from jobs.queue import QueueError, QueueUnavailable
+        from jobs.queue.outage import OUTAGE
 
         known = True
         try:
@@ -107,13 +107,10 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001 - a driver error (sqlite3, psycopg): the queue is as good as down
             known = False
             state = QueueState(error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-        with self._queue_lock:
-            was, self.queue_down = self.queue_down, state.error
-        if state.error and was is None:
-            log.warning("queue unreachable: %s; streams go on, jobs wait until it is back", state.error,
-                        exc_info=not known)
-        elif was is not None and state.ok:
-            log.info("queue reachable again")
+        if state.ok:
+            OUTAGE.ok("status")
+        else:  # said once per process, with what the queue workers find (jobs.queue.outage)
+            OUTAGE.failed("status", state.error, exc_info=not known)
         return state
 
     def _start_workers(self) -> None:

@@ -28,7 +28,8 @@ from typing import Optional
 
 import yaml
 
-from jobs.queue import Queue
+from jobs.queue import Queue, QueueUnavailable
+from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths
 from jobs.watch_files import (companion, entry_problem, ignore_reason, ignored, move_unique, regular_file,
                               sha256_file, sidecar_for)
@@ -313,7 +314,12 @@ class InboxWatcher:
         observer.start()
         try:
             while not stop_event.is_set():
-                self.tick()
+                try:
+                    self.tick()
+                except QueueUnavailable as exc:  # the database is away: the next tick tries again
+                    OUTAGE.failed("inbox", exc)  # said once per process (jobs.queue.outage)
+                else:
+                    OUTAGE.ok("inbox")
                 stop_event.wait(tick_s)
         finally:
             observer.stop()

@@ -5,7 +5,9 @@
 
 The engine is anything with the `Synthesizer` shape (`engines.runtime.runner.EngineRunner`).
 Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
-counts as done, so a worker killed at any moment loses only the segments it had in flight.
+counts as done, so a worker killed at any moment loses only the segments it had in flight. While the
+queue database is away, what finishes is kept (with its leases, which the heartbeat renews) and
+recorded when it is back (`Worker.flush`), not synthesized again.
 """
 from __future__ import annotations
 
@@ -26,9 +28,12 @@ from jobs.assemble import JoinSettings, write_segment_audio
 from jobs.book import JobBook, assemble_job
 from jobs.guard import GuardSettings, attempt_seed, check_audio
 from jobs.queue import Queue, QueueError, QueueUnavailable
+from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths, file_digest, segment_key
 
 log = logging.getLogger(__name__)
+
+BACKOFF_MAX_S = 2.0  # longest wait between tries while the queue is away (resuming takes at most this)
 
 
 class Synthesizer(Protocol):
@@ -87,8 +92,8 @@ class Heartbeat(threading.Thread):
                 try:
                     q = q or Queue(self.db_path)
                     q.renew(self.worker_id, ids, self.lease_s)
-                except (QueueError, QueueUnavailable) as exc:  # database away: keep trying
-                    log.warning("heartbeat: cannot renew leases (%s); will retry", exc)
+                except (QueueError, QueueUnavailable) as exc:  # database away: keep trying (the worker says so)
+                    log.debug("heartbeat: cannot renew leases (%s); will retry", exc)
                 except Exception:  # a busy database must not kill the heartbeat
                     log.exception("heartbeat: renewing leases failed; will retry")
         finally:
@@ -122,12 +127,14 @@ class Worker:
         self.heartbeat.start()
         self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
         self._inflight: dict = {}  # handle -> (key, rows, synth log id): pipelined mode
+        self._pending: list[tuple[Callable[[], Any], list[int]]] = []  # (queue writes, segment ids): `_record`
         self._books: dict[str, JobBook] = {}  # job id -> its book, written as its chapters complete
         self._advanced: dict[str, float] = {}  # job id -> when its book was last advanced
         self._wake = threading.Event()
 
     def close(self) -> None:
         self.heartbeat.stop()
+        OUTAGE.forget(self.worker_id)
         for book in self._books.values():
             book.abort()
         self._books.clear()
@@ -150,16 +157,13 @@ class Worker:
         `wait_s` for a segment to end when nothing else happened. Else: one whole batch."""
         if self.pipelined:
             return self._run_pipelined(wait_s) + self.assemble_ready()
+        self.flush()
         if self.should_yield and self.should_yield():
             return 0
         rows = self.queue.claim(self.worker_id, self.batch_size, self.lease_s, model=self.model)
         if rows:
-            ids = [r["id"] for r in rows]
-            self.heartbeat.hold(ids)
-            try:
-                self._process(rows)
-            finally:
-                self.heartbeat.drop(ids)
+            self.heartbeat.hold([r["id"] for r in rows])
+            self._record(lambda: self._process(rows), [])  # each row's outcome is recorded (or kept) in _finish
         return len(rows) + self.assemble_ready()
 
     def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
@@ -170,30 +174,58 @@ class Worker:
             while not stop_event.is_set():
                 try:
                     worked = self.run_once()
-                    backoff = 0.0
                 except QueueUnavailable as exc:  # the database went away: wait, then resume
-                    backoff = min(30.0, max(0.5, backoff * 2))
-                    log.warning("worker %s: %s; retrying in %.1f s", self.worker_id, exc, backoff)
+                    OUTAGE.failed(self.worker_id, exc)  # one warning per process, not one per retry
+                    backoff = min(BACKOFF_MAX_S, max(0.25, backoff * 2))
+                    log.debug("worker %s: %s; retrying in %.2f s", self.worker_id, exc, backoff)
                     stop_event.wait(backoff)
                     continue
+                OUTAGE.ok(self.worker_id)
+                backoff = 0.0
                 if worked == 0 and not self._inflight:
                     stop_event.wait(idle_sleep_s)
             while self._inflight:
                 self._wake.wait(0.2)
                 self._wake.clear()
                 self._reap()
+            self.flush()
+        except QueueUnavailable as exc:
+            log.warning("worker %s stops while the queue is away (%s): %d finished segment(s) not recorded are "
+                        "synthesized again once their leases expire", self.worker_id, exc,
+                        sum(len(ids) for _, ids in self._pending))
         finally:
             self.close()
+
+    # -- recording -------------------------------------------------------------------------------
+    def _record(self, write: Callable[[], Any], ids: list[int]) -> None:
+        """Run `write()` (the queue writes that record an outcome of segments `ids`), then let their leases
+        go. While the queue is away, keep it for `flush` instead: the audio is on disk already and the
+        leases stay this worker's (the heartbeat renews them once the queue is back)."""
+        try:
+            write()
+        except QueueUnavailable:
+            self._pending.append((write, ids))
+            return
+        self.heartbeat.drop(ids)
+
+    def flush(self) -> None:
+        """Record what finished while the queue was away (QueueUnavailable while it still is)."""
+        while self._pending:
+            write, ids = self._pending[0]
+            write()
+            self._pending.pop(0)
+            self.heartbeat.drop(ids)
 
     # -- pipelined feeding -----------------------------------------------------------------------
     def _run_pipelined(self, wait_s: float) -> int:
         worked = self._reap()
+        self.flush()
         room = self.batch_size - sum(len(v[1]) for v in self._inflight.values())
         if room > 0 and not (self.should_yield and self.should_yield()):
             rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
             if rows:
                 self.heartbeat.hold([r["id"] for r in rows])
-                self._launch(rows)
+                self._record(lambda: self._launch(rows), [])  # the rows' leases go when their outcome is recorded
                 worked += len(rows)
         if not worked and self._inflight:
             self._wake.wait(wait_s)
@@ -217,7 +249,8 @@ class Worker:
                 self._wake.set()
 
     def _reap(self) -> int:
-        """Store the results of the segments that ended; returns how many segment rows that was."""
+        """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`);
+        returns how many segment rows that was."""
         n, jobs = 0, set()
         for handle in [h for h in self._inflight if h.done]:
             key, rows, log_id = self._inflight.pop(handle)
@@ -227,8 +260,9 @@ class Worker:
                 res = exc
             try:
                 self._finish(key, rows, res, log_id)
-            finally:
+            except Exception:  # e.g. the audio cannot be written: the leases expire, another attempt follows
                 self.heartbeat.drop([r["id"] for r in rows])
+                raise
             n += len(rows)
             jobs.update(r["job_id"] for r in rows)
         self._advance_books(jobs)
@@ -342,31 +376,38 @@ class Worker:
         return out
 
     def _finish(self, key: str, rows: list[dict], res, log_id: int) -> None:
-        first = rows[0]
+        """Record one synthesis' outcome for the rows that share its audio key (`_record`)."""
+        first, ids = rows[0], [r["id"] for r in rows]
         if isinstance(res, Exception):
             name = type(res).__name__
             if name in JOB_LEVEL_ERRORS:
-                self.queue.fail_job(first["job_id"], str(res))
+                self._record(lambda: self.queue.fail_job(first["job_id"], str(res)), ids)
                 return
-            retry = name != "BadInput"
-            for r in rows:
-                state = self.queue.fail(r["id"], f"{name}: {res}", retry=retry)
-                self.queue.event(r["job_id"], f"segment {r['idx']} {name}: {res} -> {state}", "warning", r["idx"])
+            self._record(lambda: self._fail(rows, f"{name}: {res}", f"{name}: {res}", retry=name != "BadInput"),
+                         ids)
             return
         audio = np.asarray(res.audio, dtype=np.float32).reshape(-1)
         sr = int(getattr(res, "sample_rate", None) or self.engine.sample_rate)
         reason = check_audio(audio, sr, first["text"], first["_job"].spec.language, self.guard)
         if reason:
-            for r in rows:
-                state = self.queue.fail(r["id"], reason, retry=True, guard=True)
-                self.queue.event(r["job_id"], f"segment {r['idx']} (seed {first['_seed']}): {reason} -> {state}",
-                                 "warning", r["idx"])
+            self._record(lambda: self._fail(rows, reason, f"(seed {first['_seed']}): {reason}", guard=True), ids)
             return
         path = self._audio_path(key)
         write_segment_audio(path, audio, sr)
-        for r in rows:  # the synthesis counts as finished with the first row it recorded
-            if self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"], log_id=log_id):
-                log_id = None
+
+        def complete():
+            done_log = log_id  # the synthesis counts as finished with the first row it recorded
+            for r in rows:
+                if self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"], log_id=done_log):
+                    done_log = None
+
+        self._record(complete, ids)
+
+    def _fail(self, rows: list[dict], error: str, note: str, retry: bool = True, guard: bool = False) -> None:
+        """A failed attempt of each row, in the job log too (`note`: what the log says about it)."""
+        for r in rows:
+            state = self.queue.fail(r["id"], error, retry=retry, guard=guard)
+            self.queue.event(r["job_id"], f"segment {r['idx']} {note} -> {state}", "warning", r["idx"])
 
     # -- assembly --------------------------------------------------------------------------
     def assemble_ready(self) -> int:

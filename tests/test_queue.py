@@ -98,6 +98,35 @@ def test_expired_lease_returns_to_queue(q):
     assert all("expired" in r["last_error"] and "not counted" in r["last_error"] for r in again)
 
 
+def test_leases_taken_back_from_another_host_are_logged(q, caplog):
+    import logging
+
+    q.add_job(JobSpec(), _chapters(1, 3))
+    q.claim("far-worker", 2, lease_s=-1)  # a lease that has already run out
+    with q.tx() as c:  # held by a worker of another host
+        c.execute("UPDATE workers SET host = 'other-host', pid = 4242 WHERE id = 'far-worker'")
+    with caplog.at_level(logging.INFO, logger="jobs.queue"):
+        assert len(q.claim("near", 3, lease_s=60)) == 3
+    assert [r.getMessage() for r in caplog.records if "took back" in r.getMessage()] == [
+        "took back 2 segment lease(s) of worker far-worker (host other-host, pid 4242): its lease expired"]
+
+
+def test_workers_unseen_for_a_lease_holding_nothing_are_forgotten(q):
+    job = q.add_job(JobSpec(), _chapters(1, 2))
+    q.claim("holder", 1, lease_s=3600)
+    idle = q.claim("idle", 1, lease_s=3600)
+    q.release("idle", [r["id"] for r in idle])
+    q.renew("assembler", [], lease_s=3600)
+    with q.tx() as c:  # "assembler" holds the right to assemble the job; all are on another host, unseen for an hour
+        c.execute("UPDATE jobs SET assembly_worker = 'assembler', assembly_expires = ? WHERE id = ?",
+                  (time.time() + 3600, job))
+        c.execute("UPDATE workers SET host = 'other-host', seen_at = ?", (time.time() - 3600,))
+    q.claim("me", 1, lease_s=60)
+    assert {r["id"] for r in q._rows("SELECT id FROM workers")} == {"holder", "assembler", "me"}
+    q.renew("idle", [], lease_s=60)  # a worker forgotten while cut off registers again with its heartbeat
+    assert "idle" in {r["id"] for r in q._rows("SELECT id FROM workers")}
+
+
 def test_heartbeat_keeps_lease_alive(q):
     q.add_job(JobSpec(), _chapters(1, 2))
     rows = q.claim("w1", 2, lease_s=0.4)

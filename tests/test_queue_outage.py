@@ -1,21 +1,32 @@
 """The queue database goes away under a running daemon (a real PostgreSQL server stopped; a SQLite
 queue file swapped for something that is not a database): the status line says so once in the log and
 goes on, /metrics answers with the engine's metrics and `tts_queue_up 0`, /health answers 200 with
-`"queue": {"ok": false, "error": ...}`, speech is still served; when the queue is back all of it says so."""
+`"queue": {"ok": false, "error": ...}`, speech is still served; when the queue is back all of it says so.
+
+Under a worker (a PostgreSQL server stopped, a SQLite file held locked by another process): segments that
+finish during the outage are recorded when it ends, not synthesized again; retries stay seconds apart;
+the process logs one warning and one line when the queue is back."""
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from daemon_util import Daemon, base_config, needs_daemon
+from jobs.queue import Queue, QueueUnavailable
+from jobs.queue.outage import Outage
+from jobs.settings import JobSpec, resolve_home
+from jobs.worker import BACKOFF_MAX_S, Worker
 from pg_util import pg_server
 from test_daemon_lifecycle import NotifyListener
-
-pytestmark = needs_daemon
+from test_queue import ToneEngine, _chapters
 
 
 def gauge(text: str, name: str) -> float | None:
@@ -86,8 +97,11 @@ def ride_out_outage(d: Daemon, listener: NotifyListener, go_away, come_back, nee
     outage = [ln for ln in log.splitlines() if "queue unreachable" in ln]
     assert len(outage) == 1 and "WARNING" in outage[0] and needle in outage[0], outage  # once, not per tick
     assert len([ln for ln in log.splitlines() if "queue reachable again" in ln]) == 1
+    warnings = [ln for ln in log.splitlines() if " WARNING jobs." in ln]
+    assert warnings == outage, warnings  # the queue workers and heartbeats add none of their own
 
 
+@needs_daemon
 def test_daemon_rides_out_a_postgresql_outage(tmp_path):
     pg = pg_server()
     try:
@@ -100,6 +114,7 @@ def test_daemon_rides_out_a_postgresql_outage(tmp_path):
         pg.stop()
 
 
+@needs_daemon
 @pytest.mark.parametrize("swap", ["directory", "garbage"])
 def test_daemon_rides_out_an_unreadable_sqlite_queue(tmp_path, swap):
     d, listener = start(tmp_path)
@@ -121,3 +136,182 @@ def test_daemon_rides_out_an_unreadable_sqlite_queue(tmp_path, swap):
         ride_out_outage(d, listener, go_away, come_back, "cannot open the queue database")
     finally:
         d.stop()
+
+
+# -- under a worker --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pg():
+    server = pg_server()
+    yield server
+    server.stop()
+
+
+class Away:
+    """A queue that can be taken away and brought back: a PostgreSQL server halted, or a SQLite file held
+    locked by another connection past the worker's busy timeout."""
+
+    def __init__(self, kind: str, tmp_path: Path, request):
+        self.kind = kind
+        if kind == "sqlite":
+            self.location, self.worker_kw = tmp_path / "queue.db", {"busy_timeout_s": 0.2}
+        else:
+            self.server = request.getfixturevalue("pg")
+            self.location, self.worker_kw = self.server.url(f"t{uuid.uuid4().hex[:12]}"), {}
+        self.locker = None
+
+    def go(self) -> None:
+        if self.kind == "sqlite":
+            self.locker = sqlite3.connect(str(self.location), isolation_level=None)
+            self.locker.execute("BEGIN EXCLUSIVE")  # a backup, an admin's shell
+        else:
+            self.server.halt()
+
+    def back(self) -> None:
+        if self.kind == "sqlite":
+            self.locker.execute("ROLLBACK")
+            self.locker.close()
+        else:
+            self.server.start()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def away(request, tmp_path, monkeypatch):
+    monkeypatch.setattr("jobs.worker.OUTAGE", Outage(), raising=False)  # this test's own view of the outage
+    return Away(request.param, tmp_path, request)
+
+
+class Handle:
+    def __init__(self, request):
+        self.request, self.done, self.on_done, self._result = request, False, None, None
+
+    def finish(self, result) -> None:
+        self._result, self.done = result, True
+        if self.on_done is not None:
+            self.on_done(self)
+
+    def result(self):
+        return self._result
+
+
+class GatedEngine(ToneEngine):
+    """A continuously fed engine double (`running`, `submit`): what is submitted finishes when `finish_all()`."""
+
+    running = True
+
+    def __init__(self):
+        super().__init__()
+        self.handles: list[Handle] = []
+
+    def submit(self, request, priority):
+        self.handles.append(Handle(request))
+        return self.handles[-1]
+
+    def finish_all(self) -> None:
+        for h in self.handles:
+            if not h.done:
+                h.finish(self.synthesize([h.request])[0])
+
+
+def test_segments_finished_during_an_outage_are_recorded_when_it_ends(away, tmp_path):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(away.location)
+    job = q.add_job(JobSpec(format="wav"), _chapters(1, 4))
+    q.close()
+    engine = GatedEngine()
+    worker = Worker(Queue(away.location, **away.worker_kw), engine, paths, batch_size=4, lease_s=60, heartbeat_s=30)
+    assert worker.run_once(wait_s=0) == 4  # claimed, and in the engine
+    away.go()
+    engine.finish_all()  # the segments end while the database is away
+    with pytest.raises(QueueUnavailable):
+        worker.run_once(wait_s=0)
+    assert len(list(paths.audio.rglob("*.wav"))) == 4  # their audio is on disk already
+    assert len(worker.heartbeat._held) == 4  # their leases are still this worker's: the heartbeat renews them
+    away.back()
+    worker.run_once(wait_s=0)
+    worker.close()
+    q = Queue(away.location)
+    segs = q.segments(job)
+    assert [s["state"] for s in segs] == ["done"] * 4, segs
+    assert all(s["attempts"] == 1 and s["lost"] == 0 for s in segs)  # recorded by their worker, no lease lost
+    assert len(engine.calls) == 4  # nothing synthesized twice
+    assert len(q._rows("SELECT * FROM synth_log WHERE finished_at IS NOT NULL")) == 4
+    assert q.job(job)["state"] == "done" and not worker.heartbeat._held
+    q.close()
+
+
+class Script(threading.Event):
+    """The stop event of `run_forever` as a script: `wait()` records how long the worker would wait and
+    returns after a moment; at the `back_at`-th wait the queue comes back, at the `stop_at`-th the worker stops."""
+
+    def __init__(self, back, back_at: int, stop_at: int):
+        super().__init__()
+        self.back, self.back_at, self.stop_at, self.waits = back, back_at, stop_at, []
+
+    def wait(self, timeout=None) -> bool:
+        self.waits.append(timeout)
+        if len(self.waits) == self.back_at:
+            self.back()
+        if len(self.waits) >= self.stop_at:
+            self.set()
+        time.sleep(0.02)
+        return self.is_set()
+
+
+def test_an_outage_is_one_warning_one_line_back_and_prompt_retries(away, tmp_path, caplog):
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(away.location)
+    job = q.add_job(JobSpec(format="wav"), _chapters(1, 3))
+    q.close()
+    worker = Worker(Queue(away.location, **away.worker_kw), ToneEngine(), paths, batch_size=2, heartbeat_s=0.02)
+    away.go()
+    script = Script(away.back, back_at=10, stop_at=14)
+    with caplog.at_level(logging.INFO):
+        worker.run_forever(script, idle_sleep_s=1.0)
+    retries = script.waits[:9]
+    assert retries == sorted(retries) and max(retries) == BACKOFF_MAX_S <= 5.0, script.waits  # capped low
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("jobs")]
+    warnings = [m for level, m in logged if level != "INFO"]
+    assert len(warnings) == 1 and warnings[0].startswith("queue unreachable: "), logged
+    assert [m for _, m in logged].count("queue reachable again") == 1, logged
+    assert Queue(away.location).job(job)["state"] == "done"
+
+
+def test_the_inbox_rides_out_a_postgresql_outage(pg, tmp_path, monkeypatch, caplog):
+    """The watcher files finished jobs every tick: a database that goes away must not end its thread."""
+    from jobs.watch import InboxWatcher
+
+    monkeypatch.setattr("jobs.watch.OUTAGE", Outage(), raising=False)
+    url = pg.url(f"t{uuid.uuid4().hex[:12]}")
+    paths = resolve_home(tmp_path / "home").ensure()
+    watcher = InboxWatcher(paths, quiet_s=0.2, closed_quiet_s=0.1, queue=Queue(url))
+    stop = threading.Event()
+    t = threading.Thread(target=watcher.run, args=(stop, 0.1), daemon=True)
+    q = Queue(url)
+
+    def taken(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(q.jobs()) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(q.jobs()) == n
+
+    with caplog.at_level(logging.INFO):
+        t.start()
+        (paths.inbox / "before.txt").write_text("Before the outage.\n")
+        taken(1)  # the watcher is at work
+        q.close()
+        pg.halt()
+        time.sleep(1.0)  # ten ticks without the database
+        assert t.is_alive()
+        pg.start()
+        q = Queue(url)
+        (paths.inbox / "after.txt").write_text("Back again.\n")
+        taken(2)
+        stop.set()
+        t.join(10)
+    assert (paths.processing / "after.txt").exists()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("jobs")]
+    assert [m for level, m in logged if level not in ("INFO", "DEBUG")] == [
+        m for _, m in logged if m.startswith("queue unreachable: ")] and len(logged) >= 2, logged
+    assert [m for _, m in logged].count("queue reachable again") == 1, logged
+    q.close()

@@ -5,7 +5,8 @@ Every claim counts as an attempt until it ends. An attempt that ends because its
 handed back and does not count: a dead worker on this host (its process gone; see `holders`) gives
 its leases back at the next claim at once, one elsewhere when its lease expires. Such lost leases
 are counted apart (`lost`); a segment that lost `max_lost` workers ends `failed`, as it may be what
-kills them. Only real synthesis failures (`fail`) use up `max_attempts`.
+kills them. Only real synthesis failures (`fail`) use up `max_attempts`. Leases taken back are logged
+with the worker's host and pid; workers not seen for a lease's time that hold nothing are forgotten.
 """
 from __future__ import annotations
 
@@ -58,9 +59,32 @@ class Leases:
         return n
 
     def _expire(self, c, now: float) -> None:
-        """Return expired leases to the queue: the worker stopped renewing (died on another host, hung)."""
-        c.execute(_GIVE_BACK + " WHERE state = 'leased' AND lease_expires < ?",
-                  (self.max_lost, "lease of a worker expired (worker stopped or unreachable)", self.max_lost, now, now))
+        """Return expired leases to the queue (the worker stopped renewing: died on another host, hung, cut
+        off), one log line per worker saying whose they were."""
+        expired = c.execute("SELECT s.id, s.worker_id FROM segments s WHERE s.state = 'leased' AND s.lease_expires < ?"
+                            + self.store.skip_locked, (now,)).fetchall()
+        if not expired:
+            return
+        ids = [r[0] for r in expired]
+        marks = ",".join("?" * len(ids))
+        c.execute(_GIVE_BACK + f" WHERE state = 'leased' AND id IN ({marks})",
+                  [self.max_lost, "lease of a worker expired (worker stopped or unreachable)", self.max_lost, now] + ids)
+        per_worker: dict = {}
+        for _, wid in expired:
+            per_worker[wid] = per_worker.get(wid, 0) + 1
+        marks = ",".join("?" * len(per_worker))
+        where = {r[0]: (r[1], r[2]) for r in c.execute(f"SELECT id, host, pid FROM workers WHERE id IN ({marks})",
+                                                         list(per_worker)).fetchall()}
+        for wid, n in per_worker.items():
+            host, pid = where.get(wid, ("unknown host", "?"))
+            log.info("took back %d segment lease(s) of worker %s (host %s, pid %s): its lease expired", n, wid, host, pid)
+
+    def _prune(self, c, now: float, idle_s: float) -> None:
+        """Forget workers not seen for `idle_s` that hold nothing (their leases have expired by now): a live
+        worker registers again with its next heartbeat or claim."""
+        c.execute("""DELETE FROM workers WHERE seen_at < ?
+                     AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.state = 'leased' AND s.worker_id = workers.id)
+                     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.assembly_worker = workers.id)""", (now - idle_s,))
 
     def reap(self) -> int:
         """Give back the leases of dead workers of this host now; returns how many segments."""
@@ -81,6 +105,7 @@ class Leases:
         with self.tx() as c:
             self._reap_dead(c, now)
             self._expire(c, now)
+            self._prune(c, now, lease_s)
             self._register(c, worker_id, now)
             jobs = self._claimable(c, model, min_priority, int(limit))
             taken: dict[str, list[int]] = {}  # job id -> its segment ids, in order
@@ -150,7 +175,7 @@ class Leases:
                 held = c.execute(f"""UPDATE segments SET lease_expires = ? WHERE state = 'leased' AND worker_id = ?
                                      AND id IN ({marks})""", [now + lease_s, worker_id] + list(ids)).rowcount
             c.execute("UPDATE jobs SET assembly_expires = ? WHERE assembly_worker = ?", (now + lease_s, worker_id))
-            c.execute("UPDATE workers SET seen_at = ? WHERE id = ?", (now, worker_id))
+            self._register(c, worker_id, now)  # again, if it was forgotten (`_prune`) while cut off
         return held
 
     def release(self, worker_id: str, ids: Sequence[int]) -> None:
