@@ -162,8 +162,7 @@ class Worker:
             return 0
         rows = self.queue.claim(self.worker_id, self.batch_size, self.lease_s, model=self.model)
         if rows:
-            self.heartbeat.hold([r["id"] for r in rows])
-            self._record(lambda: self._process(rows), [])  # each row's outcome is recorded (or kept) in _finish
+            self._start(rows, self._process)
         return len(rows) + self.assemble_ready()
 
     def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
@@ -208,6 +207,17 @@ class Worker:
             return
         self.heartbeat.drop(ids)
 
+    def _start(self, rows: list[dict], work: Callable[[list[dict]], Any]) -> None:
+        """Hold the leases of claimed `rows` and `work` on them (`_process` or `_launch`; their leases go as
+        each outcome is recorded); while the queue is away before synthesis begins, again in `flush`."""
+        ids = [r["id"] for r in rows]
+        self.heartbeat.hold(ids)
+        try:
+            self._record(lambda: work(rows), [])
+        except Exception:  # not done: the leases run out, another attempt follows
+            self.heartbeat.drop(ids)
+            raise
+
     def flush(self) -> None:
         """Record what finished while the queue was away (QueueUnavailable while it still is)."""
         while self._pending:
@@ -224,8 +234,7 @@ class Worker:
         if room > 0 and not (self.should_yield and self.should_yield()):
             rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
             if rows:
-                self.heartbeat.hold([r["id"] for r in rows])
-                self._record(lambda: self._launch(rows), [])  # the rows' leases go when their outcome is recorded
+                self._start(rows, self._launch)
                 worked += len(rows)
         if not worked and self._inflight:
             self._wake.wait(wait_s)
