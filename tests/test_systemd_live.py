@@ -133,6 +133,13 @@ def test_start_returns_after_ready_with_status(box):
     print(f"systemctl start took {took:.1f} s")
 
 
+def test_config_is_readable_by_the_service_only(box):
+    """It may hold jobs.queue's database password; the service (its group) still reads it: it started."""
+    ensure_active(box)
+    conf = "/etc/tts-appliance/config.yaml"
+    assert box.run("stat", "-c", "%a %U %G", conf).stdout.split() == ["640", "root", "tts-appliance"]
+
+
 def test_socket_is_group_only(box):
     ensure_active(box)
     assert box.run("stat", "-c", "%a %G", API).stdout.split() == ["660", "tts-appliance"]
