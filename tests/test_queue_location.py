@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from pathlib import Path
 
@@ -150,30 +149,3 @@ def test_postgresql_url_in_any_case_and_migrations_log_no_password(caplog, tmp_p
         q.close()
     finally:
         pg.stop()
-
-
-def test_systemd_setup_writes_the_config_for_the_service_only(tmp_path):
-    """The config may hold jobs.queue's password: 0640 (root:tts-appliance) in system mode, 0600 for user units."""
-    import subprocess
-    import sys
-
-    root_dir = Path(__file__).resolve().parents[1]
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (venv / "bin" / "python").chmod(0o755)
-    setup = str(root_dir / "systemd" / "setup.sh")
-    system = {**os.environ, "TTS_APPLIANCE_SYSROOT": str(tmp_path / "root"), "TTS_APPLIANCE_INSTALL_MODE": "system"}
-    conf = tmp_path / "root/etc/tts-appliance/config.yaml"
-    conf.parent.mkdir(parents=True)
-    conf.write_text("model: {path: /m}\n")
-    conf.chmod(0o644)  # written world-readable by an earlier version: tightened on re-install
-    r = subprocess.run([setup, "install", str(venv)], env=system, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert oct(conf.stat().st_mode & 0o777) == "0o640"
-    user = {**os.environ, "HOME": str(tmp_path / "home"), "TTS_APPLIANCE_INSTALL_MODE": "user"}
-    for k in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "TTS_APPLIANCE_HOME", "TTS_APPLIANCE_SYSROOT"):
-        user.pop(k, None)
-    r = subprocess.run([setup, "install", str(venv)], env=user, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert oct((tmp_path / "home/.config/tts-appliance/config.yaml").stat().st_mode & 0o777) == "0o600"

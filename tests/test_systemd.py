@@ -184,10 +184,14 @@ def test_setup_script_installs_and_uninstalls_keeping_user_data(tmp_path):
     cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
     assert Path(cfg.model.path).resolve() == (ROOT / "tests/data/tiny/cv_small").resolve()
     assert cfg.http.socket == "/run/tts-appliance/api.sock"  # the CLI of every user finds the daemon
+    conf = root / "etc/tts-appliance/config.yaml"
+    assert oct(conf.stat().st_mode & 0o777) == "0o640"  # it may hold jobs.queue's password
+    conf.chmod(0o644)  # as an earlier version left it: a re-install tightens it
     r = subprocess.run([setup, "install", str(venv), str(ROOT / "tests/data/tiny/base_small")], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0 and load_config(root / "etc/tts-appliance/config.yaml", environ={}).model.path.endswith(
         "base_small")
+    assert oct(conf.stat().st_mode & 0o777) == "0o640"
     r = subprocess.run([setup, "install", str(venv), "nobody/no-such-model"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "--model /path/to/folder" in r.stderr
     (root / "var/lib/tts-appliance/queue.db").write_text("user data")
@@ -213,3 +217,4 @@ def test_setup_script_user_units(tmp_path):
     assert "DeviceAllow" not in unit and "WantedBy=default.target" in unit
     sock = (tmp_path / ".config/systemd/user/tts-appliance.socket").read_text()
     assert "ListenStream=%t/tts-appliance/api.sock" in sock and "SocketUser" not in sock
+    assert oct((tmp_path / ".config/tts-appliance/config.yaml").stat().st_mode & 0o777) == "0o600"
