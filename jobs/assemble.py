@@ -88,7 +88,7 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     data, sr = sf.read(str(path), dtype="float32", always_2d=False)
     if data.ndim > 1:
         data = data.mean(axis=1)
-    return data.astype(np.float32), sr
+    return data.astype(np.float32, copy=False), sr
 
 
 # -- joining -----------------------------------------------------------------------------------

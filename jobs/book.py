@@ -63,16 +63,20 @@ class JobBook:
 
     def advance(self, segments: list[dict]) -> int:
         """Hand the chapters whose segments have all ended to the writer; returns how many."""
+        if self.error is not None:
+            return 0
         by_ch: dict[int, list[dict]] = {}
         for s in segments:
             by_ch.setdefault(s["chapter_idx"], []).append(s)
-        if self.error is not None:
-            return 0
         if self.sample_rate is None:
             done = next((s for s in segments if s["state"] == "done"), None)
             if done is None:
                 return 0  # no audio yet: the sample rate is not known
-            self.sample_rate = sf.info(done["audio_path"]).samplerate
+            try:
+                self.sample_rate = sf.info(done["audio_path"]).samplerate
+            except Exception as exc:  # noqa: BLE001 - its audio file is unreadable: finish() says so
+                self.error = exc
+                return 0
             self.writer = BookWriter(self.out_dir, self.sample_rate, self.spec.format, self.meta, self.settings)
         n = 0
         while self.next < len(self.chapters):
@@ -99,16 +103,23 @@ class JobBook:
         """Book thread: add a written chapter to the book file, in order; after a failure, nothing more."""
         try:
             chapter = written.result()
+            if self.error is None:
+                self.writer.append(chapter)
+            else:
+                chapter.spool.close()
         except Exception as exc:  # noqa: BLE001 - kept for finish(), which raises it
-            self.error = self.error or exc
-            return
+            if self.error is None:
+                self.error = exc
+                log.warning("job %s: its book stopped at chapter %d (%s: %s); it is written again from the stored "
+                            "audio when its synthesis ends", self.job_id, len(self.writer.outs) + 1,
+                            type(exc).__name__, exc)
+
+    def progress(self) -> dict:
+        """{"chapters": "written/total"}, and "error" when the book stopped (/health)."""
+        out = {"chapters": f"{len(self.writer.outs) if self.writer else 0}/{len(self.chapters)}"}
         if self.error is not None:
-            chapter.spool.close()
-            return
-        try:
-            self.writer.append(chapter)
-        except Exception as exc:  # noqa: BLE001 - as above
-            self.error = exc
+            out["error"] = f"{type(self.error).__name__}: {self.error}"
+        return out
 
     def current(self, segments: list[dict]) -> bool:
         """Whether every chapter was handed over with the segments as they are now."""

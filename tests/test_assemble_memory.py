@@ -89,3 +89,22 @@ def test_a_book_larger_than_the_memory_cap_is_assembled(tmp_path):
     head = sf.read(short_ch["file"], stop=SR, dtype="int16")[0]
     assert np.array_equal(around, np.concatenate([tail, head])) and np.abs(head).max() > 1000
     assert not list((paths.output / job_id).glob(".*")), "temp files left behind"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmData from /proc (Linux)")
+def test_an_assembly_that_runs_out_of_memory_fails_its_job_with_the_reason(tmp_path):
+    """A segment too large for the cap: MemoryError ends the job `failed` saying so, not the process."""
+    paths = Paths(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    job_id = q.add_job(JobSpec(format="wav", title="Big"), [("One", [SegmentText("a", "a", 0)])])
+    big = paths.audio / "big.wav"
+    write_segment_audio(big, np.full(SR * 600, 0.1, np.float32), SR)  # 55 MiB as float32
+    for r in q.claim("w", 10, 60):
+        q.complete(r["id"], "k", str(big), SR, SR * 600, r["seed"])
+    run = subprocess.run([sys.executable, "-c", CHILD, str(paths.home), job_id, "40"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("failed"), run.stdout + run.stderr[-3000:]
+    job = Queue(paths.db).job(job_id)
+    assert job["state"] == "failed" and job["error"].startswith("assembly failed: MemoryError")
+    assert f"tts-appliance retry {job_id}" in job["error"]
+    assert json.loads((paths.output / job_id / "manifest.json").read_text())["job"]["state"] == "failed"
