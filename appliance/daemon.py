@@ -303,7 +303,7 @@ class Daemon:
             held = sum(w.release_held() for w in self.workers if w is not None)
             log.warning("stop timeout: returned %d in-flight segments to the queue", held)
         self.host.stop()
-        log.info("stopped" if not self.exit_code else "stopped after a failure (exit status %d)", self.exit_code)
+        log.info("stopped%s", f" after a failure (exit status {self.exit_code})" if self.exit_code else "")
 
 
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
