@@ -110,9 +110,8 @@ class JobBook:
         except Exception as exc:  # noqa: BLE001 - kept for finish(), which raises it
             if self.error is None:
                 self.error = exc
-                log.warning("job %s: its book stopped at chapter %d (%s: %s); it is written again from the stored "
-                            "audio when its synthesis ends", self.job_id, len(self.writer.outs) + 1,
-                            type(exc).__name__, exc)
+                log.warning("job %s: its book stopped at chapter %d (%s: %s); nothing more is added to it",
+                            self.job_id, len(self.writer.outs) + 1, type(exc).__name__, exc)
 
     def progress(self) -> dict:
         """{"chapters": "written/total"}, and "error" when the book stopped (/health)."""
@@ -170,7 +169,7 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         if tries > ASSEMBLY_TRIES:
             if book is not None:
                 book.abort()
-            raise AssemblyError(f"its assembly was started {tries - 1} times and never finished (the process "
+            raise AssemblyError(f"its assembly was tried {tries - 1} times without finishing (the process "
                                 "stopped while writing the book: out of memory? see the daemon's log, "
                                 f"`journalctl -u tts-appliance`); `tts-appliance retry {job_id}` tries again")
         if book is None or not _usable(book, segs):
@@ -226,4 +225,5 @@ def _cover(path: Optional[str]) -> Optional[bytes]:
 
 def _usable(book: JobBook, segs: list[dict]) -> bool:
     """A followed book is kept when what it wrote so far still matches the segments and none failed."""
-    return book.error is None and all(book.used.get(s["id"], (s["state"], s["audio_path"])) == (s["state"], s["audio_path"]) for s in segs)
+    return book.error is None and all(
+        book.used.get(s["id"], (s["state"], s["audio_path"])) == (s["state"], s["audio_path"]) for s in segs)

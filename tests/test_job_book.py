@@ -157,5 +157,15 @@ def test_an_assembly_cut_short_twice_fails_the_job_without_a_third_try(tmp_path)
     assert q.job(job_id)["state"] == "running"
     assert assemble_job(q, paths, job_id) == "failed"
     job = q.job(job_id)
-    assert "started 2 times and never finished" in job["error"] and f"tts-appliance retry {job_id}" in job["error"]
+    assert "tried 2 times without finishing" in job["error"] and f"tts-appliance retry {job_id}" in job["error"]
     assert not (paths.output / job_id / "chapters").exists()  # not tried a third time
+
+
+def test_a_cover_image_that_is_gone_leaves_the_book_without_it(tmp_path, caplog):
+    paths, q, job_id = _job(tmp_path, fmt="wav")
+    _store(paths, q, q.claim("w", 100, 60))
+    with q.tx() as c:
+        c.execute("UPDATE jobs SET meta = ? WHERE id = ?",
+                  (json.dumps({"cover_path": str(tmp_path / "gone.png"), "cover_mime": "image/png"}), job_id))
+    assert assemble_job(q, paths, job_id) == "done"
+    assert "cover image unreadable" in caplog.text
