@@ -94,3 +94,28 @@ def test_a_part_that_cannot_be_restarted_is_handed_back_and_nothing_is_down_whil
     assert sup.health()["engine cpu"] == {"ok": False, "restarts": 0, "error": "it ended"}
     sup.stopping = True
     assert sup.check() == [] and sup.health()["engine cpu"]["ok"]
+
+
+def test_the_daemon_stops_with_status_1_when_an_engine_loop_is_down(tmp_path):
+    import asyncio
+
+    from appliance.config import Config
+    from appliance.daemon import Daemon
+
+    cfg = Config()
+    cfg.jobs.home = str(tmp_path / "home")
+    d = Daemon(cfg)
+    alive = [True]
+    d.supervisor.add(Part("engine cpu", alive=lambda: alive[0]))
+
+    async def go():
+        stop = asyncio.Event()
+        task = asyncio.create_task(d._supervise(stop, every_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not stop.is_set() and d.exit_code == 0
+        alive[0] = False  # the engine's loop thread died
+        await asyncio.wait_for(stop.wait(), 5)
+        await task
+
+    asyncio.run(go())
+    assert d.exit_code == 1
