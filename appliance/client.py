@@ -31,9 +31,9 @@ def _size(n: int) -> str:
 
 
 class DaemonError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, body=None):
         super().__init__(message)
-        self.status = status
+        self.status, self.body = status, body
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -65,8 +65,20 @@ class DaemonClient:
         data = json.loads(raw) if raw and resp.getheader("Content-Type", "").startswith("application/json") else raw
         if resp.status >= 400 and resp.status != 422:
             msg = data.get("error", {}).get("message") if isinstance(data, dict) else None
-            raise DaemonError(resp.status, msg or f"daemon answered HTTP {resp.status}")
+            raise DaemonError(resp.status, msg or f"daemon answered HTTP {resp.status}", data)
         return data
+
+    def read_health(self, timeout: float = 5.0) -> dict:
+        """/health, also when the daemon answers 503 because a part of it is down (`down` in the answer:
+        it still serves; a warning names the part)."""
+        try:
+            return self.request("GET", "/health", timeout=timeout)
+        except DaemonError as exc:
+            if exc.status == 503 and isinstance(exc.body, dict) and exc.body.get("down"):
+                log.warning("the daemon at %s is degraded: %s", self.socket_path,
+                            "; ".join(f"{k} down ({v})" for k, v in exc.body["down"].items()))
+                return exc.body
+            raise
 
     def json(self, method: str, path: str, payload=None):
         body = json.dumps(payload).encode() if payload is not None else None
@@ -159,7 +171,7 @@ def connect(path: str, origin: str) -> DaemonClient:
     (where the path came from) otherwise."""
     client = DaemonClient(path)
     try:
-        client.health = client.request("GET", "/health", timeout=5.0)
+        client.health = client.read_health()
     except (OSError, DaemonError, http.client.HTTPException) as exc:
         raise DaemonUnreachable(
             f"cannot reach the tts-appliance daemon at {path} ({origin}): {_why(path, exc)}. Nothing was done; "

@@ -2,7 +2,10 @@
 
 Start-up: read the config, load the engine on its accelerator, warm it up, start the queue worker
 (a thread that yields to streams) and the inbox watcher, bind the sockets (or take the ones systemd
-passed), write HOME/daemon.json (how the CLI finds us), then READY=1.
+passed), write HOME/daemon.json (how the CLI finds us), then READY=1. The worker, the watcher and
+the engines' loops are watched (`appliance.supervise`): a worker or watcher that dies is restarted
+with a log line, an engine loop that dies stops the daemon with status 1 (systemd restarts it);
+/health answers 503 naming the part while one is down.
 SIGTERM/SIGINT: STOPPING=1, stop taking work, cancel streams, let in-flight segments finish within
 `service.stop_timeout_s` (else give their leases back to the queue), exit 0. SIGHUP: reload the config
 (settings that need a restart are reported and kept).
@@ -25,6 +28,7 @@ from appliance.config import Config, ConfigError, resolve
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
 from appliance.sdnotify import Notifier
+from appliance.supervise import Part, Supervisor
 
 log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
@@ -76,8 +80,9 @@ class Daemon:
         self.host = EngineHost(cfg, self.metrics)
         self.notifier = Notifier()
         self.stop_jobs = threading.Event()
-        self.workers: list = []
-        self.threads: list[threading.Thread] = []
+        self.workers: list = []  # the queue workers now running (one per jobs-N thread)
+        self.supervisor = Supervisor()
+        self.exit_code = 0
         self.job_defaults: dict = {}  # spec values of jobs that name none (jobs.submit.job_defaults)
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
 
@@ -114,38 +119,57 @@ class Daemon:
         return state
 
     def _start_workers(self) -> None:
-        from jobs.queue import Queue
-        from jobs.guard import GuardSettings
         from jobs.submit import job_defaults
-        from jobs.worker import Worker
 
         j, engine = self.cfg.jobs, self.host.engine
         self.job_defaults = job_defaults(j.voice, j.language, j.instruct, engine.model_type,
                                          engine.voices if engine.model_type == "custom_voice" else ())
+        for r in self.host.runners:
+            self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running))
         if j.enabled:
-            model = str(Path(self.cfg.model.path).resolve())
-            pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
-            slots = sum(r.cfg.max_slots for r in pool.runners)
             for i in range(max(1, j.workers)):
-                worker = Worker(Queue(self.paths.db), pool, self.paths,
-                                batch_size=j.batch_size or slots, lease_s=j.lease_s,
-                                guard=GuardSettings(enabled=j.guard), model=model,
-                                should_yield=self.host.streams_waiting)
-                t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
-                                     daemon=True)
-                t.start()
-                self.workers.append(worker)
-                self.threads.append(t)
+                self.workers.append(None)
+                self.supervisor.thread(f"jobs-{i}", lambda i=i: self._worker(i),
+                                       detail=lambda i=i: {"books": self.workers[i].books() if self.workers[i] else {}})
         if j.watch:
-            from jobs.ingest.isolate import IngestLimits
-            from jobs.watch import InboxWatcher
+            self.supervisor.thread("inbox", self._watcher)
 
-            watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
-                                   defaults=self.job_defaults, limits=IngestLimits.from_config(j))
-            watcher.voices = lambda: self.host.engine.voices
-            t = threading.Thread(target=watcher.run, args=(self.stop_jobs,), name="inbox", daemon=True)
-            t.start()
-            self.threads.append(t)
+    def _worker(self, i: int):
+        """A new queue worker for thread jobs-i (at start, and when it died) -> what the thread runs. The
+        segments a dead one held go back to the queue first."""
+        from jobs.guard import GuardSettings
+        from jobs.queue import Queue
+        from jobs.worker import Worker
+
+        j, old = self.cfg.jobs, self.workers[i]
+        if old is not None:
+            try:
+                old.release_held()
+            except Exception as exc:  # noqa: BLE001 - they come back when their lease expires
+                log.warning("jobs-%d: could not give back its segments (%s); they return when their leases expire",
+                            i, exc)
+        pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
+        slots = sum(r.cfg.max_slots for r in pool.runners)
+        worker = Worker(Queue(self.paths.db), pool, self.paths, batch_size=j.batch_size or slots, lease_s=j.lease_s,
+                        guard=GuardSettings(enabled=j.guard), model=str(Path(self.cfg.model.path).resolve()),
+                        should_yield=self.host.streams_waiting)
+        self.workers[i] = worker
+        return lambda: worker.run_forever(self.stop_jobs, 0.5)
+
+    def _watcher(self):
+        """A new inbox watcher (at start, and when it died) -> what its thread runs."""
+        from jobs.ingest.isolate import IngestLimits
+        from jobs.watch import InboxWatcher
+
+        j = self.cfg.jobs
+        watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
+                               defaults=self.job_defaults, limits=IngestLimits.from_config(j))
+        watcher.voices = lambda: self.host.engine.voices
+        return lambda: watcher.run(self.stop_jobs)
+
+    def parts(self) -> dict:
+        """The watched parts as /health shows them: {name: {"ok", "restarts", "error"?, ...}}."""
+        return self.supervisor.health()
 
     def status_line(self) -> str:
         s = self.host.stats()
@@ -174,7 +198,7 @@ class Daemon:
         finally:
             self.announce.unlink(missing_ok=True)
             self.notifier.close()
-        return 0
+        return self.exit_code
 
     async def _serve(self) -> None:
         from appliance.servers import Servers
@@ -192,9 +216,20 @@ class Daemon:
         self.notifier.ready(self.status_line())
         log.info("ready: %s", ", ".join(servers.describe()))
         ticker = loop.create_task(self._tick())
+        supervising = loop.create_task(self._supervise(stop))
         await stop.wait()
         ticker.cancel()
+        supervising.cancel()
         await self.shutdown(servers)
+
+    async def _supervise(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        """Every second: restart dead parts that are due; a part that cannot be restarted (an engine's
+        loop) stops the daemon with exit status 1."""
+        while not stop.is_set():
+            await asyncio.sleep(every_s)
+            if self.supervisor.check():
+                self.exit_code = 1
+                stop.set()
 
     async def _tick(self) -> None:
         """STATUS= every status_interval_s; WATCHDOG=1 while idle or while the engine makes progress."""
@@ -248,6 +283,7 @@ class Daemon:
         deadline = time.monotonic() + max(self.cfg.service.stop_timeout_s - 5.0, 1.0)
         log.info("stopping: no new work; in-flight segments get %.0f s", deadline - time.monotonic())
         self.state, self.accepting = "stopping", False
+        self.supervisor.stopping = True
         self.notifier.stopping()
         self.stop_jobs.set()
         from jobs.ingest.isolate import cancel_all
@@ -257,13 +293,14 @@ class Daemon:
             h.cancel()
         await servers.stop()
         loop = asyncio.get_running_loop()
-        for t in self.threads:
+        threads = self.supervisor.threads()
+        for t in threads:
             await loop.run_in_executor(None, t.join, max(deadline - time.monotonic(), 0.1))
-        if self.workers and any(t.is_alive() for t in self.threads):
-            held = sum(w.release_held() for w in self.workers)
+        if any(t.is_alive() for t in threads):
+            held = sum(w.release_held() for w in self.workers if w is not None)
             log.warning("stop timeout: returned %d in-flight segments to the queue", held)
         self.host.stop()
-        log.info("stopped")
+        log.info("stopped%s", f" after a failure (exit status {self.exit_code})" if self.exit_code else "")
 
 
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:

@@ -5,7 +5,8 @@
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
     DELETE /v1/voices/{name}     remove a saved cloned voice
-    GET    /health               {"status": "ok" | "starting" | "stopping", "queue": {"ok": ...}, ...}
+    GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
+                                  "parts": {...}, "down": {...}, ...}: 503 while a part is down
     GET    /metrics              Prometheus text format
     /v1/jobs...                  batch jobs (appliance.http_jobs)
 
@@ -69,16 +70,23 @@ async def delete_voice(request):
 
 async def health(request):
     """GET /health: 200 while the daemon serves speech, also when its job queue cannot be read
-    (then `"queue": {"ok": false, "error": ...}`; streams go on, jobs wait for the queue)."""
+    (then `"queue": {"ok": false, "error": ...}`; streams go on, jobs wait for the queue). `parts`: the
+    queue workers (with the books they write), the inbox watcher and each engine's loop; while one is
+    down (dead, waiting to be restarted) the answer is 503, status "degraded", and `down` says which
+    part and why."""
     ctx = request.app[CTX]
     e = ctx.host.engine
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
-    return web.json_response({"status": ctx.state, "model": str(ctx.cfg.model.path), "model_type": e.model_type,
-                              "sample_rate": e.sample_rate, "runtime": getattr(ctx.host.runner, "settings", None),
-                              "engine": ctx.host.stats(), "pid": ctx.pid,
-                              "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error},
-                              "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes,
-                                         "max_text_chars": ctx.cfg.http.max_text_chars}})
+    parts = ctx.parts()
+    down = {name: p.get("error") for name, p in parts.items() if not p["ok"]}
+    body = {"status": "degraded" if down and ctx.state == "ok" else ctx.state, "model": str(ctx.cfg.model.path),
+            "model_type": e.model_type, "sample_rate": e.sample_rate,
+            "runtime": getattr(ctx.host.runner, "settings", None), "engine": ctx.host.stats(), "pid": ctx.pid,
+            "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "parts": parts,
+            "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes, "max_text_chars": ctx.cfg.http.max_text_chars}}
+    if down:
+        body["down"] = down
+    return web.json_response(body, status=503 if down else 200)
 
 
 async def metrics(request):

@@ -143,7 +143,7 @@ def daemon_info(cfg: Config, timeout: float = 3.0) -> dict:
     for path in dict.fromkeys(p for p in tried if p):
         try:
             return {"reachable": True, "socket": path,
-                    "health": DaemonClient(path).request("GET", "/health", timeout=timeout)}
+                    "health": DaemonClient(path).read_health(timeout)}
         except Exception as exc:  # noqa: BLE001 - no daemon there: try the next place
             errors.append(f"{path}: {exc}")
     return {"reachable": False, "tried": errors or ["no socket configured"]}
@@ -226,7 +226,8 @@ def render(r: dict) -> str:
         out += ["daemon", f"  {d['socket']}: {h.get('status')}, pid {h.get('pid')}, "
                           f"slots {eng.get('active_slots')}/{eng.get('max_slots')}, streams {eng.get('streams')}{q}",
                 *[f"  engine {e.get('device')}: {e.get('dtype')}, {e.get('max_slots')} slots, {e.get('frames')} frames"
-                  for e in eng.get("engines", [])]]
+                  for e in eng.get("engines", [])],
+                *[f"  {name} down: {why}" for name, why in (h.get("down") or {}).items()]]
     else:
         out += ["daemon", f"  not reachable ({_join(d.get('tried', []), 3)})"]
     return "\n".join(out)

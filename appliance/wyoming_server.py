@@ -14,6 +14,7 @@ while a text stream is open. Failures are answered with an `error` event (text, 
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Optional
@@ -153,5 +154,7 @@ async def client_connected(daemon, reader, writer) -> None:
         await TtsHandler(daemon, reader, writer).run()
     except (ConnectionError, BrokenPipeError):
         pass
+    except asyncio.IncompleteReadError as exc:  # the client closed in the middle of an event: normal
+        log.info("wyoming client closed the connection mid-event (%d of %s bytes)", len(exc.partial), exc.expected)
     except Exception:
         log.exception("wyoming connection failed")

@@ -1,23 +1,26 @@
 """Audio files: atomic writes, click-free joins, loudness levelling, chapter and book files.
 
-Encoding by format (wav, flac, ogg, mp3, m4b) lives in `jobs.encode`; `write_encoded` makes it
-atomic. `assemble_book` writes one file per chapter and one for the whole book.
+Encoding by format (wav, flac, ogg, mp3, m4b) lives in `jobs.encode`; `StreamedFile` writes it block by
+block and atomically. `assemble_book` writes one file per chapter and one for the whole book. Memory
+does not grow with the book: segments are read, joined and encoded one at a time (`join_blocks`), and
+a chapter reaches the book file through an unnamed spool file on disk.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import tempfile
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import IO, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import soundfile as sf
 
-from jobs.encode import BookMeta, EncodeError, encode, open_encoder, write_chunk
+from jobs.encode import BookMeta, EncodeError, open_encoder
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +51,26 @@ def atomic_path(final: str | Path):
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.stem}.{uuid.uuid4().hex[:8]}.tmp{final.suffix}"
+    tmp = temp_path(final)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
+        put_in_place(tmp, final)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def temp_path(final: Path) -> Path:
+    """A hidden temp name beside `final`, keeping its suffix."""
+    return final.parent / f".{final.stem}.{uuid.uuid4().hex[:8]}.tmp{final.suffix}"
+
+
+def put_in_place(tmp: Path, final: Path) -> None:
+    """fsync `tmp`, rename it over `final`, fsync the folder."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
 
 
 def write_bytes_atomic(final: str | Path, data: bytes) -> None:
@@ -75,7 +88,7 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     data, sr = sf.read(str(path), dtype="float32", always_2d=False)
     if data.ndim > 1:
         data = data.mean(axis=1)
-    return data.astype(np.float32), sr
+    return data.astype(np.float32, copy=False), sr
 
 
 # -- joining -----------------------------------------------------------------------------------
@@ -135,34 +148,92 @@ def limit_peaks(audio: np.ndarray, threshold: float) -> np.ndarray:
     return out
 
 
-def join(pieces: Sequence[tuple[Optional[np.ndarray], int]], sample_rate: int,
-         settings: JoinSettings = JoinSettings()) -> tuple[np.ndarray, list[Optional[tuple[float, float]]]]:
-    """Join (audio, pause_after_ms) pieces; a None audio (failed segment) is skipped.
+Pieces = Iterable[tuple[Optional[np.ndarray], int]]  # (segment audio or None: failed, pause_after_ms)
 
-    Returns the joined audio and each piece's (start_s, end_s) within it (None for skipped).
-    """
-    parts, spans, pos = [], [], 0
+
+def join_blocks(pieces: Pieces, sample_rate: int, settings: JoinSettings = JoinSettings()
+                ) -> Iterator[tuple[np.ndarray, Optional[tuple[float, float]]]]:
+    """`join` one piece at a time: yields (the piece levelled, faded and limited, then its pause;
+    the piece's (start_s, end_s) in the joined audio) per piece; a None audio is skipped (an empty
+    block, span None). `pieces` is consumed lazily: one segment's audio is in memory at a time."""
+    pos = 0
     for audio, pause_ms in pieces:
         if audio is None:
-            spans.append(None)
+            yield np.zeros(0, dtype=np.float32), None
             continue
-        seg = fade_edges(level(audio, settings), sample_rate, settings.fade_ms)
-        spans.append((pos / sample_rate, (pos + seg.size) / sample_rate))
+        seg = limit_peaks(fade_edges(level(audio, settings), sample_rate, settings.fade_ms), settings.limit)
         silence = np.zeros(int(round(sample_rate * max(0, pause_ms) / 1000)), dtype=np.float32)
-        parts += [seg, silence]
+        yield np.concatenate([seg, silence]), (pos / sample_rate, (pos + seg.size) / sample_rate)
         pos += seg.size + silence.size
-    out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    return limit_peaks(out, settings.limit), spans
 
 
-def write_encoded(path: str | Path, audio: np.ndarray, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
-                  title: Optional[str] = None, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
-    """`jobs.encode.encode` to `path` atomically (a crash leaves the old file or none); returns the codec."""
-    with atomic_path(path) as tmp:
-        return encode(tmp, audio, sample_rate, fmt, meta, title, chapters)
+def join(pieces: Pieces, sample_rate: int,
+         settings: JoinSettings = JoinSettings()) -> tuple[np.ndarray, list[Optional[tuple[float, float]]]]:
+    """Join (audio, pause_after_ms) pieces in memory; a None audio (failed segment) is skipped.
+
+    Returns the joined audio and each piece's (start_s, end_s) within it (None for skipped)."""
+    blocks = list(join_blocks(pieces, sample_rate, settings))
+    out = np.concatenate([b for b, _ in blocks]) if blocks else np.zeros(0, dtype=np.float32)
+    return out, [span for _, span in blocks]
+
+
+class StreamedFile:
+    """An encoded audio file (`jobs.encode` formats) written block by block and put in place by `close`:
+    until then it is a hidden temp file beside `path`, which `abort` (or a crash) leaves behind at
+    worst, never a half file under `path`. A file that got no audio is not created."""
+
+    def __init__(self, path: str | Path, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
+                 title: Optional[str] = None):
+        self.path, self.sample_rate, self.fmt, self.meta, self.title = Path(path), sample_rate, fmt, meta, title
+        self.tmp = temp_path(self.path)
+        self._enc = None
+
+    def write(self, audio: np.ndarray) -> None:
+        if not audio.size:
+            return
+        if self._enc is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._enc = open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title)
+        self._enc.write(audio)
+
+    def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
+        """Finish the file (m4b: with these chapter marks) and rename it into place -> the codec
+        ("" when no audio came: no file)."""
+        if self._enc is None:
+            return ""
+        enc, self._enc = self._enc, None
+        try:
+            codec = enc.close(chapters)
+            put_in_place(self.tmp, self.path)
+            return codec
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        """Drop the unfinished file."""
+        if self._enc is not None:
+            enc, self._enc = self._enc, None
+            enc.abort()
+        self.tmp.unlink(missing_ok=True)
 
 
 # -- whole book --------------------------------------------------------------------------------
+SPOOL_BLOCK = 1 << 20  # samples per read when a chapter's spooled audio is copied into the book
+
+
+@dataclass
+class Chapter:
+    """A chapter joined and written (`BookWriter.chapter`), waiting to be added to the book: its audio
+    is in `spool` (float32, an unnamed file the book writer reads back and closes)."""
+
+    title: str
+    path: Optional[Path]  # its own file (None: no audio)
+    spool: IO[bytes]
+    samples: int
+    spans: list  # per segment (start_s, end_s) in the chapter file, or None
+    codec: str
+
+
 @dataclass
 class ChapterOut:
     title: str
@@ -180,10 +251,12 @@ def safe_name(text: str, limit: int = 60) -> str:
 
 class BookWriter:
     """Writes a book chapter by chapter: each chapter's file as soon as its pieces are known, and the book
-    file as it goes (streamed for the formats libsndfile writes; m4b, written by ffmpeg, at `finish`).
+    file as it goes, one block at a time (m4b: spooled, encoded by ffmpeg at `finish`).
 
     Files are written atomically: the book goes to a hidden temp file renamed at `finish`; `abort` (or a
-    crash) leaves no book file behind. `assemble_book` is this over chapters already in memory."""
+    crash) leaves no book file behind. Memory does not depend on the book's length: a chapter is read,
+    joined and encoded segment by segment, and reaches the book through a spool file on disk.
+    `assemble_book` is this over chapters already in memory."""
 
     def __init__(self, out_dir: str | Path, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
                  settings: JoinSettings = JoinSettings()):
@@ -191,48 +264,48 @@ class BookWriter:
         self.outs: list[ChapterOut] = []
         self.codec = ""
         self.samples = 0
-        self._held: list[np.ndarray] = []  # m4b: the whole book is encoded at the end
-        self._file = None
         self.path = self.out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
-        self._tmp = self.out_dir / f".{self.path.stem}.{uuid.uuid4().hex[:8]}.tmp{self.path.suffix}"
+        self._book = StreamedFile(self.path, sample_rate, fmt, meta)
 
-    @property
-    def streamed(self) -> bool:
-        return self.fmt != "m4b"
+    def chapter(self, number: int, title: str, pieces: Pieces) -> Chapter:
+        """Join chapter `number`'s (audio or None, pause_after_ms) pieces (read lazily, one at a time) and
+        write its file; returns what `append` takes. Independent of other chapters: chapters may be
+        prepared on several threads."""
+        path = self.out_dir / "chapters" / f"{number:02d} - {safe_name(title)}.{self.fmt}"
+        out = StreamedFile(path, self.sample_rate, self.fmt, self.meta, title=title)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        spool = tempfile.TemporaryFile(dir=self.out_dir)
+        spans, samples = [], 0
+        try:
+            for block, span in join_blocks(pieces, self.sample_rate, self.settings):
+                spans.append(span)
+                out.write(block)
+                spool.write(block.astype(np.float32, copy=False).tobytes())
+                samples += block.size
+            codec = out.close()
+        except BaseException:
+            out.abort()
+            spool.close()
+            raise
+        return Chapter(title, path if samples else None, spool, samples, spans, codec)
 
-    def chapter(self, number: int, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> tuple:
-        """Join chapter `number`'s (audio or None, pause_after_ms) pieces and write its file; returns what
-        `append` takes. Independent of other chapters: chapters may be prepared on several threads."""
-        audio, spans = join(pieces, self.sample_rate, self.settings)
-        path, codec = None, ""
-        if audio.size:
-            path = self.out_dir / "chapters" / f"{number:02d} - {safe_name(title)}.{self.fmt}"
-            codec = write_encoded(path, audio, self.sample_rate, self.fmt, self.meta, title=title)
-        return title, path, audio, spans, codec
-
-    def append(self, title: str, path: Optional[Path], audio: np.ndarray, spans: list, codec: str) -> ChapterOut:
-        """Add a prepared chapter to the book (in chapter order)."""
+    def append(self, chapter: Chapter) -> ChapterOut:
+        """Add a prepared chapter to the book (in chapter order); its spool is read block by block and closed."""
         start = self.samples / self.sample_rate
-        if audio.size:
-            self.codec = codec
-            self._append(audio)
-        out = ChapterOut(title, path, start, start + audio.size / self.sample_rate, spans)
+        try:
+            chapter.spool.seek(0)
+            while data := chapter.spool.read(SPOOL_BLOCK * 4):
+                self._book.write(np.frombuffer(data, dtype=np.float32))
+        finally:
+            chapter.spool.close()
+        self.samples += chapter.samples
+        out = ChapterOut(chapter.title, chapter.path, start, start + chapter.samples / self.sample_rate, chapter.spans)
         self.outs.append(out)
         return out
 
-    def add_chapter(self, title: str, pieces: Sequence[tuple[Optional[np.ndarray], int]]) -> ChapterOut:
+    def add_chapter(self, title: str, pieces: Pieces) -> ChapterOut:
         """`chapter` then `append`: the next chapter, written and added to the book."""
-        return self.append(*self.chapter(len(self.outs) + 1, title, pieces))
-
-    def _append(self, audio: np.ndarray) -> None:
-        self.samples += audio.size
-        if not self.streamed:
-            self._held.append(audio)
-            return
-        if self._file is None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open_encoder(self._tmp, self.sample_rate, self.fmt, self.meta)
-        write_chunk(self._file, audio)
+        return self.append(self.chapter(len(self.outs) + 1, title, pieces))
 
     def finish(self) -> tuple[Path, list[ChapterOut], str]:
         """Close the book file and put it in place -> (book path, chapter outputs, codec)."""
@@ -240,31 +313,17 @@ class BookWriter:
             self.abort()
             raise AssemblyError("no audio to assemble: every segment failed (see `tts-appliance logs JOB`)")
         marks = [(c.title, c.start_s, c.end_s) for c in self.outs if c.end_s > c.start_s]
-        if self.streamed:
-            self._file.close()
-            self._file = None
-            with open(self._tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(self._tmp, self.path)
-            fsync_dir(self.out_dir)
-        else:
-            self.codec = write_encoded(self.path, np.concatenate(self._held), self.sample_rate, self.fmt, self.meta,
-                                       chapters=marks)
-            self._held = []
+        self.codec = self._book.close(chapters=marks)
         log.info("wrote %s (%.1f s, %d chapters, %s)", self.path, self.samples / self.sample_rate, len(self.outs),
                  self.codec)
         return self.path, self.outs, self.codec
 
     def abort(self) -> None:
         """Drop the unfinished book file (chapter files already written stay)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmp.exists():
-            self._tmp.unlink()
+        self._book.abort()
 
 
-def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Sequence[tuple[Optional[np.ndarray], int]]]],
+def assemble_book(out_dir: str | Path, chapters: Sequence[tuple[str, Pieces]],
                   sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
                   settings: JoinSettings = JoinSettings()) -> tuple[Path, list[ChapterOut], str]:
     """Write `chapters/NN - Title.<fmt>` per chapter and `<title>.<fmt>` for the book into `out_dir`.

@@ -4,7 +4,10 @@ A job's book is written while its synthesis goes on: a `JobBook` takes each chap
 its segments have ended (chapters in order) and writes its file and its part of the book file on a
 background thread, so that when the last segment is stored only the last chapter is left to write.
 `assemble_job` finishes a job with the `JobBook` that followed it, or from scratch (after a restart,
-a retry, or in another process): both give the same files.
+a retry, or in another process): both give the same files. An assembly that fails (a folder that cannot
+be written, a full disk, out of memory) fails its job with the reason; one cut short (the process
+died) is tried again at the next start, and a job gets `ASSEMBLY_TRIES` attempts in all
+(`jobs.queue.assembly`).
 """
 from __future__ import annotations
 
@@ -15,9 +18,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from jobs.assemble import AssemblyError, BookMeta, BookWriter, JoinSettings, read_audio
+import soundfile as sf
+
+from jobs.assemble import AssemblyError, BookMeta, BookWriter, Chapter, JoinSettings, read_audio
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
+from jobs.queue.assembly import ASSEMBLY_TRIES
 from jobs.settings import JobSpec, Paths
 from jobs.speed import stretch
 from jobs.subtitles import write_job_subtitles
@@ -32,14 +38,15 @@ class JobBook:
     `advance(segments)` (cheap) hands every newly complete chapter to background threads: chapters are
     joined and their files written in parallel, then added to the book file in order by one thread;
     `finish(segments)` waits for them and closes the book. A segment whose state or audio changed
-    after its chapter was written (a retry, a redo) makes `finish` start over from the stored audio."""
+    after its chapter was written (a retry, a redo) makes `finish` start over from the stored audio.
+    A chapter that cannot be written stops the book (`error`): nothing is added after it, and
+    `finish` raises that error."""
 
     def __init__(self, job: dict, chapters: list[dict], out_dir: Path, join: JoinSettings = JoinSettings()):
         self.job_id, self.chapters, self.out_dir, self.settings = job["id"], chapters, out_dir, join
         self.spec = JobSpec.from_dict(json.loads(job["spec"]))
         meta_raw = json.loads(job["meta"] or "{}")
-        cover = Path(meta_raw["cover_path"]).read_bytes() if meta_raw.get("cover_path") else None
-        self.meta = BookMeta(title=job["title"], author=job["author"], cover=cover,
+        self.meta = BookMeta(title=job["title"], author=job["author"], cover=_cover(meta_raw.get("cover_path")),
                              cover_mime=meta_raw.get("cover_mime"))
         self.next = 0  # chapters handed to the writer so far
         self.used: dict[int, tuple] = {}  # segment id -> (state, audio path) its chapter was written with
@@ -48,6 +55,7 @@ class JobBook:
         self._chapters = ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="book-chapter")
         self._book = ThreadPoolExecutor(1, thread_name_prefix="book-file")  # one thread: chapters stay in order
         self._last: Optional[Future] = None
+        self.error: Optional[Exception] = None  # the first chapter that could not be written or added
 
     @classmethod
     def of(cls, queue: Queue, paths: Paths, job_id: str, join: JoinSettings = JoinSettings()) -> "JobBook":
@@ -55,6 +63,8 @@ class JobBook:
 
     def advance(self, segments: list[dict]) -> int:
         """Hand the chapters whose segments have all ended to the writer; returns how many."""
+        if self.error is not None:
+            return 0
         by_ch: dict[int, list[dict]] = {}
         for s in segments:
             by_ch.setdefault(s["chapter_idx"], []).append(s)
@@ -62,7 +72,11 @@ class JobBook:
             done = next((s for s in segments if s["state"] == "done"), None)
             if done is None:
                 return 0  # no audio yet: the sample rate is not known
-            self.sample_rate = read_audio(done["audio_path"])[1]
+            try:
+                self.sample_rate = sf.info(done["audio_path"]).samplerate
+            except Exception as exc:  # noqa: BLE001 - its audio file is unreadable: finish() says so
+                self.error = exc
+                return 0
             self.writer = BookWriter(self.out_dir, self.sample_rate, self.spec.format, self.meta, self.settings)
         n = 0
         while self.next < len(self.chapters):
@@ -74,14 +88,37 @@ class JobBook:
                 self.used[r["id"]] = (r["state"], r["audio_path"])
             self.next += 1
             done = self._chapters.submit(self._write_chapter, self.next, ch["title"], rows)
-            self._last = self._book.submit(lambda f=done: self.writer.append(*f.result()))
+            self._last = self._book.submit(self._add, done)
             n += 1
         return n
 
-    def _write_chapter(self, number: int, title: str, rows: list[dict]) -> tuple:
-        pieces = [(stretch(read_audio(r["audio_path"])[0], self.sample_rate, self.spec.speed)
-                   if r["state"] == "done" else None, r["pause_after_ms"]) for r in rows]
+    def _write_chapter(self, number: int, title: str, rows: list[dict]) -> Chapter:
+        """Chapter thread: its file, from its segments read one at a time (each stretched on its own to the
+        job's speed: memory holds one segment, whatever the chapter's length)."""
+        pieces = ((stretch(read_audio(r["audio_path"])[0], self.sample_rate, self.spec.speed)
+                   if r["state"] == "done" else None, r["pause_after_ms"]) for r in rows)
         return self.writer.chapter(number, title, pieces)
+
+    def _add(self, written: Future) -> None:
+        """Book thread: add a written chapter to the book file, in order; after a failure, nothing more."""
+        try:
+            chapter = written.result()
+            if self.error is None:
+                self.writer.append(chapter)
+            else:
+                chapter.spool.close()
+        except Exception as exc:  # noqa: BLE001 - kept for finish(), which raises it
+            if self.error is None:
+                self.error = exc
+                log.warning("job %s: its book stopped at chapter %d (%s: %s); nothing more is added to it",
+                            self.job_id, len(self.writer.outs) + 1, type(exc).__name__, exc)
+
+    def progress(self) -> dict:
+        """{"chapters": "written/total"}, and "error" when the book stopped (/health)."""
+        out = {"chapters": f"{len(self.writer.outs) if self.writer else 0}/{len(self.chapters)}"}
+        if self.error is not None:
+            out["error"] = f"{type(self.error).__name__}: {self.error}"
+        return out
 
     def current(self, segments: list[dict]) -> bool:
         """Whether every chapter was handed over with the segments as they are now."""
@@ -95,6 +132,8 @@ class JobBook:
         try:
             if self._last is not None:
                 self._last.result()  # the book thread adds chapters in order: the last ends them all
+            if self.error is not None:
+                raise self.error
             if self.writer is None:
                 raise AssemblyError("every segment failed; nothing to assemble (see `tts-appliance logs JOB`)")
             if not self.current(segments):
@@ -120,15 +159,23 @@ class JobBook:
 def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = JoinSettings(),
                  book: Optional[JobBook] = None) -> str:
     """Write a job's chapter/book files and manifest, then set its final state; returns the state.
-    `book`: the JobBook that followed the job's synthesis (used when it is current, else started over)."""
+    `book`: the JobBook that followed the job's synthesis (used when it is current, else started over).
+    Counts as one of the job's ASSEMBLY_TRIES attempts; past them the job fails without trying."""
+    tries = queue.assembly_attempt(job_id)
     job, chapters, segs = queue.job(job_id), queue.chapters(job_id), queue.segments(job_id)
-    if book is None or not _usable(book, segs):
-        if book is not None:
-            book.abort()
-        book = JobBook(job, chapters, paths.output / job_id, join)
     n_failed = sum(1 for s in segs if s["state"] != "done")
     outputs, book_path, codec, sample_rate, error, subtitles = None, None, None, None, None, None
     try:
+        if tries > ASSEMBLY_TRIES:
+            if book is not None:
+                book.abort()
+            raise AssemblyError(f"its assembly was tried {tries - 1} times without finishing (the process "
+                                "stopped while writing the book: out of memory? see the daemon's log, "
+                                f"`journalctl -u tts-appliance`); `tts-appliance retry {job_id}` tries again")
+        if book is None or not _usable(book, segs):
+            if book is not None:
+                book.abort()
+            book = JobBook(job, chapters, paths.output / job_id, join)
         book_path, outputs, codec, sample_rate = book.finish(segs)
         subtitles = write_job_subtitles(outputs, _texts(chapters, segs), book_path)
         state = "partial" if n_failed else "done"
@@ -136,12 +183,23 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
             error = f"{n_failed} of {len(segs)} segments failed; `tts-appliance retry {job_id}` requeues them"
     except AssemblyError as exc:
         state, error = "failed", str(exc)
-    job["state"] = state
-    job["error"] = error
+    except Exception as exc:  # noqa: BLE001 - a write that failed (folder, disk, memory): the job says why
+        log.warning("job %s: assembly failed", job_id, exc_info=True)
+        state, error = "failed", (f"assembly failed: {type(exc).__name__}: {exc}; fix the cause (output folder "
+                                  f"{paths.output}, free disk and memory), then `tts-appliance retry {job_id}` "
+                                  "(a restart of the daemon also tries once more)")
+    job["state"], job["error"] = state, error
     manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate,
                               subtitles)
-    write_manifest(paths.output / job_id / "manifest.json", manifest)
+    try:
+        write_manifest(paths.output / job_id / "manifest.json", manifest)
+    except OSError as exc:
+        if state != "failed":
+            state, error = "failed", f"cannot write the manifest: {exc}; `tts-appliance retry {job_id}` after fixing it"
+        log.warning("job %s: cannot write its manifest: %s", job_id, exc)
     queue.finish_job(job_id, state, str(paths.output / job_id), error)
+    if state != "failed":
+        queue.assembly_finished(job_id)
     log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
 
@@ -154,6 +212,18 @@ def _texts(chapters: list[dict], segs: list[dict]) -> list[list[str]]:
     return [by_ch.get(ch["idx"], []) for ch in chapters]
 
 
+def _cover(path: Optional[str]) -> Optional[bytes]:
+    """The book's cover image, or None (and a warning) when its file is gone."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        log.warning("cover image unreadable (%s): the book is written without it", exc)
+        return None
+
+
 def _usable(book: JobBook, segs: list[dict]) -> bool:
-    """A followed book is kept when what it wrote so far still matches the segments."""
-    return all(book.used.get(s["id"], (s["state"], s["audio_path"])) == (s["state"], s["audio_path"]) for s in segs)
+    """A followed book is kept when what it wrote so far still matches the segments and none failed."""
+    return book.error is None and all(
+        book.used.get(s["id"], (s["state"], s["audio_path"])) == (s["state"], s["audio_path"]) for s in segs)

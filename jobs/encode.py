@@ -2,13 +2,16 @@
 
     encode(target, audio, sample_rate, fmt, meta=BookMeta(), title=None, chapters=()) -> codec name
         target: a path, or a binary file object (every format but m4b)
+    open_encoder(target, sample_rate, fmt, meta, title) -> Encoder: `write(audio)` chunk by chunk, then
+        `close(chapters)` -> codec name (or `abort()`); what `encode` does with one chunk
     encode_bytes(audio, sample_rate, fmt) -> bytes      also "pcm": raw signed 16-bit little-endian
     pcm16(audio) -> s16le bytes; wav_header(sample_rate, data_bytes) -> a 44-byte WAV header
 
 wav, flac: 16-bit, the very samples `pcm16` gives (libsndfile would round differently). ogg: Opus
 when this libsndfile writes it at the rate, else Vorbis; opus: Ogg Opus. mp3: when this libsndfile
-can write MP3. m4b (files only): AAC with chapter marks, title/author/cover, through ffmpeg.
-Writes are not atomic: durable files go through `jobs.assemble.write_encoded`.
+can write MP3. m4b (files only): AAC with chapter marks, title/author/cover, through ffmpeg; its audio
+is spooled to an unnamed file beside the target as it comes (a book's length costs disk, not memory).
+Writes are not atomic: durable files go through `jobs.assemble.StreamedFile`.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import soundfile as sf
@@ -86,23 +89,24 @@ def _open_soundfile(target, sr: int, fmt: str, tags: dict) -> sf.SoundFile:
     return f
 
 
-def write_chunk(f: sf.SoundFile, audio: np.ndarray) -> None:
-    """Append audio to an encoder from `open_encoder` (16-bit formats get the same rounding as `pcm16`)."""
-    f.write(np.frombuffer(pcm16(audio), "<i2") if f.subtype == "PCM_16" else np.asarray(audio, dtype=np.float32))
+class SoundFileEncoder:
+    """The formats libsndfile writes (wav, flac, ogg, opus, mp3), chunk by chunk."""
 
+    def __init__(self, target, sample_rate: int, fmt: str, tags: dict):
+        self.f = _open_soundfile(target, sample_rate, fmt, tags)
+        self.codec = self.f.subtype
 
-def _soundfile(target, audio: np.ndarray, sr: int, fmt: str, tags: dict) -> str:
-    with _open_soundfile(target, sr, fmt, tags) as f:
-        write_chunk(f, audio)
-        return f.subtype
+    def write(self, audio: np.ndarray) -> None:
+        """Append audio (16-bit formats get the same rounding as `pcm16`)."""
+        f = self.f
+        f.write(np.frombuffer(pcm16(audio), "<i2") if f.subtype == "PCM_16" else np.asarray(audio, dtype=np.float32))
 
+    def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
+        self.f.close()
+        return self.codec
 
-def open_encoder(target, sample_rate: int, fmt: str, meta: BookMeta = BookMeta()) -> sf.SoundFile:
-    """An open file to append a book's audio to chunk by chunk (`write_chunk`; close it at the end): the
-    formats libsndfile writes (wav, flac, ogg, mp3), tagged as `encode` tags a book."""
-    if fmt == "m4b":
-        raise EncodeError("m4b is written whole by ffmpeg, not chunk by chunk")
-    return _open_soundfile(target, sample_rate, fmt, {"title": meta.title, "artist": meta.author, "album": meta.title})
+    def abort(self) -> None:
+        self.f.close()
 
 
 def _ffmeta_escape(text: str) -> str:
@@ -122,37 +126,78 @@ def _ffmeta(meta: BookMeta, chapters: Sequence[tuple[str, float, float]]) -> str
     return "\n".join(lines) + "\n"
 
 
-def _m4b(path: Path, audio: np.ndarray, sr: int, meta: BookMeta, chapters: Sequence[tuple[str, float, float]]) -> str:
-    ffmpeg = shutil.which("ffmpeg")
-    if not ffmpeg:
-        raise EncodeError(FFMPEG_MISSING)
-    with tempfile.TemporaryDirectory(prefix="tts-m4b-") as td:
-        wav, txt = Path(td) / "in.wav", Path(td) / "meta.txt"
-        _soundfile(wav, audio, sr, "wav", {})
-        txt.write_text(_ffmeta(meta, chapters), encoding="utf-8")
-        cmd = [ffmpeg, "-nostdin", "-y", "-v", "error", "-i", str(wav), "-i", str(txt)]
-        maps = ["-map", "0:a", "-map_metadata", "1", "-map_chapters", "1"]
-        if meta.cover:
-            cover = Path(td) / ("cover.png" if (meta.cover_mime or "").endswith("png") else "cover.jpg")
-            cover.write_bytes(meta.cover)
-            cmd += ["-i", str(cover)]
-            maps += ["-map", "2:v", "-c:v", "copy", "-disposition:v:0", "attached_pic"]
-        proc = subprocess.run(cmd + maps + ["-c:a", "aac", "-b:a", "64k", "-f", "ipod", str(path)],
-                              capture_output=True, text=True)
+class M4bEncoder:
+    """AAC in an .m4b with chapter marks and tags, through ffmpeg. The audio goes (16-bit) to an unnamed
+    spool file in the target's folder as it comes, and is encoded at `close`, when the chapter marks are
+    known; the spool disappears when closed (or when the process dies)."""
+
+    def __init__(self, path: Path, sample_rate: int, meta: BookMeta, title: Optional[str] = None):
+        self.ffmpeg = shutil.which("ffmpeg")
+        if not self.ffmpeg:
+            raise EncodeError(FFMPEG_MISSING)
+        self.path, self.sample_rate, self.meta, self.title = Path(path), sample_rate, meta, title
+        self.spool = tempfile.TemporaryFile(dir=self.path.parent)
+        self.samples = 0
+
+    def write(self, audio: np.ndarray) -> None:
+        data = pcm16(audio)
+        self.spool.write(data)
+        self.samples += len(data) // 2
+
+    def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
+        marks = chapters or [(self.title or self.meta.title or "Chapter 1", 0.0, self.samples / self.sample_rate)]
+        try:
+            self.spool.flush()
+            self.spool.seek(0)
+            with tempfile.TemporaryDirectory(prefix="tts-m4b-") as td:
+                txt = Path(td) / "meta.txt"
+                txt.write_text(_ffmeta(self.meta, marks), encoding="utf-8")
+                cmd = [self.ffmpeg, "-nostdin", "-y", "-v", "error", "-f", "s16le", "-ar", str(self.sample_rate),
+                       "-ac", "1", "-i", "pipe:0", "-i", str(txt)]
+                maps = ["-map", "0:a", "-map_metadata", "1", "-map_chapters", "1"]
+                if self.meta.cover:
+                    cover = Path(td) / ("cover.png" if (self.meta.cover_mime or "").endswith("png") else "cover.jpg")
+                    cover.write_bytes(self.meta.cover)
+                    cmd += ["-i", str(cover)]
+                    maps += ["-map", "2:v", "-c:v", "copy", "-disposition:v:0", "attached_pic"]
+                proc = subprocess.run(cmd + maps + ["-c:a", "aac", "-b:a", "64k", "-f", "ipod", str(self.path)],
+                                      stdin=self.spool, capture_output=True, text=True)
+        finally:
+            self.spool.close()
         if proc.returncode != 0:
-            raise EncodeError(f"ffmpeg failed writing {path.name}: {proc.stderr.strip()[-500:]}")
-    return "AAC"
+            raise EncodeError(f"ffmpeg failed writing {self.path.name}: {proc.stderr.strip()[-500:]}")
+        return "AAC"
+
+    def abort(self) -> None:
+        self.spool.close()
+
+
+Encoder = Union[SoundFileEncoder, M4bEncoder]
+
+
+def open_encoder(target, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
+                 title: Optional[str] = None) -> Encoder:
+    """An encoder to `write` audio to chunk by chunk, then `close(chapters)` (-> codec) or `abort()`.
+    Tags: title (`title` or the book's), artist and album from `meta`; m4b: a path target only."""
+    if fmt == "m4b":
+        if not isinstance(target, (str, Path)):
+            raise EncodeError("m4b is written to files only, not to a stream")
+        return M4bEncoder(Path(target), sample_rate, meta, title)
+    return SoundFileEncoder(target, sample_rate, fmt, {"title": title or meta.title, "artist": meta.author,
+                                                       "album": meta.title})
 
 
 def encode(target, audio: np.ndarray, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
            title: Optional[str] = None, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
     """Write `audio` to `target` (a path or a binary file object) as `fmt`; returns the codec used
-    (e.g. 'OPUS'). Tags: title (`title` or the book's), artist and album from `meta`."""
-    if fmt == "m4b":
-        marks = chapters or [(title or meta.title or "Chapter 1", 0.0, audio.size / sample_rate)]
-        return _m4b(Path(target), audio, sample_rate, meta, marks)
-    tags = {"title": title or meta.title, "artist": meta.author, "album": meta.title}
-    return _soundfile(target, audio, sample_rate, fmt, tags)
+    (e.g. 'OPUS'). Tags as `open_encoder`; m4b: `chapters` marks (default one chapter, the whole audio)."""
+    enc = open_encoder(target, sample_rate, fmt, meta, title)
+    try:
+        enc.write(audio)
+    except BaseException:
+        enc.abort()
+        raise
+    return enc.close(chapters)
 
 
 def encode_bytes(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:

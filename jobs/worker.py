@@ -167,8 +167,14 @@ class Worker:
 
     def run_forever(self, stop_event: threading.Event, idle_sleep_s: float = 1.0) -> None:
         """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do; then let the
-        segments in flight finish (the caller gives their leases back if that takes too long)."""
+        segments in flight finish (the caller gives their leases back if that takes too long). First, the
+        jobs whose assembly failed before are tried once more (jobs.queue.assembly)."""
         backoff = 0.0
+        try:
+            for job_id in self.queue.retry_failed_assemblies():
+                log.warning("job %s: its assembly failed before; trying it once more", job_id)
+        except QueueUnavailable as exc:
+            log.warning("worker %s: %s; failed assemblies are not tried again this time", self.worker_id, exc)
         try:
             while not stop_event.is_set():
                 try:
@@ -419,6 +425,10 @@ class Worker:
             self.queue.event(r["job_id"], f"segment {r['idx']} {note} -> {state}", "warning", r["idx"])
 
     # -- assembly --------------------------------------------------------------------------
+    def books(self) -> dict:
+        """The books this worker writes while their jobs run: {job id: JobBook.progress()} (/health)."""
+        return {job_id: book.progress() for job_id, book in list(self._books.items())}
+
     def assemble_ready(self) -> int:
         """Assemble every job whose segments are all finished; returns how many were handled."""
         n = 0

@@ -123,6 +123,7 @@ else  # user units: same daemon, no system hardening (the block from '# Hardenin
       -e '/^# Hardening/,/^$/d' \
       -e "s|^Environment=TTS_APPLIANCE_HOME=.*|Environment=TTS_APPLIANCE_HOME=$DATA|" \
       -e "s|^ExecStart=/usr/local/bin/tts-appliance daemon|ExecStart=$VENV_ABS/bin/tts-appliance daemon --config $CONF_DIR/config.yaml|" \
+      -e "s|^ExecReload=/usr/local/bin/tts-appliance daemon|ExecReload=$VENV_ABS/bin/tts-appliance daemon --config $CONF_DIR/config.yaml|" \
       -e 's|^WantedBy=multi-user.target|WantedBy=default.target|' systemd/tts-appliance.service > "$UNIT_DIR/tts-appliance.service"
   sed -e '/^Socket\(User\|Group\)=/d' -e 's|^ListenStream=/run/tts-appliance/|ListenStream=%t/tts-appliance/|' \
       systemd/tts-appliance.socket > "$UNIT_DIR/tts-appliance.socket"

@@ -3,6 +3,7 @@ files as an assembly from scratch, and a fresh start when a segment changed afte
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -107,3 +108,64 @@ def test_a_segment_changed_after_its_chapter_was_written_starts_the_book_over(tm
     assert not np.array_equal(chapters[0], stale)  # chapter 1 was written again, with the new take
     assert assemble_job(q, paths, job_id) == "done"
     assert np.array_equal(followed, _book_audio(paths, job_id)[0])
+
+
+def test_a_chapter_that_cannot_be_written_stops_the_book_and_fails_the_job(tmp_path):
+    paths, q, job_id = _job(tmp_path, fmt="wav")
+    _store(paths, q, q.claim("w", 100, 60))
+    chapters = _by_chapter(q, job_id)
+    second = chapters[sorted(chapters)[1]][0]
+    book = JobBook.of(q, paths, job_id)
+    Path(second["audio_path"]).unlink()  # the cached audio of chapter 2 is gone
+    assert book.advance(q.segments(job_id)) >= 3
+    book._last.result()
+    assert book.error is not None and book.progress()["chapters"] == f"1/{len(chapters)}"  # nothing after it
+    assert assemble_job(q, paths, job_id, book=book) == "failed"  # started over: fails again, saying why
+    job = q.job(job_id)
+    assert job["error"].startswith("assembly failed: ") and second["audio_path"].split("/")[-1] in job["error"]
+    assert not list((paths.output / job_id).glob("Little.*")), "a book without its second chapter"
+
+
+def test_a_failed_assembly_fails_the_job_and_is_tried_once_more_after_a_restart(tmp_path):
+    paths, q, job_id = _job(tmp_path, fmt="wav")
+    _store(paths, q, q.claim("w", 100, 60))
+    blocker = paths.output / job_id
+    blocker.write_text("not a folder")  # the job's output folder cannot be made
+    assert assemble_job(q, paths, job_id) == "failed"
+    job = q.job(job_id)
+    assert job["state"] == "failed" and "assembly failed: " in job["error"]
+    assert f"tts-appliance retry {job_id}" in job["error"]
+    assert q.retry_failed_assemblies() == [job_id] and q.job(job_id)["state"] == "running"  # a worker (re)starts
+    assert any("trying it once more" in e["message"] for e in q.events(job_id))
+    assert q.ready_jobs() == [job_id]
+    assert assemble_job(q, paths, job_id) == "failed"  # the cause is still there
+    assert q.retry_failed_assemblies() == []  # once only
+    blocker.unlink()
+    q.retry(job_id)  # the user's retry starts the count again
+    assert assemble_job(q, paths, job_id) == "done"
+    assert q.job(job_id)["assembly_attempts"] == 0
+
+
+def test_an_assembly_cut_short_twice_fails_the_job_without_a_third_try(tmp_path):
+    paths, q, job_id = _job(tmp_path, fmt="wav")
+    _store(paths, q, q.claim("w", 100, 60))
+    for _ in range(2):  # two attempts whose process died while writing the book (out of memory, killed)
+        assert q.begin_assembly(job_id, "w", 60)
+        q.assembly_attempt(job_id)
+        with q.tx() as c:
+            c.execute("UPDATE jobs SET assembly_worker = NULL WHERE id = ?", (job_id,))  # the dead worker's lease
+    assert q.job(job_id)["state"] == "running"
+    assert assemble_job(q, paths, job_id) == "failed"
+    job = q.job(job_id)
+    assert "tried 2 times without finishing" in job["error"] and f"tts-appliance retry {job_id}" in job["error"]
+    assert not (paths.output / job_id / "chapters").exists()  # not tried a third time
+
+
+def test_a_cover_image_that_is_gone_leaves_the_book_without_it(tmp_path, caplog):
+    paths, q, job_id = _job(tmp_path, fmt="wav")
+    _store(paths, q, q.claim("w", 100, 60))
+    with q.tx() as c:
+        c.execute("UPDATE jobs SET meta = ? WHERE id = ?",
+                  (json.dumps({"cover_path": str(tmp_path / "gone.png"), "cover_mime": "image/png"}), job_id))
+    assert assemble_job(q, paths, job_id) == "done"
+    assert "cover image unreadable" in caplog.text

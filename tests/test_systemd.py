@@ -104,11 +104,17 @@ def test_units_carry_what_the_daemon_relies_on():
                  "ReadWritePaths=/var/lib/tts-appliance", "DeviceAllow=char-nvidia-frontend rw",
                  "DeviceAllow=char-davinci rw", "ExecReload=/bin/sh -c 'kill -HUP $$MAINPID'", "RuntimeDirectoryPreserve=yes"):
         assert line in svc, line
+    # reload checks the config first: an invalid one fails `systemctl reload` and the signal is not sent
+    reloads = [line for line in svc.splitlines() if line.startswith("ExecReload=")]
+    assert reloads == ["ExecReload=/usr/local/bin/tts-appliance daemon --check",
+                       "ExecReload=/bin/sh -c 'kill -HUP $$MAINPID'"], reloads
     assert "PrivateDevices=yes" not in svc
     sock = (ROOT / "systemd/tts-appliance.socket").read_text()
     assert "ListenStream=/run/tts-appliance/api.sock" in sock and "SocketMode=0660" in sock
     tpl = (ROOT / "systemd/tts-appliance@.service").read_text()
     assert "--instance %i" in tpl and "RuntimeDirectory=tts-appliance/%i" in tpl
+    assert [line for line in tpl.splitlines() if line.startswith("ExecReload=")][0] == \
+        "ExecReload=/usr/local/bin/tts-appliance daemon --instance %i --check"
 
 
 def test_notifier_sends_datagrams_and_is_a_noop_without_socket(tmp_path):
@@ -214,6 +220,8 @@ def test_setup_script_user_units(tmp_path):
     assert r.returncode == 0, r.stderr
     unit = (tmp_path / ".config/systemd/user/tts-appliance.service").read_text()
     assert f"ExecStart={venv}/bin/tts-appliance daemon --config" in unit and "User=" not in unit
+    conf = tmp_path / ".config/tts-appliance/config.yaml"
+    assert f"ExecReload={venv}/bin/tts-appliance daemon --config {conf} --check" in unit, unit
     assert "DeviceAllow" not in unit and "WantedBy=default.target" in unit
     sock = (tmp_path / ".config/systemd/user/tts-appliance.socket").read_text()
     assert "ListenStream=%t/tts-appliance/api.sock" in sock and "SocketUser" not in sock

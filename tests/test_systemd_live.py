@@ -158,6 +158,20 @@ def test_reload_keeps_the_daemon(box):
     assert s == {"ActiveState": "active", "MainPID": pid}, s
 
 
+def test_reload_of_an_invalid_config_fails_and_keeps_the_daemon(box):
+    ensure_active(box)
+    pid = show(box, SERVICE, "MainPID")["MainPID"]
+    box.run("tee", "/etc/tts-appliance/config.d/zz-broken.yaml", input="model: {threads: many}\n")
+    try:
+        r = box.run("systemctl", "reload", SERVICE, check=False)
+        assert r.returncode != 0, "systemctl reload reported success for an invalid config"
+        s = show(box, SERVICE, "ActiveState", "MainPID")
+        assert s == {"ActiveState": "active", "MainPID": pid}, s
+    finally:
+        box.run("rm", "-f", "/etc/tts-appliance/config.d/zz-broken.yaml")
+    box.run("systemctl", "reload", SERVICE)  # valid again: reloads
+
+
 def test_inbox_file_of_a_group_member_becomes_group_readable_audio(box):
     """The sandbox (PrivateUsers, UMask=0027, read-only OS) still lets the jobs worker do its work."""
     ensure_active(box)

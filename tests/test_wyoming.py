@@ -3,6 +3,7 @@ real Unix socket: describe -> info, synthesize -> audio, streaming text in -> au
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -108,3 +109,22 @@ def test_unknown_voice_is_an_error_event(daemon):
 
     err = Error.from_event(run(go())[-1])
     assert "unknown voice" in err.text and err.code == "VoiceNotFound"
+
+
+def test_a_client_closing_mid_event_is_one_info_line(daemon):
+    import json
+    import socket
+
+    data = json.dumps({"text": "Hello there."}).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(daemon.wyoming)
+    s.sendall(json.dumps({"type": "synthesize", "data_length": len(data)}).encode() + b"\n" + data[:5])
+    s.close()  # gone before the event's data
+    for _ in range(100):
+        if "closed the connection mid-event" in daemon.log_text():
+            break
+        time.sleep(0.05)
+    log = daemon.log_text()
+    assert "INFO appliance.wyoming_server: wyoming client closed the connection mid-event (5 of" in log, log[-2000:]
+    assert "wyoming connection failed" not in log and "IncompleteReadError" not in log
+    test_describe_lists_voices_and_languages(daemon)  # still serving

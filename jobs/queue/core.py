@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from jobs.queue.assembly import Assemblies
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate
@@ -35,7 +36,7 @@ def _now() -> float:
     return time.time()
 
 
-class Queue(Leases, Records):
+class Queue(Leases, Records, Assemblies):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`store.parse_location`:

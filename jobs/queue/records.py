@@ -134,7 +134,8 @@ class Records:
             n = c.execute("""UPDATE segments SET state = 'queued', attempts = 0, guard_failures = 0, lost = 0,
                              updated_at = ? WHERE job_id = ? AND state IN ('failed', 'cancelled')""",
                           (_now(), job_id)).rowcount
-            c.execute("UPDATE jobs SET state = 'queued', error = NULL, finished_at = NULL WHERE id = ?", (job_id,))
+            c.execute("""UPDATE jobs SET state = 'queued', error = NULL, finished_at = NULL, assembly_attempts = 0
+                         WHERE id = ?""", (job_id,))
             self._event(c, job_id, f"retry: {n} segments requeued")
         return n
 
@@ -149,8 +150,8 @@ class Records:
                              WHERE job_id = ? AND idx = ?""", (seed, _now(), job_id, index)).rowcount
             if n == 0:
                 raise QueueError(f"job {job_id} has no segment {index}: see its manifest.json for segment indexes")
-            c.execute("""UPDATE jobs SET state = 'queued', error = NULL, finished_at = NULL, assembly_worker = NULL
-                         WHERE id = ?""", (job_id,))
+            c.execute("""UPDATE jobs SET state = 'queued', error = NULL, finished_at = NULL, assembly_worker = NULL,
+                         assembly_attempts = 0 WHERE id = ?""", (job_id,))
             self._event(c, job_id, f"redo segment {index} with seed {seed}", segment_idx=index)
         return seed
 

@@ -3,7 +3,8 @@
 Tables: `jobs`, `chapters`, `segments`, `audio_cache` (content key -> audio file), `events` (the
 job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files` (watched folder)
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
-at once) and `submissions` (idempotency keys of submits: jobs.submissions). DDL says `{id}` and `{real}` where the two databases spell a type differently.
+at once) and `submissions` (idempotency keys of submits: jobs.submissions). `jobs.assembly_attempts`:
+jobs.queue.assembly. DDL says `{id}` and `{real}` where the two databases spell a type differently.
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ]),
     (4, "idempotent submits (jobs.submissions)", [
         "CREATE TABLE submissions (key TEXT PRIMARY KEY, job_id TEXT NOT NULL, holder TEXT, claimed_at {real})",
+    ]),
+    (5, "assembly attempts per job (jobs.queue.assembly)", [
+        "ALTER TABLE jobs ADD COLUMN assembly_attempts INTEGER NOT NULL DEFAULT 0",
     ]),
 ]
 
