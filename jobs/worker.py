@@ -173,8 +173,9 @@ class Worker:
         try:
             for job_id in self.queue.retry_failed_assemblies():
                 log.warning("job %s: its assembly failed before; trying it once more", job_id)
-        except QueueUnavailable as exc:
-            log.warning("worker %s: %s; failed assemblies are not tried again this time", self.worker_id, exc)
+        except QueueUnavailable as exc:  # one warning per process for the outage (jobs.queue.outage)
+            OUTAGE.failed(self.worker_id, exc)
+            log.info("worker %s: failed assemblies are not tried again this time (the queue is away)", self.worker_id)
         try:
             while not stop_event.is_set():
                 try:
