@@ -118,7 +118,7 @@ class Daemon:
 
     def _start_workers(self) -> None:
         from jobs.queue import Queue
-        from jobs.guard import GuardSettings
+        from jobs.guard import guard_for
         from jobs.submit import job_defaults
         from jobs.worker import Worker
 
@@ -132,7 +132,7 @@ class Daemon:
             for i in range(max(1, j.workers)):
                 worker = Worker(Queue(self.paths.db), pool, self.paths,
                                 batch_size=j.batch_size or slots, lease_s=j.lease_s,
-                                guard=GuardSettings(enabled=j.guard), model=model,
+                                guard=guard_for(j.guard, engine), model=model,
                                 should_yield=self.host.streams_waiting)
                 t = threading.Thread(target=worker.run_forever, args=(self.stop_jobs, 0.5), name=f"jobs-{i}",
                                      daemon=True)

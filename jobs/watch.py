@@ -1,7 +1,8 @@
 """Watched inbox: books dropped into `inbox/` become jobs.
 
 Life of a file: `inbox/book.txt` -> `processing/book.txt` (job queued) -> `done/<job>/` (source,
-sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt`.
+sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt` (also a job that
+ended `partial`, with some segments failed: the reason says why and where its audio is).
 Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
@@ -254,18 +255,18 @@ class InboxWatcher:
                                    AND j.state IN ('done', 'partial', 'failed', 'cancelled')""")
         for r in rows:
             src, side = Path(r["path"]), Path(r["sidecar"]) if r["sidecar"] else None
-            if r["job_state"] in ("done", "partial"):
+            if r["job_state"] == "done":
                 dest = self.paths.done / r["job_id"]
                 self._copy_outputs(Path(r["out"]), dest)
                 if src.exists():
                     move_unique(src, dest)
                 if side and side.exists():
                     move_unique(side, dest)
-                if r["job_state"] == "partial":
-                    (dest / f"{src.name}.reason.txt").write_text(f"{r['job_error']}\n", encoding="utf-8")
                 state = "done"
-            else:
+            else:  # partial (some segments failed) is no finished book: it goes where failures go
                 reason = r["job_error"] or f"job {r['job_id']} was {r['job_state']}"
+                if r["job_state"] == "partial":
+                    reason += self._partial_detail(r["job_id"], r["out"])
                 if src.exists():
                     self._to_failed(src, side, f"job {r['job_id']} {r['job_state']}: {reason}")
                 state = "failed"
@@ -273,6 +274,12 @@ class InboxWatcher:
                 c.execute("UPDATE inbox_files SET state = ?, finished_at = ? WHERE sha256 = ?",
                           (state, time.time(), r["sha256"]))
             log.info("inbox: job %s (%s) filed as %s", r["job_id"], r["name"], state)
+
+    def _partial_detail(self, job_id: str, out: Optional[str]) -> str:
+        """What a partial job's reason adds: why its first segment failed and where the audio made is."""
+        failed = [g for g in self.queue.segments(job_id) if g["state"] == "failed"]
+        first = f"\nsegment {failed[0]['idx']}: {failed[0]['last_error']}" if failed else ""
+        return f"{first}\nthe audio made so far: {out}" if out else first
 
     @staticmethod
     def _copy_outputs(out: Path, dest: Path) -> None:
