@@ -45,7 +45,7 @@ class ModelSection:
     device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N; all or cuda:0,cuda:1: one engine each
     dtype: str = "auto"               # auto (bfloat16 on a GPU/NPU, float32 on the CPU), float32, bfloat16, float16
     voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
-    threads: Optional[int] = None     # torch CPU threads (None: torch's choice)
+    threads: Optional[str] = "auto"   # torch CPU threads: auto (Config.torch_threads; null too) or a number
     warmup: bool = True               # synthesize one short sentence before READY=1
     max_frames: Optional[int] = None  # cap on frames per streaming request (None: the model's)
 
@@ -142,6 +142,18 @@ class Config:
                               f"({', '.join(self.sources) or f'none read; default {SYSTEM_CONFIG}'}) "
                               f"or ${ENV_PREFIX}MODEL")
         return self.model.path
+
+    def torch_threads(self) -> int:
+        """model.threads decided (what the engine loader gives torch, what `info` shows): a number as
+        given; auto: the physical cores this process may use less one, at least 1
+        (engines.device.detect.cpu_cores). torch's intra-op threads wait for each other at every op,
+        so one that loses its core (to the daemon's other threads, to other programs) stalls them all:
+        docs/PERFORMANCE.md ("CPU threads") has the measurement."""
+        if self.model.threads not in (None, "auto"):
+            return int(self.model.threads)
+        from engines.device.detect import cpu_cores
+
+        return max(1, cpu_cores() - 1)
 
     # -- derived paths -----------------------------------------------------------------------
     def home(self):
@@ -268,6 +280,9 @@ def check(cfg: Config, origin: str = "config") -> Config:
     why = check_device_spec(cfg.model.device)
     if why:
         raise ConfigError(f"{origin}: model.device = {why}")
+    threads = cfg.model.threads
+    if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        raise ConfigError(f"{origin}: model.threads = {threads!r}: give auto or a number of at least 1")
     slots = str(cfg.runtime.max_slots)
     if slots != "auto" and not (slots.isdigit() and int(slots) >= 1):
         raise ConfigError(f"{origin}: runtime.max_slots = {slots!r}: give auto or a number of at least 1")
