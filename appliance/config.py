@@ -85,6 +85,8 @@ class JobsSection:
     ingest_cpu_s: float = 120.0       # limits for parsing one file (in a child process); over them it fails
     ingest_memory_mb: int = 2048
     ingest_wall_s: float = 300.0
+    ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
+    max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
 
 
 @dataclass
@@ -270,6 +272,7 @@ def check(cfg: Config, origin: str = "config") -> Config:
     """Value checks beyond types (after each source, so errors name the file that caused them)."""
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
                      ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
+                     ("jobs", "ingest_parallel"), ("jobs", "max_file_mb"),
                      ("http", "max_body_bytes"), ("http", "max_text_chars")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")

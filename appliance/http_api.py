@@ -78,7 +78,8 @@ async def health(request):
                               "engine": ctx.host.stats(), "pid": ctx.pid,
                               "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error},
                               "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes,
-                                         "max_text_chars": ctx.cfg.http.max_text_chars}})
+                                         "max_text_chars": ctx.cfg.http.max_text_chars,
+                                         "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20}})
 
 
 async def metrics(request):

@@ -57,6 +57,8 @@ def test_env_overrides_parse_values_as_yaml():
     ("http: {tcp_port: 70000}\n", "0..65535"),
     ("runtime: {max_queue: 0}\n", "at least 1"),
     ("model: {threads: 0}\n", "model.threads = '0': give auto or a number of at least 1"),
+    ("jobs: {ingest_parallel: 0}\n", "jobs.ingest_parallel must be at least 1"),
+    ("jobs: {max_file_mb: 0}\n", "jobs.max_file_mb must be at least 1"),
     ("model: {threads: many}\n", "model.threads = 'many': give auto or a number of at least 1"),
     ("- a list\n", "must be a YAML mapping"),
     ("model: [1]\n", "section 'model' must be a mapping"),
