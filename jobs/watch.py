@@ -15,9 +15,9 @@ A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, p
 Parsing runs in a child process under `limits` (jobs.ingest.isolate), up to `limits.parallel` files at
 once (jobs.ingest_parallel), each waited for by a pool thread with its own queue connection: the
 watcher thread only takes files (checks, duplicate check, move to processing/) one by one and keeps
-scanning while they are read. Every file that enters processing/ ends as a job or in failed/ with a reason: its row
-in `inbox_files` says `ingesting` until then, and :meth:`InboxWatcher.recover` (run at start)
-takes again what a stop or crash left there, failing a file that was interrupted twice.
+scanning while they are read. Every file that enters processing/ ends as a job or in failed/ with a
+reason: its row in `inbox_files` says `ingesting` until then, and :meth:`InboxWatcher.recover` (run
+at start) takes again what a stop or crash left there, failing a file that was interrupted twice.
 """
 from __future__ import annotations
 
@@ -149,15 +149,17 @@ class InboxWatcher:
         """`_ingest` on a pool thread, with a queue connection of its own (a Queue is not thread-safe)."""
         from jobs.ingest.isolate import IngestCancelled
 
-        queue = Queue(self.queue.path)
+        queue = None
         try:
+            queue = Queue(self.queue.path)
             self._ingest(digest, moved, side, queue)
         except IngestCancelled as exc:
             log.info("inbox: %s", exc)
-        except Exception:  # one bad file must not stop the inbox
+        except Exception:  # one bad file must not stop the inbox; recover() takes it at the next start
             log.exception("inbox: could not ingest %s", moved)
         finally:
-            queue.close()
+            if queue is not None:
+                queue.close()
 
     # -- taking a file -------------------------------------------------------------------------
     def take(self, path: Path) -> Optional[str]:

@@ -135,7 +135,8 @@ class ModelConfig:
     def from_dict(raw: Mapping[str, Any]) -> "ModelConfig":
         talker = TalkerConfig.from_dict(raw.get("talker_config") or {})
         spk = SpeakerEncoderConfig.from_dict(raw.get("speaker_encoder_config") or {})
-        return _pick(ModelConfig, raw, talker=talker, speaker_encoder=spk, test_model=str(raw.get(TEST_MODEL_KEY) or ""))
+        return _pick(ModelConfig, raw, talker=talker, speaker_encoder=spk,
+                     test_model=str(raw.get(TEST_MODEL_KEY) or ""))
 
     @staticmethod
     def from_dir(path: str | Path) -> "ModelConfig":
