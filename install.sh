@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Install tts-appliance into a virtual environment (idempotent: re-running updates it in place).
-#   ./install.sh              install the appliance (CPU torch, or a CUDA build when an NVIDIA GPU is present),
-#                             plus the systemd units, service user and spool folders (see systemd/)
+#   ./install.sh              as a normal user: the venv only (CPU torch, or a CUDA build when an NVIDIA GPU is
+#                             present); nothing outside this folder is touched
+#   sudo ./install.sh         the service: the venv plus the systemd units, service user and spool folders
+#                             (see systemd/); without --model the TINY TEST MODEL (random weights, noise)
 #   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given)
 #   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
-#                             huggingface_hub is installed and the network allows (else: a clear message);
-#                             without it the TINY TEST MODEL (random weights, noise) is set up
+#                             huggingface_hub is installed and the network allows (else: a clear message)
 #   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
 #                             /var/lib/tts-appliance; otherwise user units in ~/.config/systemd/user)
+#   --dry-run                 print what would be done, change nothing
 #   --uninstall               remove the units and the venv; keeps user data (queue, outputs, voices, config)
 # Environment: TTS_APPLIANCE_VENV (default ./.venv), PYTHON (default python3),
 #              TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (extra pip index for torch wheels),
-#              TTS_APPLIANCE_SYSROOT (install system files under this root instead of /, for packaging).
+#              TTS_APPLIANCE_SYSROOT (install system files under this root instead of /, for packaging),
+#              TTS_APPLIANCE_INSTALL_MODE=system|user (default: system as root, else user).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TTS_APPLIANCE_VENV:-.venv}
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-DEV=0 SYSTEMD=auto MODEL="" UNINSTALL=0
+DEV=0 SYSTEMD=auto MODEL="" UNINSTALL=0 DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dev) DEV=1 ;;
@@ -26,12 +29,33 @@ while [ $# -gt 0 ]; do
     --model) [ $# -ge 2 ] || { echo "install.sh: --model needs an ID or a PATH" >&2; exit 2; }; MODEL=$2; shift ;;
     --model=*) MODEL=${1#--model=} ;;
     --uninstall) UNINSTALL=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-if [ "$SYSTEMD" = auto ]; then SYSTEMD=$([ "$DEV" = 1 ] && echo 0 || echo 1); fi
+export TTS_APPLIANCE_INSTALL_MODE=${TTS_APPLIANCE_INSTALL_MODE:-$([ "$(id -u)" = 0 ] && echo system || echo user)}
+# the service is a root install; a user's plain ./install.sh sets up the venv only (--systemd: user units)
+if [ "$SYSTEMD" = auto ]; then
+  if [ "$DEV" = 1 ]; then SYSTEMD=0 WHY="--dev"
+  elif [ "$TTS_APPLIANCE_INSTALL_MODE" = system ]; then SYSTEMD=1
+  else SYSTEMD=0 WHY="not root: the venv only; sudo ./install.sh installs the service"
+  fi
+elif [ "$SYSTEMD" = 0 ]; then WHY="--no-systemd"
+fi
+if [ "$DRY" = 1 ]; then  # the decisions above, and what they would change
+  say() { echo "install.sh --dry-run: $*"; }
+  if [ "$UNINSTALL" = 1 ]; then say "would remove the units and $VENV (systemd/setup.sh uninstall)"; exit 0; fi
+  say "venv $VENV: $([ -x "$VENV/bin/python" ] && echo "exists, updated in place" || echo "new ($PY -m venv)"), $TORCH_SPEC when torch is missing, the package$([ "$DEV" = 1 ] && echo " with the test tools" || true)"
+  [ -z "$MODEL" ] || say "model: $MODEL, in the $TTS_APPLIANCE_INSTALL_MODE config (systemd/setup.sh)"
+  if [ "$SYSTEMD" = 0 ]; then say "systemd: skipped ($WHY)"
+  elif [ "$TTS_APPLIANCE_INSTALL_MODE" = system ]; then
+    say "systemd: the service (system units, user tts-appliance, /var/lib/tts-appliance, /etc/tts-appliance)"
+  else say "systemd: user units in ~/.config/systemd/user"
+  fi
+  exit 0
+fi
 if [ "$UNINSTALL" = 1 ]; then
   exec "$(dirname "$0")/systemd/setup.sh" uninstall "$VENV"
 fi
@@ -78,5 +102,7 @@ if [ -n "$MODEL" ]; then  # the model was asked for: failing to set it up is an 
   fi
 elif [ "$SYSTEMD" = 1 ]; then  # the venv works without it: warn only
   SETUP_SYSTEMD=1 systemd/setup.sh install "$VENV" || echo "install.sh: warning: systemd set-up failed (see above)" >&2
+else
+  echo "install.sh: systemd: skipped ($WHY)"
 fi
 echo "install.sh: done. Run: $VENV/bin/tts-appliance --help"

@@ -57,17 +57,18 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec, queue, paths, remote, as_json: bool, max_body_bytes: int, voices=None) -> list[dict]:
+def _submit_each(files, spec, queue, paths, remote, as_json: bool, cfg, voices=None) -> list[dict]:
     """Submit each file (through `remote` with `spec` the options given, else to `queue` with `spec`
-    a JobSpec, `voices` the engine's when known); a file that cannot be sent stops the command before
-    it is uploaded."""
+    a JobSpec, `voices` the engine's when known, under the ingest limits of the settings `cfg`); a file
+    that cannot be sent stops the command before it is uploaded."""
+    from jobs.ingest.isolate import IngestLimits
     from jobs.submit import SubmitError, submit_file
 
     results = []
     for f in files:
         try:
-            job_id, error = (_call(remote.submit_file, f, spec, max_body_bytes) if remote
-                             else submit_file(queue, paths, f, spec, voices))
+            job_id, error = (_call(remote.submit_file, f, spec, cfg.http.max_body_bytes) if remote
+                             else submit_file(queue, paths, f, spec, voices, limits=IngestLimits.from_config(cfg.jobs)))
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -138,8 +139,7 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     queue = None if remote else Queue(paths.ensure().db)
     runner = _checked_runner(cfg, eng, spec.voice) if wait else None
     voices = None if remote else runner.voices if runner else known_voices(cfg, *checkpoint)
-    results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json,
-                           cfg.http.max_body_bytes, voices)
+    results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json, cfg, voices)
     ok = [r["job_id"] for r in results if not r["error"]]
     if wait and ok:
         finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)

@@ -10,8 +10,9 @@ from jobs.settings import JobSpec
 from appliance.cli_common import emit, fail, home_option, json_option, settings
 
 
-def preview_file(path: str, spec: JobSpec, configured_rate, db_path) -> dict:
-    """Ingest and segment one file as `submit` would; its chapters (all, marked when selected) and totals."""
+def preview_file(path: str, spec: JobSpec, configured_rate, db_path, max_bytes: int) -> dict:
+    """Ingest and segment one file as `submit` would (up to `max_bytes`: jobs.max_file_mb); its chapters
+    (all, marked when selected) and totals."""
     from jobs.errors import JobError
     from jobs.ingest import IngestOptions, load_document
     from jobs.preview import estimate, preview_chapters
@@ -20,7 +21,7 @@ def preview_file(path: str, spec: JobSpec, configured_rate, db_path) -> dict:
 
     try:
         precheck_file(Path(path))
-        doc = load_document(Path(path), IngestOptions())
+        doc = load_document(Path(path), IngestOptions(max_bytes=max_bytes))
         found = document_chapters(doc, spec, select=False)
         language = resolve_language(spec.language if spec.language != "auto" else None, doc)
         chapters = preview_chapters(found, spec.speed, spec.chapters)
@@ -81,5 +82,5 @@ def preview(files, language, chapters, speed, home, as_json):
     except ValueError as exc:
         fail(str(exc))
     db = cfg.home().db
-    out = [preview_file(f, spec, cfg.jobs.synth_rate, db) for f in files]
+    out = [preview_file(f, spec, cfg.jobs.synth_rate, db, cfg.jobs.max_file_mb << 20) for f in files]
     emit(as_json, out if len(out) > 1 else out[0], "\n\n".join(describe_preview(p) for p in out))

@@ -44,12 +44,12 @@ def open_queue(home, **flags):
 def make_worker(cfg, paths, queue: Queue, eng: dict, runner=None):
     """A jobs Worker on `runner` (default: the engine of `cfg` with --batch-size slots). Jobs pinned
     to a model are claimed only when --model named it (as before: an unpinned worker takes any)."""
-    from jobs.guard import GuardSettings
+    from jobs.guard import guard_for
     from jobs.worker import Worker
 
     runner = runner or load_runner(cfg, eng["batch_size"])
     pinned = str(Path(eng["model"]).resolve()) if eng.get("model") else None
-    return Worker(queue, runner, paths, batch_size=eng["batch_size"], guard=GuardSettings(enabled=eng["guard"]),
+    return Worker(queue, runner, paths, batch_size=eng["batch_size"], guard=guard_for(eng["guard"], runner.engine),
                   lease_s=eng["lease_seconds"], model=pinned)
 
 

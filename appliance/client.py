@@ -89,8 +89,9 @@ class DaemonClient:
         """Upload one file as a job; returns (job id, error or None) like jobs.submit.submit_file.
         `spec`: the options the user gave (a mapping: what it leaves out, the daemon's job defaults
         fill in) or a JobSpec. Before anything is sent, a file the daemon would refuse raises
-        SubmitError: a type ingestion cannot read, or larger than the daemon's http.max_body_bytes
-        (from its /health, else `max_body_bytes`)."""
+        SubmitError: a type ingestion cannot read, larger than the daemon reads (its jobs.max_file_mb,
+        from /health), or larger than it takes as an upload (http.max_body_bytes, from /health, else
+        `max_body_bytes`)."""
         from jobs.settings import JobSpec
         from jobs.submit import SubmitError, precheck_type
 
@@ -104,8 +105,13 @@ class DaemonClient:
                 f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
                 f"Content-Type: application/octet-stream\r\n\r\n").encode()
         tail = f"\r\n--{boundary}--\r\n".encode()
-        limit = (self.health.get("limits") or {}).get("max_body_bytes") or max_body_bytes
+        limits = self.health.get("limits") or {}
+        limit, readable = limits.get("max_body_bytes") or max_body_bytes, limits.get("max_file_bytes")
         size = p.stat().st_size
+        if readable and size > readable:  # no route takes it (upload, path, inbox): say which key to raise
+            raise SubmitError(f"{p.name} is {_size(size)}; the daemon reads documents up to {_size(readable)} "
+                              "(jobs.max_file_mb): raise jobs.max_file_mb (and http.max_body_bytes to upload it) "
+                              "in the daemon's config, or split the file")
         if limit and len(head) + size + len(tail) > limit:
             raise SubmitError(f"{p.name} is {_size(size)}; the daemon takes uploads up to {_size(limit)} "
                               "(http.max_body_bytes, with the request's own few hundred bytes): raise http.max_body_bytes in the daemon's config, or put "

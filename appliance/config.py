@@ -45,7 +45,7 @@ class ModelSection:
     device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N; all or cuda:0,cuda:1: one engine each
     dtype: str = "auto"               # auto (bfloat16 on a GPU/NPU, float32 on the CPU), float32, bfloat16, float16
     voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
-    threads: Optional[int] = None     # torch CPU threads (None: torch's choice)
+    threads: Optional[str] = "auto"   # torch CPU threads: auto (Config.torch_threads; null too) or a number
     warmup: bool = True               # synthesize one short sentence before READY=1
     max_frames: Optional[int] = None  # cap on frames per streaming request (None: the model's)
 
@@ -86,6 +86,8 @@ class JobsSection:
     ingest_cpu_s: float = 120.0       # limits for parsing one file (in a child process); over them it fails
     ingest_memory_mb: int = 2048
     ingest_wall_s: float = 300.0
+    ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
+    max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
 
 
 @dataclass
@@ -143,6 +145,18 @@ class Config:
                               f"({', '.join(self.sources) or f'none read; default {SYSTEM_CONFIG}'}) "
                               f"or ${ENV_PREFIX}MODEL")
         return self.model.path
+
+    def torch_threads(self) -> int:
+        """model.threads decided (what the engine loader gives torch, what `info` shows): a number as
+        given; auto: the physical cores this process may use less one, at least 1
+        (engines.device.detect.cpu_cores). torch's intra-op threads wait for each other at every op,
+        so one that loses its core (to the daemon's other threads, to other programs) stalls them all:
+        docs/PERFORMANCE.md ("CPU threads") has the measurement."""
+        if self.model.threads not in (None, "auto"):
+            return int(self.model.threads)
+        from engines.device.detect import cpu_cores
+
+        return max(1, cpu_cores() - 1)
 
     # -- derived paths -----------------------------------------------------------------------
     def home(self):
@@ -259,6 +273,7 @@ def check(cfg: Config, origin: str = "config") -> Config:
     """Value checks beyond types (after each source, so errors name the file that caused them)."""
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
                      ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
+                     ("jobs", "ingest_parallel"), ("jobs", "max_file_mb"),
                      ("http", "max_body_bytes"), ("http", "max_text_chars")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
@@ -269,6 +284,9 @@ def check(cfg: Config, origin: str = "config") -> Config:
     why = check_device_spec(cfg.model.device)
     if why:
         raise ConfigError(f"{origin}: model.device = {why}")
+    threads = cfg.model.threads
+    if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        raise ConfigError(f"{origin}: model.threads = {threads!r}: give auto or a number of at least 1")
     slots = str(cfg.runtime.max_slots)
     if slots != "auto" and not (slots.isdigit() and int(slots) >= 1):
         raise ConfigError(f"{origin}: runtime.max_slots = {slots!r}: give auto or a number of at least 1")

@@ -137,7 +137,7 @@ class Daemon:
     def _worker(self, i: int):
         """A new queue worker for thread jobs-i (at start, and when it died) -> what the thread runs. The
         segments a dead one held go back to the queue first."""
-        from jobs.guard import GuardSettings
+        from jobs.guard import guard_for
         from jobs.queue import Queue
         from jobs.worker import Worker
 
@@ -151,7 +151,7 @@ class Daemon:
         pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
         slots = sum(r.cfg.max_slots for r in pool.runners)
         worker = Worker(Queue(self.paths.db), pool, self.paths, batch_size=j.batch_size or slots, lease_s=j.lease_s,
-                        guard=GuardSettings(enabled=j.guard), model=str(Path(self.cfg.model.path).resolve()),
+                        guard=guard_for(j.guard, self.host.engine), model=str(Path(self.cfg.model.path).resolve()),
                         should_yield=self.host.streams_waiting)
         self.workers[i] = worker
         return lambda: worker.run_forever(self.stop_jobs, 0.5)

@@ -80,8 +80,9 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
     model.path on `device` (default model.device, its first device when it names several:
     engines.device.detect.resolve_device) in model.dtype (auto: bfloat16 on
     an accelerator, float32 on the CPU), saved voices from model.voices_dir (default HOME/voices),
-    model.threads torch threads; `max_slots` requests decoded together (default runtime.max_slots; auto:
-    what fits in the free memory, engines.runtime.memory), runtime.max_context cache positions each,
+    model.threads torch threads (as Config.torch_threads decides); `max_slots` requests decoded together
+    (default runtime.max_slots; auto: what fits in the free memory, engines.runtime.memory),
+    runtime.max_context cache positions each,
     `max_queue` streams waiting (default runtime.max_queue), codes decoded by the runtime.codec backend.
     The chosen values are logged and kept in `runner.settings`. ConfigError when no model is configured.
     """
@@ -92,8 +93,9 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
 
     m = cfg.model
     path = cfg.require_model()
-    if m.threads:
-        torch.set_num_threads(m.threads)
+    threads = cfg.torch_threads()
+    torch.set_num_threads(threads)
+    log.info("torch CPU threads: %d (model.threads %s)", threads, m.threads)
     device = device or resolve_device(m.device)
     t0 = time.monotonic()
     with device_context(device):

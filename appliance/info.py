@@ -155,7 +155,8 @@ def collect(cfg: Config, config_path: Optional[str] = None, daemon: bool = True)
 
     return {"program": _guard(program_info, cfg, config_path), "device": _guard(device_inventory),
             "configured": {"device": cfg.model.device, "dtype": cfg.model.dtype,
-                           "max_slots": cfg.runtime.max_slots, "codec": cfg.runtime.codec},
+                           "max_slots": cfg.runtime.max_slots, "codec": cfg.runtime.codec,
+                           "threads": cfg.model.threads, "torch_threads": cfg.torch_threads()},
             "model": _guard(model_info, cfg), "engines": _guard(engines_info, cfg),
             "codec_engines": _guard(codec_info, cfg), "paths": _guard(paths_info, cfg),
             "daemon": _guard(daemon_info, cfg) if daemon else {"reachable": False, "tried": ["not asked"]}}
@@ -201,7 +202,8 @@ def render(r: dict) -> str:
                                            f"  environment: {_join(p['environment'])}"])
     section("device", r["device"], _device_lines)
     c = r["configured"]
-    out.append(f"configured: device {c['device']}, dtype {c['dtype']}, slots {c['max_slots']}, codec {c['codec']}")
+    out.append(f"configured: device {c['device']}, dtype {c['dtype']}, slots {c['max_slots']}, codec {c['codec']}, "
+               f"CPU threads {c['torch_threads']} (model.threads {c['threads']})")
     section("model", r["model"], lambda m: [f"  {m['path']}", f"  kind {m['kind']} {m['size']}: {m['modes']}",
                                             f"  speakers: {_join(m['speakers'])}",
                                             f"  languages: {_join(m['languages'])}",

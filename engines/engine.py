@@ -57,6 +57,9 @@ class TTSEngine:
         root, dev = Path(model_path), torch.device(device)
         dt = resolve_dtype(dtype, dev)
         cfg, weights = load_weights(root, dev, dt)
+        if cfg.test_model:
+            log.warning("test model: %s (%s); pass a real checkpoint (--model, model.path) for speech",
+                        cfg.test_model, root)
         model_id = f"{root.name}:{weights_hash(root / 'model.safetensors')}:{str(dt).split('.')[-1]}"
         return cls(root, cfg, weights, TextTokenizer.from_dir(root), CodecConfig.from_dir(root / "speech_tokenizer"),
                    load_codec_decoder(root / "speech_tokenizer", dev, dt), SamplingParams.from_generation_config(root),
@@ -76,6 +79,11 @@ class TTSEngine:
         """VoiceDesign always; CustomVoice only on the larger (1.7B) checkpoints, as the official package."""
         size = self.cfg.tts_model_size
         return self.model_type == "voice_design" or (self.model_type == "custom_voice" and size not in "0b6")
+
+    @property
+    def test_model(self) -> str:
+        """Why this checkpoint makes no speech ("random weights: ..."), for test checkpoints; else ""."""
+        return self.cfg.test_model
 
     @property
     def languages(self) -> list[str]:

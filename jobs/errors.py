@@ -21,5 +21,9 @@ class IngestError(JobError):
     """The input document could not be read (bad path, bad format, unsafe archive...)."""
 
 
+class NotText(IngestError):
+    """Bytes that should be text are binary or in no text encoding (the message says which)."""
+
+
 class LexiconError(JobError):
     """A user pronunciation dictionary could not be loaded."""

@@ -20,7 +20,12 @@ class SubmitError(Exception):
 
 
 def precheck_file(path: Path) -> None:
-    """Reject what can never be a book before ingestion: missing, empty, binary-looking text files."""
+    """Reject what can never be a book before ingestion: missing, a folder or other non-file, empty,
+    binary-looking text files."""
+    if path.is_dir():
+        raise SubmitError(f"{path}: is a folder, not a file; submit the files in it")
+    if path.exists() and not path.is_file():
+        raise SubmitError(f"{path}: is not a regular file (a FIFO, socket or device); save the document as a file")
     if not path.is_file():
         raise SubmitError(f"{path}: no such file")
     if path.stat().st_size == 0:

@@ -1,7 +1,8 @@
 """Watched inbox: books dropped into `inbox/` become jobs.
 
 Life of a file: `inbox/book.txt` -> `processing/book.txt` (job queued) -> `done/<job>/` (source,
-sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt`.
+sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt` (also a job that
+ended `partial`, with some segments failed: the reason says why and where its audio is).
 Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
@@ -11,10 +12,12 @@ so events are only a hint; `polling=True` uses watchdog's PollingObserver for ne
 whose content (sha256) was already ingested is not ingested again (unless that earlier job failed).
 A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...
 
-Parsing runs in a child process under `limits` (jobs.ingest.isolate); the watcher thread only
-waits for it. Every file that enters processing/ ends as a job or in failed/ with a reason: its row
-in `inbox_files` says `ingesting` until then, and :meth:`InboxWatcher.recover` (run at start)
-takes again what a stop or crash left there, failing a file that was interrupted twice.
+Parsing runs in a child process under `limits` (jobs.ingest.isolate), up to `limits.parallel` files at
+once (jobs.ingest_parallel), each waited for by a pool thread with its own queue connection: the
+watcher thread only takes files (checks, duplicate check, move to processing/) one by one and keeps
+scanning while they are read. Every file that enters processing/ ends as a job or in failed/ with a
+reason: its row in `inbox_files` says `ingesting` until then, and :meth:`InboxWatcher.recover` (run
+at start) takes again what a stop or crash left there, failing a file that was interrupted twice.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Optional
 
@@ -57,6 +61,8 @@ class InboxWatcher:
         self._seen: dict[str, tuple[int, int, float]] = {}  # name -> (size, mtime_ns, stable since)
         self._closed: dict[str, float] = {}  # name -> time of last close-after-write / moved-in event
         self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None  # ingests in flight (made at the first tick)
+        self._reading: set[Future] = set()
 
     # -- events (watchdog thread) ---------------------------------------------------------------
     def note_complete(self, path: str | os.PathLike) -> None:
@@ -107,25 +113,65 @@ class InboxWatcher:
         return why is not None
 
     def tick(self) -> None:
-        """Take complete inbox files, then file away the results of finished jobs."""
-        from jobs.ingest.isolate import IngestCancelled
+        """Take complete inbox files while fewer than `limits.parallel` are being read (the rest wait in
+        the inbox for a later tick), then file away the results of finished jobs."""
+        from jobs.ingest.isolate import IngestLimits
 
+        parallel = (self.limits or IngestLimits()).parallel
+        self._reading = {f for f in self._reading if not f.done()}
         for p in self.ready_files():
+            if len(self._reading) >= parallel or (self.stop_event is not None and self.stop_event.is_set()):
+                break
             self._seen.pop(p.name, None)
-            if self.stop_event is not None and self.stop_event.is_set():
-                return
             try:
-                self.take(p)
-            except IngestCancelled as exc:
-                log.info("inbox: %s", exc)
-                return
+                taken = self._claim(p)
             except Exception:  # one bad file must not stop the inbox
                 log.exception("inbox: could not take %s", p)
+                continue
+            if taken:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="inbox-ingest")
+                self._reading.add(self._pool.submit(self._ingest_in_thread, *taken))
         self.collect()
+
+    def drain(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the files being read are jobs or failed (True), or `timeout` passed (False)."""
+        _, pending = wait(self._reading, timeout)
+        return not pending
+
+    def close(self) -> None:
+        """Wait for the ingests in flight (a set stop_event cancels them) and end their threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._reading.clear()
+
+    def _ingest_in_thread(self, digest: str, moved: Path, side: Optional[Path]) -> None:
+        """`_ingest` on a pool thread, with a queue connection of its own (a Queue is not thread-safe)."""
+        from jobs.ingest.isolate import IngestCancelled
+
+        queue = None
+        try:
+            queue = Queue(self.queue.path)
+            self._ingest(digest, moved, side, queue)
+        except IngestCancelled as exc:
+            log.info("inbox: %s", exc)
+        except Exception:  # one bad file must not stop the inbox; recover() takes it at the next start
+            log.exception("inbox: could not ingest %s", moved)
+        finally:
+            if queue is not None:
+                queue.close()
 
     # -- taking a file -------------------------------------------------------------------------
     def take(self, path: Path) -> Optional[str]:
-        """Ingest one complete file; returns the job id (None when it went to failed/ or stayed put)."""
+        """Ingest one complete file in this thread; returns the job id (None when it went to failed/ or
+        stayed put)."""
+        taken = self._claim(path)
+        return self._ingest(*taken) if taken else None
+
+    def _claim(self, path: Path) -> Optional[tuple[str, Path, Optional[Path]]]:
+        """The checks before reading (what the path is, same content as an earlier file), then the move to
+        processing/: (sha256, moved file, moved sidecar) to ingest, or None (failed/ or left in place)."""
         problem = entry_problem(path, self.paths.inbox)  # it may have been swapped for a link since the scan
         if problem:
             log.warning("inbox: not taking %s: it is now %s", path.name, problem)
@@ -134,39 +180,44 @@ class InboxWatcher:
         side = sidecar_for(path)
         prev = self.queue._rows("SELECT * FROM inbox_files WHERE sha256 = ?", [digest])
         if prev and prev[0]["state"] != "failed":
-            self._to_failed(path, side, f"same content as {prev[0]['name']}, already taken as job "
-                                        f"{prev[0]['job_id']} (sha256 {digest[:12]}); not ingested again")
+            job = f"job {prev[0]['job_id']}" if prev[0]["job_id"] else "a job (it is being read now)"
+            self._to_failed(path, side, f"same content as {prev[0]['name']}, already taken as {job} "
+                                        f"(sha256 {digest[:12]}); not ingested again")
             return None
         moved = move_unique(path, self.paths.processing)
         side = move_unique(side, self.paths.processing) if side else None
         self._record(digest, moved, None, "ingesting", None, side)
-        return self._ingest(digest, moved, side)
+        return digest, moved, side
 
-    def _ingest(self, digest: str, moved: Path, side: Optional[Path]) -> Optional[str]:
-        """Turn a file in processing/ into a job, or move it to failed/ with the reason. A cancelled
-        ingest (the service stops) leaves it in processing/ for :meth:`recover`."""
+    def _ingest(self, digest: str, moved: Path, side: Optional[Path], queue: Optional[Queue] = None) -> Optional[str]:
+        """Turn a file in processing/ into a job, or move it to failed/ with the reason (`queue`: the
+        calling thread's connection, default the watcher's). A cancelled ingest (the service stops)
+        leaves it in processing/ for :meth:`recover`."""
         from jobs.ingest import IngestOptions
         from jobs.ingest.isolate import IngestCancelled
         from jobs.submit import submit_file
 
+        queue = queue or self.queue
         try:
             spec = self._spec(moved, side)
         except (ValueError, TypeError, yaml.YAMLError) as exc:
-            self._record(digest, moved, None, "failed", str(exc), side)
-            self._to_failed(moved, side, f"bad sidecar {side.name if side else ''}: {exc}")
+            reason = f"bad sidecar {side.name if side else ''}: {exc}"
+            job_id = queue.add_failed_job(JobSpec(title=moved.name), [str(moved)], reason)  # `list` shows it
+            self._record(digest, moved, job_id, "failed", reason, side, queue)
+            self._to_failed(moved, side, reason)
             return None
         options = IngestOptions(allowed_roots=[self.paths.processing])
         try:
-            job_id, error = submit_file(self.queue, self.paths, moved, spec, self.voices() if self.voices else None,
+            job_id, error = submit_file(queue, self.paths, moved, spec, self.voices() if self.voices else None,
                                         limits=self.limits, cancel=self.stop_event, options=options)
         except IngestCancelled:
-            self._record(digest, moved, None, "ingesting", None, side)  # a clean stop: not an attempt
+            self._record(digest, moved, None, "ingesting", None, side, queue)  # a clean stop: not an attempt
             raise
         if error:
-            self._record(digest, moved, job_id, "failed", error, side)
+            self._record(digest, moved, job_id, "failed", error, side, queue)
             self._to_failed(moved, side, error)
             return None
-        self._record(digest, moved, job_id, "processing", None, side)
+        self._record(digest, moved, job_id, "processing", None, side, queue)
         log.info("inbox: %s -> job %s", moved.name, job_id)
         return job_id
 
@@ -232,8 +283,8 @@ class InboxWatcher:
             data.update(loaded)
         return JobSpec.from_dict(data)
 
-    def _record(self, digest, path, job_id, state, reason, side=None) -> None:
-        with self.queue.tx() as c:
+    def _record(self, digest, path, job_id, state, reason, side=None, queue: Optional[Queue] = None) -> None:
+        with (queue or self.queue).tx() as c:
             c.execute("""INSERT INTO inbox_files (sha256, name, job_id, state, path, sidecar, reason, taken_at)
                          VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha256) DO UPDATE SET name = excluded.name,
                          job_id = excluded.job_id, state = excluded.state, path = excluded.path,
@@ -255,18 +306,18 @@ class InboxWatcher:
                                    AND j.state IN ('done', 'partial', 'failed', 'cancelled')""")
         for r in rows:
             src, side = Path(r["path"]), Path(r["sidecar"]) if r["sidecar"] else None
-            if r["job_state"] in ("done", "partial"):
+            if r["job_state"] == "done":
                 dest = self.paths.done / r["job_id"]
                 self._copy_outputs(Path(r["out"]), dest)
                 if src.exists():
                     move_unique(src, dest)
                 if side and side.exists():
                     move_unique(side, dest)
-                if r["job_state"] == "partial":
-                    (dest / f"{src.name}.reason.txt").write_text(f"{r['job_error']}\n", encoding="utf-8")
                 state = "done"
-            else:
+            else:  # partial (some segments failed) is no finished book: it goes where failures go
                 reason = r["job_error"] or f"job {r['job_id']} was {r['job_state']}"
+                if r["job_state"] == "partial":
+                    reason += self._partial_detail(r["job_id"], r["out"])
                 if src.exists():
                     self._to_failed(src, side, f"job {r['job_id']} {r['job_state']}: {reason}")
                 state = "failed"
@@ -274,6 +325,12 @@ class InboxWatcher:
                 c.execute("UPDATE inbox_files SET state = ?, finished_at = ? WHERE sha256 = ?",
                           (state, time.time(), r["sha256"]))
             log.info("inbox: job %s (%s) filed as %s", r["job_id"], r["name"], state)
+
+    def _partial_detail(self, job_id: str, out: Optional[str]) -> str:
+        """What a partial job's reason adds: why its first segment failed and where the audio made is."""
+        failed = [g for g in self.queue.segments(job_id) if g["state"] == "failed"]
+        first = f"\nsegment {failed[0]['idx']}: {failed[0]['last_error']}" if failed else ""
+        return f"{first}\nthe audio made so far: {out}" if out else first
 
     @staticmethod
     def _copy_outputs(out: Path, dest: Path) -> None:
@@ -324,3 +381,4 @@ class InboxWatcher:
         finally:
             observer.stop()
             observer.join(5)
+            self.close()

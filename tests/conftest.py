@@ -1,4 +1,6 @@
-"""Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present."""
+"""Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
+$TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
+`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny"
+REQUIRE_SYSTEM = "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,6 +27,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skipped `system` test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS is set (not 0)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and "system" in item.keywords and os.environ.get(REQUIRE_SYSTEM, "0") not in ("", "0"):
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        why = why.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = (f"{REQUIRE_SYSTEM}=1: this system test must run here, but it skipped: {why}\n"
+                           "(install what .ci/run installs as root, or unset the variable where it cannot run)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -16,7 +16,9 @@ def inbox_env(tmp_path, quiet_s: float, closed_quiet_s: float):
 
 
 def ticks(w, seconds: float, step: float = 0.1) -> None:
+    """Tick `w` for `seconds`, then wait for the files it is still reading (pool threads)."""
     end = time.time() + seconds
     while time.time() < end:
         w.tick()
         time.sleep(step)
+    assert w.drain(120), "inbox ingests still running after 120 s"

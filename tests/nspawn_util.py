@@ -31,10 +31,17 @@ PACKAGES = ["systemd", "systemd-sysv", "libbz2-1.0", "libexpat1", "libffi8", "li
             "libncursesw6", "libreadline8", "libsqlite3-0", "libssl3", "libuuid1", "zlib1g"]
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOOLS = ("systemd-nspawn", "debootstrap", "nsenter", "setpriv")
+# `systemctl is-system-running` before the container's systemd answers: nothing (no bus yet), "offline"
+# (/run/systemd/system not made yet), "unknown"; `--wait` itself waits out "initializing" and "starting"
+NOT_UP_YET = ("", "offline", "unknown", "initializing", "starting")
 
 
 class Unavailable(Exception):
     """The container cannot be built or booted here (a reason to skip, not a failure of the units)."""
+
+
+class BootFailed(Exception):
+    """The container started but its systemd did not come up: a failure, not a reason to skip."""
 
 
 def interpreter() -> tuple[Path, Path]:
@@ -181,11 +188,31 @@ class Container:
                 raise Unavailable(f"container init did not appear in {self.boot_timeout:.0f} s: {self.boot_log()}")
             self.pid1 = self._find_init()
             time.sleep(0.2)
-        left = max(deadline - time.monotonic(), 5)
-        r = self.run("systemctl", "is-system-running", "--wait", check=False, timeout=left)
-        state = r.stdout.strip()
-        if state not in ("running", "degraded"):
-            raise Unavailable(f"container systemd is {state!r} after boot: {self.boot_log()}")
+        self.wait_for_systemd(max(deadline, time.monotonic() + 5))
+
+    def wait_for_systemd(self, deadline: float) -> str:
+        """The container's system state once its systemd has started up ("running" or "degraded").
+        Right after PID 1 appears its bus is not up yet: `systemctl is-system-running --wait` then
+        prints nothing ("Failed to connect to bus") or "offline", so it is asked again until `deadline`
+        (time.monotonic()). A container that boots but never gets there is BootFailed, not a skip."""
+        last = ""
+        while True:
+            self._check_alive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BootFailed(f"container systemd did not answer in {self.boot_timeout:.0f} s (last answer: "
+                                 f"{last!r}): {self.boot_log()}")
+            try:
+                r = self.run("systemctl", "is-system-running", "--wait", check=False, timeout=left)
+            except subprocess.TimeoutExpired:
+                continue
+            state = r.stdout.strip()
+            if state in ("running", "degraded"):
+                return state
+            if state not in NOT_UP_YET:
+                raise BootFailed(f"container systemd is {state!r} after boot: {self.boot_log()}")
+            last = state or r.stderr.strip()
+            time.sleep(0.2)
 
     def _check_alive(self) -> None:
         if self.proc.poll() is not None:

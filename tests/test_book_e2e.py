@@ -154,3 +154,24 @@ def test_bad_input_gets_clear_errors_and_files_stay(tmp_path):
     logs = _cli("logs", bad, home=home).stdout
     assert "unknown voice" in logs
     q.close()
+
+
+def test_the_bundled_test_model_is_labelled_and_does_not_trip_the_guard(tmp_path, caplog):
+    """The tiny checkpoint says it is a test model (random weights): loading it warns, and with the guard
+    on (the default) its noise is not judged as speech, so a markdown book with emoji ends `done`."""
+    import logging
+
+    from engines.model.config import ModelConfig
+
+    assert "random weights" in ModelConfig.from_dir(MODEL).test_model
+    book = tmp_path / "notes.md"
+    book.write_bytes("# Notes\r\n\r\nFirst **bold** line \U0001F600 here.\r\n\r\n- a list item to read\r\n".encode())
+    with caplog.at_level(logging.WARNING):
+        res = _cli("submit", str(book), "--voice", "vivian", "--wait", "--max-new-tokens", "4", "--model", str(MODEL),
+                   "--device", "cpu", "--json", home=tmp_path / "home")
+    assert res.exit_code == 0, res.output
+    [job] = json.loads(res.stdout)
+    assert job["state"] == "done" and job["error"] is None, job
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("test model: random weights") for m in said), said
+    assert any("no plausibility check" in m and "test model" in m for m in said), said

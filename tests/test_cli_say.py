@@ -148,3 +148,25 @@ def test_save_voice_clones_once(monkeypatch, capsys, tmp_path):
                      "-o", str(tmp_path / "c.wav"))
     assert code == 0 and voice.is_file(), text
     assert len(clones) == 1, clones
+
+
+def test_the_engine_loader_applies_the_decided_cpu_threads(monkeypatch, capsys, tmp_path, caplog):
+    """model.threads auto is decided by the config (cores less one) and given to torch when the engine loads."""
+    import logging
+
+    import torch
+
+    import engines.device.detect as detect
+
+    monkeypatch.setattr(detect, "cpu_cores", lambda: 3)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with caplog.at_level(logging.INFO, logger="appliance.engine_host"):
+            code, text = run(monkeypatch, capsys, "Hi.", "--model", str(TINY / "cv_small"), "--voice", "ryan",
+                             "--max-frames", "2", "-o", str(tmp_path / "a.wav"))
+        assert code == 0, text
+        assert torch.get_num_threads() == 2
+        assert "torch CPU threads: 2 (model.threads auto)" in caplog.text
+    finally:
+        torch.set_num_threads(saved)

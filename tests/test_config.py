@@ -33,7 +33,7 @@ def test_file_dropins_and_environment_in_order(tmp_path):
     write(tmp_path / "config.d" / "20-b.yaml", "http: {tcp_port: 9002}\nruntime: {max_slots: 8}\n")
     cfg = load_config(main, environ={"TTS_APPLIANCE_HTTP__TCP": "true", "TTS_APPLIANCE_RUNTIME__MAX_SLOTS": "3",
                                      "TTS_APPLIANCE_HOME": "/spool", "TTS_APPLIANCE_MODEL": "/ignored"})
-    assert cfg.model.path == "/m" and cfg.model.threads == 2
+    assert cfg.model.path == "/m" and cfg.model.threads == "2" and cfg.torch_threads() == 2
     assert cfg.http.tcp_port == 9002 and cfg.http.tcp is True and cfg.http.mode == "0640"
     assert cfg.runtime.max_slots == "3"  # environment wins over drop-ins
     assert cfg.jobs.home == "/spool"
@@ -56,6 +56,10 @@ def test_env_overrides_parse_values_as_yaml():
     ("http: {mode: rw}\n", "octal file mode"),
     ("http: {tcp_port: 70000}\n", "0..65535"),
     ("runtime: {max_queue: 0}\n", "at least 1"),
+    ("model: {threads: 0}\n", "model.threads = '0': give auto or a number of at least 1"),
+    ("jobs: {ingest_parallel: 0}\n", "jobs.ingest_parallel must be at least 1"),
+    ("jobs: {max_file_mb: 0}\n", "jobs.max_file_mb must be at least 1"),
+    ("model: {threads: many}\n", "model.threads = 'many': give auto or a number of at least 1"),
     ("- a list\n", "must be a YAML mapping"),
     ("model: [1]\n", "section 'model' must be a mapping"),
     ("model: {path: [unclosed\n", "not valid YAML"),
@@ -65,6 +69,36 @@ def test_validation_errors_are_clear(tmp_path, text, needle):
     with pytest.raises(ConfigError) as exc:
         load_config(path, environ={})
     assert needle in str(exc.value) and str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("cores,auto", [(1, 1), (2, 1), (8, 7)])
+def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, cores, auto):
+    """model.threads auto (the default; null too): the physical cores usable less one, at least 1 (on a
+    2-core box 2 intra-op threads stall each other); a number is taken as given."""
+    import engines.device.detect as detect
+
+    monkeypatch.setattr(detect, "cpu_cores", lambda: cores)
+    assert Config().model.threads == "auto" and Config().torch_threads() == auto
+    assert load_config(write(tmp_path / "a.yaml", "model: {threads: null}\n"), environ={}).torch_threads() == auto
+    assert load_config(write(tmp_path / "b.yaml", "model: {threads: 3}\n"), environ={}).torch_threads() == 3
+
+
+def test_cpu_cores_follow_the_cgroup_quota(tmp_path, monkeypatch):
+    import engines.device.detect as detect
+
+    proc = write(tmp_path / "cgroup", "0::/box\n")
+    write(tmp_path / "fs" / "box" / "cpu.max", "150000 100000\n")
+    assert detect._cgroup_cpu_quota(proc, tmp_path / "fs") == 1.5
+    write(tmp_path / "fs" / "box" / "cpu.max", "max 100000\n")
+    assert detect._cgroup_cpu_quota(proc, tmp_path / "fs") is None
+    proc = write(tmp_path / "cgroup1", "4:memory:/x\n3:cpu,cpuacct:/box\n")
+    write(tmp_path / "fs" / "cpu,cpuacct" / "box" / "cpu.cfs_quota_us", "-1\n")
+    write(tmp_path / "fs" / "cpu,cpuacct" / "box" / "cpu.cfs_period_us", "100000\n")
+    assert detect._cgroup_cpu_quota(proc, tmp_path / "fs") is None
+    write(tmp_path / "fs" / "cpu,cpuacct" / "box" / "cpu.cfs_quota_us", "100000\n")
+    assert detect._cgroup_cpu_quota(proc, tmp_path / "fs") == 1.0
+    monkeypatch.setattr(detect, "_cgroup_cpu_quota", lambda: 1.0)
+    assert detect.cpu_cores() == 1  # however many cores the machine has
 
 
 def test_bad_environment_override_names_the_source():

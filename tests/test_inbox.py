@@ -129,6 +129,14 @@ def test_file_over_the_limits_fails_with_reason(env):
     assert states == ["failed", "queued"]
 
 
+def test_the_inbox_has_the_size_cap_of_submit_and_names_its_key(env):
+    paths, q, w = env
+    w.limits = IngestLimits(file_mb=1)
+    (paths.inbox / "big.txt").write_text("Golf is a long book. " * 60_000)  # ~1.2 MiB
+    _ticks(w, 1.0)
+    assert "raise jobs.max_file_mb in the config" in (paths.failed / "big.txt.reason.txt").read_text()
+
+
 def test_stopping_cancels_the_ingest_and_the_file_is_taken_at_next_start(env):
     paths, q, w = env
     (paths.inbox / "deep.html").write_text(_deep_html())
@@ -161,12 +169,16 @@ def test_ingest_failure_is_listed_with_file_name_and_reason(env):
     paths, q, w = env
     (paths.inbox / "empty.txt").write_text("")
     (paths.inbox / "blank.md").write_text("\n\n   \n")
+    (paths.inbox / "side.txt").write_text(BOOK)
+    (paths.inbox / "side.yaml").write_text("voice: [unclosed\n")
     _ticks(w, 1.0)
     res = CliRunner().invoke(cli, ["list", "--home", str(paths.home)], catch_exceptions=False)
     assert res.exit_code == 0
     out = res.output
     assert "empty.txt" in out and "the file is empty" in out
     assert "blank.md" in out and "contains no text" in out
+    assert "side.txt" in out and "bad sidecar side.yaml" in out, out  # no job was made of it before
+    assert (paths.failed / "side.txt").exists() and (paths.failed / "side.yaml").exists()
 
 
 def test_daemon_streams_promptly_while_a_pathological_file_is_parsed(tmp_path):
@@ -202,3 +214,27 @@ def test_daemon_streams_promptly_while_a_pathological_file_is_parsed(tmp_path):
         assert d.stop(timeout=30) == 0
     assert time.monotonic() - stopped_at < 8, "SIGTERM waited for the ingest"  # (the join limit is 15 s)
     assert (d.home / "processing" / "deep.html").exists()  # taken again at the next start
+
+
+def test_several_files_are_read_at_once_within_the_limit(env):
+    """jobs.ingest_parallel child processes at once; the other files wait in the inbox for a free one."""
+    from jobs.ingest import isolate
+
+    paths, q, w = env
+    w.limits = IngestLimits(parallel=2, wall_s=60)
+    w.stop_event = threading.Event()
+    for name in ("a.html", "b.html", "c.html"):
+        (paths.inbox / name).write_text(_deep_html() + name)
+    deadline = time.time() + 10
+    while not any(paths.processing.iterdir()) and time.time() < deadline:
+        w.tick()
+        time.sleep(0.1)
+    assert sorted(p.name for p in paths.processing.iterdir()) == ["a.html", "b.html"]
+    assert [p.name for p in paths.inbox.iterdir()] == ["c.html"]
+    while len(isolate._live) < 2 and time.time() < deadline:  # both children parse at the same time
+        time.sleep(0.05)
+    assert len(isolate._live) == 2
+    w.stop_event.set()  # cancels both: they stay in processing/ for the next start
+    assert w.drain(10)
+    w.close()
+    assert sorted(r["state"] for r in q._rows("SELECT state FROM inbox_files")) == ["ingesting", "ingesting"]

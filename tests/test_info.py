@@ -49,10 +49,15 @@ def test_info_without_daemon(tmp_path):
     assert report["paths"]["http_socket"] == str(tmp_path / "run" / "api.sock")
     assert report["daemon"]["reachable"] is False
     assert not (tmp_path / "home" / "queue.db").exists()  # the report creates nothing
+    from appliance.config import Config
+
+    threads = Config().torch_threads()  # model.threads auto, as decided for this machine
+    assert report["configured"]["threads"] == "auto" and report["configured"]["torch_threads"] == threads
 
     text = run_info("--config", str(cfg), "info", env=env)
     for needle in ("kind custom_voice", "cpu: float32, 3 slots", "onnxruntime: not usable: different device",
-                   "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg)):
+                   "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg),
+                   f"CPU threads {threads} (model.threads auto)"):
         assert needle in text, (needle, text)
 
 

@@ -551,11 +551,22 @@ xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>
                                                  uri="OEBPS/text/ch1.xhtml"),
      "OEBPS/text/ch1.xhtml": bytes(range(256)) * 8},
     {"META-INF/rights.xml": "<rights/>"},
+    {"META-INF/sinf.xml": "<fairplay/>", "OEBPS/text/ch1.xhtml": bytes(range(256)) * 8},  # Apple
+    {"META-INF/license.lcpl": "{}", "OEBPS/text/ch1.xhtml": bytes(range(256)) * 8},  # Readium LCP
 ])
 def test_encrypted_epub_is_reported_as_drm(tmp_path, extra):
     with pytest.raises(IngestError, match=r"EPUB is DRM-protected \(encrypted\); remove the DRM with the tool "
                                           r"of your store/library and submit again"):
         load_document(make_epub(tmp_path / "drm.epub", extra))
+
+
+@pytest.mark.parametrize("noise", [bytes(range(256)) * 8, bytes(range(128, 256)) * 40])
+def test_encrypted_chapters_without_a_rights_file_are_drm_not_a_binary_file(tmp_path, noise):
+    """Content encrypted with no manifest naming it: a chapter that is no text means an encrypted book."""
+    with pytest.raises(IngestError, match=r"EPUB is DRM-protected \(encrypted\).*'OEBPS/text/ch1.xhtml' is not "
+                                          r"readable: encrypted") as exc:
+        load_document(make_epub(tmp_path / "drm.epub", {"OEBPS/text/ch1.xhtml": noise}))
+    assert "binary" not in str(exc.value)
 
 
 def test_font_obfuscation_is_not_drm(tmp_path):

@@ -189,6 +189,29 @@ def test_cli_submit_checks_the_voice_against_the_checkpoint_without_loading_it(t
     assert job["state"] == "failed" and "unknown voice 'nobody'" in job["error"] and "dylan" in job["error"]
 
 
+def test_a_folder_or_fifo_is_named_for_what_it_is(tmp_path):
+    """Not "no such file": the error says what the path is and what to do."""
+    home = tmp_path / "home"
+    (tmp_path / "chapters").mkdir()
+    os.mkfifo(tmp_path / "pipe.txt")
+    r = cli(["submit", str(tmp_path / "chapters"), str(tmp_path / "pipe.txt"), str(tmp_path / "gone.txt"),
+             "--home", str(home), "--json"], env={"TTS_APPLIANCE_MODEL": str(TINY / "cv_small")})
+    errors = [j["error"] for j in json.loads(r.stdout)]
+    assert "chapters: is a folder, not a file; submit the files in it" in errors[0], errors
+    assert "pipe.txt: is not a regular file (a FIFO, socket or device)" in errors[1], errors
+    assert errors[2].endswith("gone.txt: no such file"), errors
+
+
+def test_the_size_cap_is_a_config_key_the_error_names(tmp_path):
+    """jobs.max_file_mb caps what any route reads (the default, 50, would take this file); a file over it
+    fails with the key to raise."""
+    home = tmp_path / "home"
+    big = book(tmp_path, "big.txt", "Golf is a long book. " * 60_000)  # ~1.2 MiB
+    env = {"TTS_APPLIANCE_MODEL": str(TINY / "cv_small"), "TTS_APPLIANCE_JOBS__MAX_FILE_MB": "1"}
+    [job] = json.loads(cli(["submit", str(big), "--home", str(home), "--json"], env=env).stdout)
+    assert job["state"] == "failed" and "up to 1 MiB: raise jobs.max_file_mb in the config" in job["error"], job
+
+
 def _as_nobody() -> list[str] | None:
     """argv prefix running a command as an unprivileged user (root ignores socket permissions)."""
     if os.geteuid() != 0:
@@ -241,8 +264,8 @@ def daemon(tmp_path_factory):
         pytest.skip(skip_reason())
     tmp = tmp_path_factory.mktemp("submit")
     (tmp / "allowed").mkdir()
-    cfg = base_config(tmp, jobs={"watch": True, "watch_quiet_s": 0.5, "allowed_dirs": [str(tmp / "allowed")]},
-                      http={"max_body_bytes": 65536})
+    cfg = base_config(tmp, jobs={"watch": True, "watch_quiet_s": 0.5, "allowed_dirs": [str(tmp / "allowed")],
+                                 "max_file_mb": 1}, http={"max_body_bytes": 65536})
     d = Daemon(tmp, cfg).start()
     yield d
     assert d.stop() == 0
@@ -287,6 +310,13 @@ def test_cli_checks_type_and_size_before_uploading(daemon, tmp_path):
     big = book(tmp_path, "big.txt", "Delta is a long book. " * 4000)  # ~88 KB > the daemon's 64 KiB
     r = cli(["submit", str(big), "--voice", "ryan"], env=env)
     assert r.exit_code != 0 and "http.max_body_bytes" in r.output and "up to 64 KiB" in r.output, r.output
+    huge = book(tmp_path, "huge.txt", "Hotel is a huge book. " * 60_000)  # ~1.3 MiB > the daemon's jobs.max_file_mb
+    r = cli(["submit", str(huge), "--voice", "ryan"], env=env)
+    assert r.exit_code != 0 and "reads documents up to 1.0 MiB (jobs.max_file_mb)" in r.output, r.output
+    assert "inbox" not in r.output  # the inbox has the same cap: no use suggesting it
+    (tmp_path / "folder").mkdir()
+    r = cli(["submit", str(tmp_path / "folder"), "--voice", "ryan"], env=env)
+    assert r.exit_code != 0 and "is a folder, not a file" in r.output, r.output
     assert len(daemon.get("/v1/jobs")[1]) == before
     assert not list((daemon.home / "uploads").glob("*/big.txt")), "nothing may be uploaded"
 

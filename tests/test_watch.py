@@ -132,3 +132,25 @@ def test_finished_jobs_filed_and_sources_kept(env):
     (paths.inbox / "again.txt").write_text(BOOK + "Doomed.\n")
     _ticks(w, 1.0)
     assert len(q.jobs()) == 3
+
+
+def test_a_partial_job_is_filed_with_the_failures_not_as_done(env):
+    """A book with failed segments is no finished book: its source goes to failed/ with the reason (the
+    first failed segment's error, how to retry, where the audio made so far is), nothing to done/."""
+    paths, q, w = env
+    (paths.inbox / "half.txt").write_text(BOOK)
+    _ticks(w, 1.0)
+    [job] = q.jobs()
+    first, *rest = q.segments(job["id"])
+    q.fail(first["id"], "runaway/truncated audio: 9.0 s for text expected ~1.0 s", retry=False)
+    out = paths.output / job["id"]
+    out.mkdir(parents=True)
+    (out / "half.flac").write_bytes(b"fLaC")
+    q.finish_job(job["id"], "partial", str(out), f"1 of {1 + len(rest)} segments failed; "
+                                                  f"`tts-appliance retry {job['id']}` requeues them")
+    _ticks(w, 0.3)
+    assert not (paths.done / job["id"]).exists() and (paths.failed / "half.txt").read_text() == BOOK
+    reason = (paths.failed / "half.txt.reason.txt").read_text()
+    assert f"job {job['id']} partial: 1 of" in reason and f"tts-appliance retry {job['id']}" in reason
+    assert f"segment {first['idx']}: runaway/truncated audio" in reason and str(out) in reason
+    assert q._rows("SELECT state FROM inbox_files WHERE name = 'half.txt'") == [{"state": "failed"}]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -68,6 +70,47 @@ def ort_providers() -> list[str]:
     except Exception:
         return []
     return list(onnxruntime.get_available_providers())
+
+
+def cpu_cores() -> int:
+    """Physical cores this process may run on: the CPUs of its affinity mask, SMT siblings counted once
+    (sysfs topology), at most its cgroup's CPU quota (v2 cpu.max, v1 cpu.cfs_quota_us); at least 1."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    cores = set()
+    for c in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:  # no sysfs topology: count the CPU itself
+            cores.add(("cpu", str(c)))
+    quota = _cgroup_cpu_quota()
+    return max(1, min(len(cores), math.ceil(quota)) if quota else len(cores))
+
+
+def _cgroup_cpu_quota(proc: Path = Path("/proc/self/cgroup"), fs: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs' worth of time this process's cgroup may use; None without a limit (or when unknown)."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        try:
+            if controllers == "":  # cgroup v2: "max 100000" or "200000 100000"
+                quota, period = (fs / group.lstrip("/") / "cpu.max").read_text().split()
+                if quota != "max":
+                    return int(quota) / int(period)
+            elif "cpu" in controllers.split(","):  # cgroup v1: quota -1 means none
+                d = fs / controllers / group.lstrip("/")
+                quota = int((d / "cpu.cfs_quota_us").read_text())
+                if quota > 0:
+                    return quota / int((d / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def cpu_name() -> str:

@@ -111,6 +111,8 @@ class SpeakerEncoderConfig:
 
 
 MODEL_TYPES = ("base", "custom_voice", "voice_design")
+# config.json key of a checkpoint made for tests (tests/data/tiny): says what it is, e.g. "random weights: noise"
+TEST_MODEL_KEY = "tts_appliance_test_model"
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,14 @@ class ModelConfig:
     tts_pad_token_id: int = 151671
     tts_bos_token_id: int = 151672
     tts_eos_token_id: int = 151673
+    test_model: str = ""  # non-empty for a test checkpoint (TEST_MODEL_KEY): why its audio is no speech
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> "ModelConfig":
         talker = TalkerConfig.from_dict(raw.get("talker_config") or {})
         spk = SpeakerEncoderConfig.from_dict(raw.get("speaker_encoder_config") or {})
-        return _pick(ModelConfig, raw, talker=talker, speaker_encoder=spk)
+        return _pick(ModelConfig, raw, talker=talker, speaker_encoder=spk,
+                     test_model=str(raw.get(TEST_MODEL_KEY) or ""))
 
     @staticmethod
     def from_dir(path: str | Path) -> "ModelConfig":

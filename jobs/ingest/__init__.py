@@ -26,13 +26,14 @@ TEXT_EXT = {".txt", ".text", ".asc", ".rst", ".log", ""}
 MD_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
 HTML_EXT = {".html", ".htm", ".xhtml", ".xht"}
 FORMATS = ("txt", "md", "html", "epub", "docx", "pdf")
+MAX_FILE_MB = 50  # default of the config's jobs.max_file_mb
 
 
 @dataclass
 class IngestOptions:
     """How to read a document.
 
-    max_bytes: refuse files larger than this (checked before reading).
+    max_bytes: refuse files larger than this (checked before reading; jobs.max_file_mb).
     skip_toc: drop a table of contents.  skip_front_matter: drop copyright page,
     dedication etc. before the first chapter.  skip_footnotes: drop footnote
     markers and footnote blocks.  allowed_roots: if set, the (symlink-resolved)
@@ -41,7 +42,7 @@ class IngestOptions:
     "pdf" instead of guessing.  encoding: force a text encoding.
     """
 
-    max_bytes: int = 50 * 1024 * 1024
+    max_bytes: int = MAX_FILE_MB << 20
     skip_toc: bool = True
     skip_front_matter: bool = False
     skip_footnotes: bool = True
@@ -71,12 +72,16 @@ def _check_path(path: Union[str, Path], options: IngestOptions) -> Path:
     return resolved
 
 
+def too_large(size: int, max_bytes: int) -> str:
+    """The message for a document over the size limit, naming the setting to raise."""
+    return (f"The file is too large ({size / 2**20:.1f} MiB); documents are read up to {max_bytes / 2**20:g} MiB: "
+            "raise jobs.max_file_mb in the config, or split the file.")
+
+
 def _read(path: Path, options: IngestOptions) -> bytes:
     size = path.stat().st_size
     if size > options.max_bytes:
-        raise IngestError(
-            f"The file is too large ({size / 1e6:.1f} MB); the limit is {options.max_bytes / 1e6:.1f} MB."
-        )
+        raise IngestError(too_large(size, options.max_bytes))
     try:
         with open(path, "rb") as fh:
             data = fh.read(options.max_bytes + 1)
@@ -85,7 +90,7 @@ def _read(path: Path, options: IngestOptions) -> bytes:
     except OSError as exc:
         raise IngestError(f"Cannot read {path}: {exc}") from None
     if len(data) > options.max_bytes:  # grew while we looked
-        raise IngestError(f"The file is too large; the limit is {options.max_bytes / 1e6:.1f} MB.")
+        raise IngestError(too_large(len(data), options.max_bytes))
     if not data:
         raise IngestError("The file is empty.")
     return data

@@ -6,7 +6,7 @@ import logging
 import unicodedata
 from typing import Optional
 
-from jobs.errors import IngestError
+from jobs.errors import IngestError, NotText
 from jobs.normalize.cleanup import strip_ansi
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _check_text(text: str) -> None:
         if c == "\ufffd" or (unicodedata.category(c) == "Cc" and c not in "\t\n\r\f\v")
     )
     if bad > max(3, 0.02 * len(sample)):
-        raise IngestError("The file looks like a binary file (too many control characters), not text.")
+        raise NotText("The file looks like a binary file (too many control characters), not text.")
 
 
 def decode_bytes(data: bytes, encoding: Optional[str] = None) -> str:
@@ -116,15 +116,15 @@ def decode_bytes(data: bytes, encoding: Optional[str] = None) -> str:
             return text.lstrip("\ufeff")
     what = sniff_binary(data)
     if what:
-        raise IngestError(f"The file looks like a binary file ({what}), not text.")
+        raise NotText(f"The file looks like a binary file ({what}), not text.")
     if b"\x00" in data[:65536]:
         codec = _utf16_without_bom(data)
         if codec is None:
-            raise IngestError("The file looks like a binary file (it contains NUL bytes), not text.")
+            raise NotText("The file looks like a binary file (it contains NUL bytes), not text.")
         try:
             text = data.decode(codec)
         except UnicodeDecodeError:
-            raise IngestError("The file looks like a binary file (it contains NUL bytes), not text.") from None
+            raise NotText("The file looks like a binary file (it contains NUL bytes), not text.") from None
         _check_text(text)
         return text
     try:
@@ -140,7 +140,7 @@ def _detect_legacy(data: bytes) -> str:
 
     best = from_bytes(data).best()
     if best is None:
-        raise IngestError(
+        raise NotText(
             "The file's text encoding could not be detected (no encoding fits its bytes); "
             "save it as UTF-8 and try again."
         )

@@ -10,7 +10,7 @@ from typing import Optional
 from urllib.parse import unquote
 
 from jobs.document import Document
-from jobs.errors import IngestError
+from jobs.errors import IngestError, NotText
 from jobs.ingest.blocks import PATTERN_LEVEL, Block, _key, build_chapters
 from jobs.ingest.html import decode_html, html_to_blocks
 from jobs.ingest.safezip import SafeZip
@@ -33,11 +33,14 @@ def _parse_xml(data: bytes, what: str) -> ET.Element:
 FONT_OBFUSCATION = {"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#rc"}
 DRM_MESSAGE = ("EPUB is DRM-protected (encrypted); remove the DRM with the tool of your store/library "
                "and submit again")
+# rights manifests of DRM schemes: Adobe ADEPT, Apple FairPlay, Readium LCP
+DRM_FILES = ("META-INF/rights.xml", "META-INF/sinf.xml", "META-INF/license.lcpl")
 
 
 def _check_drm(z: SafeZip) -> None:
-    """Refuse an EPUB whose content is encrypted (rights.xml, or encryption.xml beyond font obfuscation)."""
-    if z.has("META-INF/rights.xml"):
+    """Refuse an EPUB whose content is encrypted (a DRM rights file, or encryption.xml beyond font
+    obfuscation); content encrypted without either is caught when a chapter is no text (_chapter_text)."""
+    if any(z.has(name) for name in DRM_FILES):
         raise IngestError(DRM_MESSAGE)
     if not z.has("META-INF/encryption.xml"):
         return
@@ -52,6 +55,14 @@ def _check_drm(z: SafeZip) -> None:
         algorithm = (method.get("Algorithm") or "").strip().lower() if method is not None else ""
         if algorithm not in FONT_OBFUSCATION:
             raise IngestError(DRM_MESSAGE)
+
+
+def _chapter_text(z: SafeZip, path: str) -> str:
+    """A spine document as text. One that is binary noise is an encrypted book, not a binary file."""
+    try:
+        return decode_html(z.read(path))
+    except NotText:
+        raise IngestError(f"{DRM_MESSAGE} (its text {path!r} is not readable: encrypted)") from None
 
 
 def _find_opf(z: SafeZip) -> str:
@@ -211,7 +222,7 @@ def load_epub(data: bytes, options) -> Document:
             if not z.has(item["path"]):
                 log.warning("EPUB spine item missing: %s", item["path"])
                 continue
-            blocks, hmeta = html_to_blocks(decode_html(z.read(item["path"])), options.skip_footnotes)
+            blocks, hmeta = html_to_blocks(_chapter_text(z, item["path"]), options.skip_footnotes)
             language = language or hmeta.get("language")
             if blocks:
                 all_blocks.extend(_file_blocks(blocks, titles.get(item["path"])))

@@ -25,6 +25,7 @@ from typing import Optional
 
 from jobs.document import Document
 from jobs.errors import IngestError, JobError
+from jobs.ingest import MAX_FILE_MB
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,14 @@ class IngestCancelled(JobError):
 
 @dataclass(frozen=True)
 class IngestLimits:
-    """Limits for parsing one file (config: jobs.ingest_cpu_s, jobs.ingest_memory_mb, jobs.ingest_wall_s)."""
+    """Limits for parsing files (config: jobs.ingest_cpu_s, jobs.ingest_memory_mb, jobs.ingest_wall_s per
+    file; jobs.max_file_mb the largest file; jobs.ingest_parallel files parsed at once by the inbox)."""
 
     cpu_s: float = 120.0
     memory_mb: int = 2048
     wall_s: float = 300.0
+    file_mb: int = MAX_FILE_MB
+    parallel: int = 2
 
     @classmethod
     def from_config(cls, jobs_section) -> "IngestLimits":
@@ -50,7 +54,9 @@ class IngestLimits:
         d = cls()
         return cls(cpu_s=float(getattr(jobs_section, "ingest_cpu_s", d.cpu_s)),
                    memory_mb=int(getattr(jobs_section, "ingest_memory_mb", d.memory_mb)),
-                   wall_s=float(getattr(jobs_section, "ingest_wall_s", d.wall_s)))
+                   wall_s=float(getattr(jobs_section, "ingest_wall_s", d.wall_s)),
+                   file_mb=int(getattr(jobs_section, "max_file_mb", d.file_mb)),
+                   parallel=int(getattr(jobs_section, "ingest_parallel", d.parallel)))
 
 
 _live: dict[subprocess.Popen, threading.Event] = {}  # running children -> their cancel flag
@@ -92,7 +98,7 @@ def _child_command() -> tuple[list[str], dict]:
 
 def load_document_isolated(path: str | Path, options=None, limits: Optional[IngestLimits] = None,
                            cancel: Optional[threading.Event] = None) -> Document:
-    """:func:`jobs.ingest.load_document` in a child process under `limits`.
+    """:func:`jobs.ingest.load_document` in a child process under `limits` (its file_mb caps the size).
 
     Raises IngestError for bad input or a file over a limit, IngestCancelled when `cancel` is set
     (or :func:`cancel_all` runs) before the child is done.
@@ -100,7 +106,8 @@ def load_document_isolated(path: str | Path, options=None, limits: Optional[Inge
     from jobs.ingest import IngestOptions
 
     path, limits = Path(path), limits or IngestLimits()
-    request = json.dumps({"path": str(path), "options": _options_json(options or IngestOptions()),
+    options = dataclasses.replace(options or IngestOptions(), max_bytes=limits.file_mb << 20)
+    request = json.dumps({"path": str(path), "options": _options_json(options),
                           "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb}).encode("utf-8")
     cmd, env = _child_command()
     cancelled = threading.Event()

@@ -1,0 +1,75 @@
+"""The live systemd test cannot pass by skipping: the container's systemd is waited for until its bus
+answers (a state other than running/degraded is a failure), and with $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
+set (as .ci/run does) a skipped `system` test fails the run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import nspawn_util
+from nspawn_util import BootFailed, Container
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _container(answers: list[tuple[str, str]]) -> tuple[Container, list]:
+    """A Container that was never booted, whose `systemctl is-system-running` gives `answers` in turn."""
+    c = Container(Path("/nonexistent-root"), [], boot_timeout=5)
+    calls = []
+
+    def run(*argv, check=True, timeout=60, **kw):
+        calls.append(argv)
+        out, err = answers[min(len(calls), len(answers)) - 1]
+        return subprocess.CompletedProcess(argv, 1, out, err)
+
+    c.run, c._check_alive = run, lambda: None
+    return c, calls
+
+
+def test_systemd_is_asked_again_until_its_bus_answers():
+    c, calls = _container([("", "Failed to connect to bus: No such file or directory"), ("offline\n", ""),
+                           ("degraded\n", "")])
+    assert c.wait_for_systemd(time.monotonic() + 30) == "degraded"
+    assert len(calls) == 3 and calls[0] == ("systemctl", "is-system-running", "--wait")
+
+
+def test_a_container_whose_systemd_fails_is_a_failure_not_a_skip():
+    c, _ = _container([("maintenance\n", "")])
+    with pytest.raises(BootFailed, match="'maintenance'"):
+        c.wait_for_systemd(time.monotonic() + 30)
+    assert not issubclass(BootFailed, nspawn_util.Unavailable)  # the live test skips only on Unavailable
+    c, calls = _container([("", "Failed to connect to bus")])
+    with pytest.raises(BootFailed, match="did not answer"):
+        c.wait_for_systemd(time.monotonic() + 0.5)
+    assert len(calls) >= 2
+
+
+GATED = """
+import pytest
+
+@pytest.mark.system
+def test_needs_systemd():
+    pytest.skip("no systemd-nspawn here")
+
+def test_other_skip():
+    pytest.skip("not a system test")
+"""
+
+
+@pytest.mark.parametrize("require", ["", "0", "1"])
+def test_a_skipped_system_test_fails_where_they_are_required(tmp_path, require):
+    (tmp_path / "test_gated.py").write_text(GATED)
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS": require}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_gated.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    if require == "1":
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "1 failed, 1 skipped" in r.stdout and "must run here, but it skipped: no systemd-nspawn here" in r.stdout
+    else:
+        assert r.returncode == 0 and "2 skipped" in r.stdout, r.stdout + r.stderr
