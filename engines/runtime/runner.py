@@ -220,12 +220,13 @@ class EngineRunner:
     def model_id(self) -> str:
         return self.engine.model_id
 
-    def submit(self, request: SynthesisRequest, priority: int = 0) -> StreamHandle:
-        """Queue a request; streams (priority 0) go before batch work (higher numbers)."""
+    def submit(self, request: SynthesisRequest, priority: int = 0, handle: Optional[StreamHandle] = None) -> StreamHandle:
+        """Queue a request; streams (priority 0) go before batch work (higher numbers). `handle`: the
+        StreamHandle (or subclass) its output goes to (default: a new one)."""
         with self._cv:
             if self.sched.full(priority):
                 raise EngineBusy(f"busy: {len(self.sched.queue)} requests already waiting; retry shortly")
-            handle = StreamHandle(self, self.engine.sample_rate)
+            handle = handle or StreamHandle(self, self.engine.sample_rate)
             seq = _Seq(handle, request)
             if seq.feed is not None:
                 seq.feed.on_change = self.wake
