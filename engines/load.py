@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,14 +25,22 @@ def device_context(device: str):
     return torch.cuda.device(torch.device(device)) if str(device).startswith("cuda") else contextlib.nullcontext()
 
 
-def slot_plan(spec: EngineSpec, engine) -> tuple[int, str]:
-    """(slots, why): spec.max_slots when it is a number, else what fits next to the loaded engine."""
-    if str(spec.max_slots) != "auto":
-        return int(spec.max_slots), "configured"
+def settings(spec: EngineSpec) -> dict:
+    """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
+    the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
+    engines.runtime.memory). The one place these are decided: the loader runs with it, `info` shows it."""
+    from engines.model.checkpoint import resolve_dtype
+    from engines.model.config import CodecConfig, ModelConfig
     from engines.runtime import memory
 
-    plan = memory.plan_for_engine(engine, spec.max_context)
-    return plan.slots, plan.describe()
+    dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
+    out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context}
+    if str(spec.max_slots) != "auto":
+        return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
+    path = Path(spec.model)
+    plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
+                             dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype))
+    return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
 
 
 def load_runner(spec: EngineSpec):
@@ -45,19 +54,18 @@ def load_runner(spec: EngineSpec):
         torch.set_num_threads(spec.threads)
     t0 = time.monotonic()
     with device_context(spec.device):
-        engine = TTSEngine.load(spec.model, device=spec.device, dtype=spec.dtype, voices_dir=spec.voices_dir)
+        chosen = settings(spec)
+        engine = TTSEngine.load(spec.model, device=spec.device, dtype=chosen["dtype"], voices_dir=spec.voices_dir)
         log.info("loaded %s (%s) on %s in %s in %.1f s", spec.model, engine.model_type, spec.device, engine.dtype,
                  time.monotonic() - t0)
-        slots, why = slot_plan(spec, engine)
-        settings = {"device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", ""),
-                    "max_context": spec.max_context, "max_slots": slots, "slots_reason": why}
-        log.info("runtime: %s, %s, %d slots of %d positions (%s)", settings["device"], settings["dtype"], slots,
-                 spec.max_context, why)
+        slots = chosen["max_slots"]
+        log.info("runtime: %s, %s, %d slots of %d positions (%s)", chosen["device"], chosen["dtype"], slots,
+                 spec.max_context, chosen["slots_reason"])
         runner = EngineRunner(engine, max_slots=slots, max_queue=spec.max_queue, max_context=spec.max_context,
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               engine_cache=spec.engine_cache)
-    runner.settings = settings
+    runner.settings = chosen
     return runner
 
 

@@ -85,6 +85,7 @@ class EngineProcess:
         self._stats_at = 0.0
         self._up = threading.Event()  # serving (ready and not dead)
         self._stopping = False
+        self._starting = False
         self._reader: Optional[threading.Thread] = None
         self.last_exit: Optional[str] = None  # why the last process ended
 
@@ -290,8 +291,8 @@ class EngineProcess:
             for h in lost:
                 h.fail(EngineUnavailable(f"the engine on {self.device} stopped"))
             return
-        log.error("engine process on %s ended (%s); %d requests in flight failed; starting it again",
-                  self.device, self.last_exit, len(lost))
+        log.error("engine process on %s ended (%s); %d requests in flight failed%s", self.device, self.last_exit,
+                  len(lost), "; starting it again" if self.restart else "")
         err = EngineUnavailable(f"the engine on {self.device} stopped ({self.last_exit}); retry shortly")
         for h in lost:
             h.fail(err)
@@ -299,6 +300,27 @@ class EngineProcess:
             fut.set_exception(err)
         if self.restart:
             threading.Thread(target=self._restart, name=f"engine-restart-{self.device}", daemon=True).start()
+
+    def restart_async(self) -> None:
+        """Start the process again in a thread of its own (no-op while a start is under way or it runs):
+        for a supervisor that must not wait minutes for a start-up."""
+        with self._lock:
+            if self._up.is_set() or self._starting or self._stopping:
+                return
+            self._starting = True
+
+        def run():
+            try:
+                self.start()
+                self.wait_ready()
+                log.info("engine on %s is back (start %d)", self.device, self.starts)
+            except EngineStartError as exc:
+                self.last_exit = str(exc)
+                log.error("%s", exc)
+            finally:
+                self._starting = False
+
+        threading.Thread(target=run, name=f"engine-start-{self.device}", daemon=True).start()
 
     def _restart(self) -> None:
         for attempt in itertools.count():

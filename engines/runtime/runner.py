@@ -116,6 +116,15 @@ class EngineRunner:
         return self.engine.model_id
 
     @property
+    def max_slots(self) -> int:
+        return self.cfg.max_slots
+
+    @property
+    def alive(self) -> bool:
+        """Serving: the loop thread runs (what a watchdog and /health ask of every engine)."""
+        return self.running
+
+    @property
     def steps(self) -> int:
         return self.model.steps
 
