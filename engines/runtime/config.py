@@ -10,6 +10,8 @@ class EngineConfig:
     max_slots: int = 64
     max_queue: int = 256
     stream_reserve: int = -1  # slots batch work leaves free while streams are about (-1: a quarter of the slots)
+    batch_admit_streams: int = 2  # batch requests admitted per loop iteration while streams are about
+    prefill_rows_streams: int = 2  # rows of the prefill group batch work leaves free while streams are about
     max_context: int = 2048  # talker cache length per slot (prompt + frames)
     max_text_rows: int = 1024  # streaming-text rows per request
     prefill_chunk: int = 256  # prompt tokens per request per loop iteration (keeps streams flowing)

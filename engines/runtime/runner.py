@@ -86,7 +86,8 @@ class EngineRunner:
             ln.before_capture = self._drain
             ln.use_stream(cfg.codec_streams)
         reserve = n // 4 if cfg.stream_reserve < 0 else cfg.stream_reserve
-        self.sched = Scheduler(n, cfg.max_queue, cfg.prefill_batch, reserve)
+        self.sched = Scheduler(n, cfg.max_queue, cfg.prefill_batch, reserve, cfg.batch_admit_streams,
+                               cfg.prefill_rows_streams)
         self.slots = self.sched.slots
         self._inflight: Optional[Step] = None
         self._cv = threading.Condition()

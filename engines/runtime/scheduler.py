@@ -129,9 +129,12 @@ class Scheduler:
     threads push under `lock`.
     """
 
-    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int, stream_reserve: int = 0):
+    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int, stream_reserve: int = 0,
+                 batch_admit: int = 1 << 30, stream_rows: int = 0):
         self.max_slots, self.prefill_batch = max_slots, prefill_batch
         self.stream_reserve = min(stream_reserve, max_slots - 1) if max_slots > 1 else 0
+        # while streams are about: batch requests picked per iteration, prefill-group rows kept for streams
+        self.batch_admit, self.stream_rows = max(1, batch_admit), min(stream_rows, prefill_batch - 1)
         self.last_stream = float("-inf")  # time.monotonic() of the latest stream's arrival
         self.queue = AdmissionQueue(max_queue)
         self.slots = SlotMap(max_slots)
@@ -151,12 +154,22 @@ class Scheduler:
         """Whether a stream arrived within STREAM_WINDOW_S (batch work then yields to streams)."""
         return time.monotonic() - self.last_stream < STREAM_WINDOW_S
 
-    def batch_blocked(self, group: list) -> bool:
-        """Whether batch work must wait: streams are about and batch rows already fill all slots but the
-        reserve (rows in slots and in the prefill group count)."""
-        if not self.stream_reserve or not self.streams_about():
+    def batch_blocked(self, group: list, picked_now: int = 0) -> bool:
+        """Whether batch work must wait, which it does only while streams are about: when `batch_admit` batch
+        requests were picked in this iteration already (book segments join steadily, not in bursts that
+        make one iteration long), when batch rows fill the prefill group but `stream_rows` (a stream never
+        waits for a free side row), or when batch rows fill all slots but the reserve (rows in slots and in
+        the prefill group count)."""
+        if not self.streams_about():
             return False
-        batch = sum(1 for s in self.slots.seqs if s.priority > 0) + sum(1 for s in group if s.priority > 0)
+        if picked_now >= self.batch_admit:
+            return True
+        in_group = sum(1 for s in group if s.priority > 0)
+        if in_group >= self.prefill_batch - self.stream_rows:
+            return True
+        if not self.stream_reserve:
+            return False
+        batch = sum(1 for s in self.slots.seqs if s.priority > 0) + in_group
         return batch >= self.max_slots - self.stream_reserve
 
     @property
@@ -172,7 +185,8 @@ class Scheduler:
         with self.lock:
             while (len(self.prefilling) + len(picked) < self.prefill_batch and len(self.queue)
                    and self.slots.n_active + len(self.prefilling) + len(picked) < self.max_slots):
-                if self.queue.peek_priority() > 0 and self.batch_blocked(self.prefilling + picked):
+                if self.queue.peek_priority() > 0 and self.batch_blocked(self.prefilling + picked,
+                                                                         sum(1 for p in picked if p.priority > 0)):
                     break
                 head = self.queue.peek()
                 if head.handle.cancelled:
