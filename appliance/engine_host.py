@@ -11,10 +11,7 @@ while streams wait on every engine (`streams_waiting`).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -193,28 +190,10 @@ class EngineHost:
         return all(self.pool.streams_waiting(i) for i in range(len(self.runners)))
 
     async def aiter_chunks(self, handle):
-        """Iterate a handle's chunks from asyncio (a pump thread does the blocking iteration)."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-
-        def pump():
-            try:
-                for chunk in handle:
-                    self.progress += 1
-                    loop.call_soon_threadsafe(q.put_nowait, ("chunk", chunk))
-                loop.call_soon_threadsafe(q.put_nowait, ("end", None))
-            except BaseException as exc:  # the request's error, raised in the consumer
-                loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
-
-        threading.Thread(target=pump, name="stream-pump", daemon=True).start()
-        while True:
-            kind, item = await q.get()
-            if kind == "chunk":
-                yield item
-            elif kind == "error":
-                raise item
-            else:
-                return
+        """Iterate a handle's chunks from asyncio (the watchdog counts them as progress)."""
+        async for chunk in handle.chunks():
+            self.progress += 1
+            yield chunk
 
     def stats(self) -> dict:
         """The pool's figures (summed over engines, `engines` per engine) and `streams` being served."""
