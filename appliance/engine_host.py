@@ -11,14 +11,13 @@ while streams wait on every engine (`streams_waiting`).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
 from pathlib import Path
 from typing import Optional
 
-from engines.runtime.runner import EngineBusy, EngineConfig, EngineRunner  # noqa: F401 - EngineBusy re-exported
+from engines.api import EngineSpec
+from engines.load import load_runner as load_runner_spec
+from engines.runtime.runner import EngineBusy, EngineRunner  # noqa: F401 - EngineBusy re-exported
 
 from appliance.config import Config
 from appliance.engine_pool import BATCH_PRIORITY, STREAM_PRIORITY, EnginePool  # noqa: F401 - re-exported
@@ -28,41 +27,14 @@ log = logging.getLogger(__name__)
 WARMUP_TEXT = "Warm-up."
 
 
-def device_context(device: str):
-    """Make `device` the current CUDA device for a block (model loading, graph capture); a no-op elsewhere."""
-    import contextlib
-
-    import torch
-
-    return torch.cuda.device(torch.device(device)) if str(device).startswith("cuda") else contextlib.nullcontext()
-
-
-def runtime_settings(cfg: Config, engine=None, max_slots: Optional[int] = None, device: Optional[str] = None) -> dict:
-    """The values `auto` stands for on this machine: device, dtype and slot count (with how they were
-    chosen). With a loaded `engine` the slot count comes from the memory left after its weights; without,
-    from the checkpoint's shape and the weights still to load (for `info` and `--print-config`).
-    `device`: one of the devices of model.device (default its first)."""
+def runtime_settings(cfg: Config, device: Optional[str] = None) -> dict:
+    """What `auto` stands for on this machine for the engine on `device` (default model.device's first):
+    device, dtype and slot count with how they were chosen (engines.load.settings: what the engine itself
+    runs with), for `info` and `--print-config`."""
     from engines.device.detect import resolve_device
-    from engines.model.checkpoint import resolve_dtype
-    from engines.runtime import memory
+    from engines.load import settings
 
-    r = cfg.runtime
-    device = str(engine.device) if engine is not None else (device or resolve_device(cfg.model.device))
-    dtype = engine.dtype if engine is not None else resolve_dtype(cfg.model.dtype, device)
-    out = {"device": device, "dtype": str(dtype).replace("torch.", ""), "max_context": r.max_context}
-    if max_slots or str(r.max_slots) != "auto":
-        out.update(max_slots=int(max_slots or r.max_slots), slots_reason="configured")
-        return out
-    if engine is not None:
-        plan = memory.plan_for_engine(engine, r.max_context)
-    else:
-        from engines.model.config import CodecConfig, ModelConfig
-
-        path = Path(cfg.require_model())
-        plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), device,
-                                 dtype, r.max_context, still_to_load=memory.weights_bytes(path, dtype))
-    out.update(max_slots=plan.slots, slots_reason=plan.describe())
-    return out
+    return settings(engine_spec(cfg, device or resolve_device(cfg.model.device)))
 
 
 def all_runtime_settings(cfg: Config) -> list[dict]:
@@ -72,52 +44,42 @@ def all_runtime_settings(cfg: Config) -> list[dict]:
     return [runtime_settings(cfg, device=d) for d in resolve_devices(cfg.model.device)]
 
 
+def voices_dir(cfg: Config) -> Path:
+    """Where saved cloned voices live: model.voices_dir, else HOME/voices."""
+    return Path(cfg.model.voices_dir or cfg.home().home / "voices").expanduser()
+
+
+def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[int] = None,
+                max_queue: Optional[int] = None) -> EngineSpec:
+    """What the settings `cfg` make of one engine on `device` (one of model.device's): the checkpoint,
+    dtype, voices folder, CPU threads and the runtime section; `max_slots` / `max_queue` override
+    runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
+    m, r = cfg.model, cfg.runtime
+    return EngineSpec(model=str(Path(cfg.require_model()).expanduser().resolve()), device=device, dtype=m.dtype,
+                      voices_dir=str(voices_dir(cfg)), threads=cfg.torch_threads(),
+                      max_slots=max_slots or r.max_slots, max_queue=max_queue or r.max_queue,
+                      max_context=r.max_context, codec=r.codec, codec_fast=r.codec_fast,
+                      prefill_graphs=r.prefill_graphs, warmup=warmup)
+
+
 def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Optional[int] = None,
                 device: Optional[str] = None) -> EngineRunner:
-    """The checkpoint of the settings `cfg` behind an EngineRunner (its loop not started:
-    `synthesize()` runs it in the calling thread, `start()` in a thread of its own).
-
-    model.path on `device` (default model.device, its first device when it names several:
-    engines.device.detect.resolve_device) in model.dtype (auto: bfloat16 on
-    an accelerator, float32 on the CPU), saved voices from model.voices_dir (default HOME/voices),
-    model.threads torch threads (as Config.torch_threads decides); `max_slots` requests decoded together
-    (default runtime.max_slots; auto: what fits in the free memory, engines.runtime.memory),
-    runtime.max_context cache positions each,
-    `max_queue` streams waiting (default runtime.max_queue), codes decoded by the runtime.codec backend.
-    The chosen values are logged and kept in `runner.settings`. ConfigError when no model is configured.
-    """
-    import torch
-
-    from engines.api import TTSEngine
+    """The checkpoint of the settings `cfg` behind an EngineRunner in this process (its loop not started:
+    `synthesize()` runs it in the calling thread, `start()` in a thread of its own): `engine_spec` on
+    `device` (default model.device, its first device when it names several), loaded by
+    engines.load.load_runner (the chosen values logged and kept in `runner.settings`). ConfigError when no
+    model is configured."""
     from engines.device.detect import resolve_device
+    from engines.load import load_runner as load
 
-    m = cfg.model
-    path = cfg.require_model()
-    threads = cfg.torch_threads()
-    torch.set_num_threads(threads)
-    log.info("torch CPU threads: %d (model.threads %s)", threads, m.threads)
-    device = device or resolve_device(m.device)
-    t0 = time.monotonic()
-    with device_context(device):
-        engine = TTSEngine.load(path, device=device, dtype=m.dtype,
-                                voices_dir=m.voices_dir or str(cfg.home().home / "voices"))
-        log.info("loaded %s (%s) on %s in %s in %.1f s", path, engine.model_type, device, engine.dtype,
-                 time.monotonic() - t0)
-        chosen = runtime_settings(cfg, engine, max_slots)
-        slots = chosen["max_slots"]
-        log.info("runtime: %s, %s, %d slots of %d positions (%s)", chosen["device"], chosen["dtype"], slots,
-                 chosen["max_context"], chosen["slots_reason"])
-        runner = EngineRunner(engine, max_slots=slots, max_queue=max_queue or cfg.runtime.max_queue,
-                              max_context=cfg.runtime.max_context,
-                              prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=cfg.runtime.codec,
-                              prefill_graphs=cfg.runtime.prefill_graphs, codec_fast=cfg.runtime.codec_fast)
-    runner.settings = chosen
-    return runner
+    return load(engine_spec(cfg, device or resolve_device(cfg.model.device), max_slots=max_slots,
+                            max_queue=max_queue))
 
 
 class EngineHost:
-    """Loads one engine per device of model.device and serves them as one `EnginePool` (`pool`);
-    `runner` and `engine` are the first (what every engine shares: voices, languages, sample rate)."""
+    """The daemon's engines: one per device of model.device, each in a process of its own
+    (runtime.engine_process, engines.process) or in this one, served as one `EnginePool` (`pool`);
+    `engine` is the checkpoint's `Catalog` (voices, languages, sample rate: what every engine shares)."""
 
     def __init__(self, cfg, metrics=None):
         self.cfg, self.metrics = cfg, metrics
@@ -139,43 +101,59 @@ class EngineHost:
         return self.pool.runners if self.pool else []
 
     def load(self) -> None:
-        """Load the model on every device, capture every device graph (no capture on the request path),
-        start the loops. Devices are loaded one after the other: compiled regions made for the first are
-        loaded from the cache by the next."""
+        """Start an engine on every device (load, capture every device graph: no capture on the request
+        path; speak the warm-up request with model.warmup), all at once with engine processes, one after the
+        other in this process (compiled regions made for the first are loaded from the cache by the next).
+        A device whose engine cannot start ends the start with a one-line error (EngineStartError)."""
+        from engines.catalog import Catalog
         from engines.device.detect import resolve_devices
+        from engines.load import ready
 
-        devices = resolve_devices(self.cfg.model.device)
-        runners = []
-        for dev in devices:
-            runner = load_runner(self.cfg, device=dev)
-            with device_context(dev):
-                runner.prepare()
-            runner.start()
-            runners.append(runner)
-        self.pool = EnginePool(runners)
-        self.engine = runners[0].engine
-        if len(runners) > 1:
-            log.info("%d engines: %s (%d slots in all)", len(runners),
-                     ", ".join(f"{r.settings['device']} {r.cfg.max_slots} slots" for r in runners),
-                     sum(r.cfg.max_slots for r in runners))
+        cfg = self.cfg
+        self.engine = Catalog.from_dir(Path(cfg.require_model()).expanduser(), voices_dir(cfg))
+        warmup = self.request(WARMUP_TEXT, voice=self.default_voice(), max_frames=4, seed=0) \
+            if cfg.model.warmup else None
+        if cfg.model.warmup and warmup is None:
+            log.info("warm-up skipped (a Base checkpoint without saved voices has nothing to say)")
+        specs = [engine_spec(cfg, dev, warmup) for dev in resolve_devices(cfg.model.device)]
+        if cfg.runtime.engine_process:
+            engines = self._start_processes(specs)
+        else:
+            engines = []
+            for spec in specs:
+                runner = load_runner_spec(spec)
+                ready(runner, spec)
+                engines.append(runner)
+        self.pool = EnginePool(engines, self.engine)
+        if len(engines) > 1:
+            log.info("%d engines: %s (%d slots in all)", len(engines),
+                     ", ".join(f"{r.settings['device']} {r.max_slots} slots" for r in engines),
+                     sum(r.max_slots for r in engines))
+
+    def _start_processes(self, specs: list) -> list:
+        from functools import partial
+
+        from appliance.logs import setup_logging
+        from engines.process.proxy import EngineProcess
+
+        engines = [EngineProcess(spec, init=partial(setup_logging, self.cfg.service.log_level), restart=False)
+                   for spec in specs]
+        try:
+            for e in engines:
+                e.start()
+            for e in engines:
+                e.wait_ready()
+        except BaseException:
+            for e in engines:
+                e.stop(5.0)
+            raise
+        return engines
 
     @property
     def settings(self) -> list[dict]:
         """The chosen runtime values of each engine (device, dtype, slots and why)."""
-        return [getattr(r, "settings", None) or {"device": str(r.device), "max_slots": r.cfg.max_slots}
+        return [getattr(r, "settings", None) or {"device": str(r.device), "max_slots": r.max_slots}
                 for r in self.runners]
-
-    def warm_up(self) -> None:
-        """One short synthesis per engine so the first real request does not pay for lazy initialisation."""
-        req = self.request(WARMUP_TEXT, voice=self.default_voice(), language="auto", max_frames=4, seed=0)
-        if req is None:
-            log.info("warm-up skipped (a Base checkpoint without saved voices has nothing to say)")
-            return
-        for runner in self.runners:
-            t0 = time.monotonic()
-            for _ in runner.submit(req, priority=STREAM_PRIORITY):
-                self.progress += 1
-            log.info("warm-up on %s done in %.2f s", runner.device, time.monotonic() - t0)
 
     def default_voice(self) -> Optional[str]:
         voices = self.engine.voices
@@ -212,28 +190,10 @@ class EngineHost:
         return all(self.pool.streams_waiting(i) for i in range(len(self.runners)))
 
     async def aiter_chunks(self, handle):
-        """Iterate a handle's chunks from asyncio (a pump thread does the blocking iteration)."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-
-        def pump():
-            try:
-                for chunk in handle:
-                    self.progress += 1
-                    loop.call_soon_threadsafe(q.put_nowait, ("chunk", chunk))
-                loop.call_soon_threadsafe(q.put_nowait, ("end", None))
-            except BaseException as exc:  # the request's error, raised in the consumer
-                loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
-
-        threading.Thread(target=pump, name="stream-pump", daemon=True).start()
-        while True:
-            kind, item = await q.get()
-            if kind == "chunk":
-                yield item
-            elif kind == "error":
-                raise item
-            else:
-                return
+        """Iterate a handle's chunks from asyncio (the watchdog counts them as progress)."""
+        async for chunk in handle.chunks():
+            self.progress += 1
+            yield chunk
 
     def stats(self) -> dict:
         """The pool's figures (summed over engines, `engines` per engine) and `streams` being served."""

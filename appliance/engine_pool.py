@@ -30,12 +30,14 @@ BATCH_PRIORITY = 1
 
 
 class EnginePool:
-    """One or more started EngineRunners (`runners`, same checkpoint) used as one."""
+    """One or more started engines (`runners`: EngineRunners in this process or EngineProcesses, same
+    checkpoint) used as one; `catalog` answers what the checkpoint offers (engines.catalog)."""
 
-    def __init__(self, runners: list):
+    def __init__(self, runners: list, catalog=None):
         if not runners:
             raise ValueError("an engine pool needs at least one runner")
         self.runners = list(runners)
+        self.catalog = catalog if catalog is not None else self.runners[0].engine
         self.streams = [0] * len(self.runners)  # streaming requests being served, per engine
         self._owner: dict = {}  # stream handle -> index of its engine
         self._lock = threading.Lock()
@@ -43,7 +45,7 @@ class EnginePool:
     # -- what callers read from "the" engine (every engine runs the same checkpoint) ------------------
     @property
     def engine(self):
-        return self.runners[0].engine
+        return self.catalog
 
     @property
     def sample_rate(self) -> int:
@@ -51,11 +53,11 @@ class EnginePool:
 
     @property
     def voices(self) -> list:
-        return self.runners[0].voices
+        return self.catalog.voices
 
     @property
     def languages(self) -> list:
-        return self.runners[0].languages
+        return self.catalog.languages
 
     @property
     def model_id(self) -> str:
@@ -77,7 +79,7 @@ class EnginePool:
     def streams_waiting(self, i: int) -> bool:
         """True when streams fill every slot of engine `i` or requests wait there behind streams."""
         n, r = self.streams[i], self.runners[i]
-        return n >= r.cfg.max_slots or (n > 0 and bool(r.stats().get("queued")))
+        return n >= r.max_slots or (n > 0 and bool(r.stats().get("queued")))
 
     def order(self, priority: int) -> list[int]:
         """Engine indices, best first, for a request of `priority`."""
@@ -127,8 +129,7 @@ class EnginePool:
         per = []
         for i, r in enumerate(self.runners):
             s = {**(getattr(r, "settings", None) or {}), **r.stats()}  # chosen dtype, slots and why; load
-            thread = getattr(r, "_thread", None)
-            s.update(device=str(r.device), streams=self.streams[i], alive=thread is None or thread.is_alive())
+            s.update(device=str(r.device), streams=self.streams[i], alive=r.alive)
             per.append(s)
         out = {k: sum(s.get(k, 0) for s in per) for k in ("active_slots", "queued", "steps", "frames", "graphs",
                                                             "max_slots")}

@@ -67,7 +67,7 @@ def engines_info(cfg: Config) -> list:
     from engines.device.detect import resolve_devices
 
     cfg.require_model()
-    return [_guard(runtime_settings, cfg, None, None, dev) for dev in resolve_devices(cfg.model.device)]
+    return [_guard(runtime_settings, cfg, dev) for dev in resolve_devices(cfg.model.device)]
 
 
 def codec_info(cfg: Config) -> dict:

@@ -39,6 +39,13 @@ def drain(runner: EngineRunner, handles: list) -> None:
         runner.step_once()
 
 
+def step(runner: EngineRunner, n: int) -> None:
+    """One decode step over slots [0, n) as the loop would run it (its bucket's graph, or eagerly)."""
+    m, seqs = runner.model, runner.slots.seqs
+    b, length = m.bucket(seqs, n)
+    m.run_step(b, length, m.k_cap(seqs, b))
+
+
 def time_steps(runner: EngineRunner, n: int, reps: int) -> float:
     runner._decode(n)  # the bucket's graph (captured now if new)
     runner._drain()
@@ -46,7 +53,7 @@ def time_steps(runner: EngineRunner, n: int, reps: int) -> float:
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        runner._run_step(*runner._bucket(n))
+        step(runner, n)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
@@ -57,14 +64,13 @@ def kernels_per_step(runner: EngineRunner, n: int) -> int:
     """CUDA kernels of one step run eagerly (the graph replays the same kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
-    b, length = runner._bucket(n)
-    runner.use_graphs = False
+    runner.model.use_graphs = False
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner._run_step(b, length)
+            step(runner, n)
             torch.cuda.synchronize()
     finally:
-        runner.use_graphs = True
+        runner.model.use_graphs = True
     return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
 
 

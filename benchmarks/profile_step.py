@@ -27,10 +27,10 @@ def main() -> None:
         while runner.slots.n_active < b:
             runner.step_once()
         for _ in range(3):
-            runner._run_step(b, 256)
+            runner.model.run_step(b, 256, runner.model.k_cap(runner.slots.seqs, b))
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner._run_step(b, 256)
+            runner.model.run_step(b, 256, runner.model.k_cap(runner.slots.seqs, b))
             torch.cuda.synchronize()
         events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         total = sum(e.self_device_time_total for e in events)

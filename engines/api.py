@@ -45,6 +45,32 @@ class SynthesisResult:
     finished_by_eos: bool
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything one engine needs to load on one device: the daemon's settings decide it once
+    (appliance.config), `engines.load.load_runner` loads it, in this process or in an engine process
+    of its own (`engines.process`).
+
+    max_slots: a number, or "auto" (what fits in the device's free memory, engines.runtime.memory).
+    warmup: a short request spoken once after start-up (None: none), so the first real one pays for nothing.
+    """
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    voices_dir: Optional[str] = None
+    threads: int = 0  # torch CPU threads (0: torch's choice)
+    max_slots: object = "auto"  # int | "auto"
+    max_queue: int = 16
+    max_context: int = 2048
+    codec: str = "torch"
+    codec_fast: Optional[bool] = None
+    prefill_graphs: bool = True
+    engine_cache: Optional[str] = None
+    prepare: bool = True  # capture every device graph before serving
+    warmup: Optional[SynthesisRequest] = None
+
+
 def __getattr__(name):  # `from engines.api import TTSEngine` without an import cycle
     if name == "TTSEngine":
         from engines.engine import TTSEngine

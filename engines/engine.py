@@ -13,6 +13,7 @@ from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.sampling import SamplingParams
 from engines.model.checkpoint import load_weights, resolve_dtype, weights_hash
 from engines.model.config import CodecConfig
+from engines.catalog import VOICE_SUFFIX, Catalog  # noqa: F401 - VOICE_SUFFIX re-exported
 from engines.model.errors import BadInput, LanguageNotSupported, UnsupportedMode, VoiceNotFound
 from engines.model.generate import generate
 from engines.model.prompt import PromptBuilder, PromptSpec
@@ -21,7 +22,6 @@ from engines.model.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
-VOICE_SUFFIX = ".voice"
 FRAMES_PER_S = 12.5
 
 
@@ -31,22 +31,19 @@ def runaway_frames(text: str, floor_s: float = 10.0, factor: float = 4.0) -> int
     return int(FRAMES_PER_S * max(floor_s, factor * expected_seconds(text))) + 1
 
 
-class TTSEngine:
-    """A Qwen3-TTS checkpoint on one device.
-
-    Attributes: `sample_rate`, `model_type` (base / custom_voice / voice_design), `voices`,
-    `languages`, `model_id` (folder name + weights hash: what cached audio is keyed by).
+class TTSEngine(Catalog):
+    """A Qwen3-TTS checkpoint on one device: what it offers (`Catalog`: `sample_rate`, `model_type`,
+    `voices`, `languages`) and `model_id` (folder name + weights hash: what cached audio is keyed by).
     """
 
     def __init__(self, root: Optional[Path], cfg, weights, tokenizer, codec_cfg, decoder, defaults,
                  device, dtype: torch.dtype, voices_dir: Optional[Path] = None, model_id: str = ""):
-        self.root, self.device, self.dtype = root, torch.device(device), dtype
-        self.cfg, self.weights, self.talker = cfg, weights, weights.talker
-        self.tokenizer, self.codec_cfg, self.decoder, self.defaults = tokenizer, codec_cfg, decoder, defaults
+        super().__init__(root, cfg, codec_cfg, voices_dir)
+        self.device, self.dtype = torch.device(device), dtype
+        self.weights, self.talker = weights, weights.talker
+        self.tokenizer, self.decoder, self.defaults = tokenizer, decoder, defaults
         self._encoder = None
-        self._saved_voices: dict = {}  # path -> ((mtime_ns, size), ClonedVoice)
         self.prompts = PromptBuilder(self.cfg, self.tokenizer, self.talker)
-        self.voices_dir = voices_dir
         self.model_id = model_id
 
     @classmethod
@@ -64,39 +61,6 @@ class TTSEngine:
         return cls(root, cfg, weights, TextTokenizer.from_dir(root), CodecConfig.from_dir(root / "speech_tokenizer"),
                    load_codec_decoder(root / "speech_tokenizer", dev, dt), SamplingParams.from_generation_config(root),
                    dev, dt, Path(voices_dir) if voices_dir else None, model_id)
-
-    # ----- what this checkpoint offers -------------------------------------------------------
-    @property
-    def sample_rate(self) -> int:
-        return self.codec_cfg.output_sample_rate
-
-    @property
-    def model_type(self) -> str:
-        return self.cfg.tts_model_type
-
-    @property
-    def supports_instruct(self) -> bool:
-        """VoiceDesign always; CustomVoice only on the larger (1.7B) checkpoints, as the official package."""
-        size = self.cfg.tts_model_size
-        return self.model_type == "voice_design" or (self.model_type == "custom_voice" and size not in "0b6")
-
-    @property
-    def test_model(self) -> str:
-        """Why this checkpoint makes no speech ("random weights: ..."), for test checkpoints; else ""."""
-        return self.cfg.test_model
-
-    @property
-    def languages(self) -> list[str]:
-        return self.cfg.talker.languages
-
-    @property
-    def voices(self) -> list[str]:
-        """CustomVoice speakers, or the saved cloned voices of a Base checkpoint."""
-        if self.model_type == "custom_voice":
-            return sorted(self.cfg.talker.spk_id)
-        if self.model_type == "base" and self.voices_dir and self.voices_dir.is_dir():
-            return sorted(p.name[: -len(VOICE_SUFFIX)] for p in self.voices_dir.glob(f"*{VOICE_SUFFIX}"))
-        return []
 
     # ----- voice cloning ---------------------------------------------------------------------
     def _codec_encoder(self):
@@ -116,37 +80,6 @@ class TTSEngine:
             x_vector_only = True  # no transcript: clone from the speaker embedding alone
         return make_cloned_voice(self.weights.speaker_encoder, None if x_vector_only else self._codec_encoder(),
                                  ref_audio, ref_text=ref_text, x_vector_only=x_vector_only, model_config=self.cfg)
-
-    def _load_voice(self, name: str):
-        """A saved voice by file path or name in the voices folder; read once per file version."""
-        from engines.model.voice import ClonedVoice
-
-        path = Path(name)
-        if not path.is_file() and self.voices_dir:
-            path = self.voices_dir / f"{name}{VOICE_SUFFIX}"
-        if not path.is_file():
-            raise VoiceNotFound(name, self.voices)
-        st = path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
-        hit = self._saved_voices.get(str(path))
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        voice = ClonedVoice.load(path)
-        self._check_voice(voice, str(name))
-        self._saved_voices[str(path)] = (stamp, voice)
-        return voice
-
-    def _check_voice(self, voice, name: str) -> None:
-        voice.check_fits(self.cfg.talker.hidden_size, self.model_type, self.cfg.talker.num_code_groups,
-                         self.cfg.tts_model_size, name=name)
-
-    def streams_text(self, voice=None) -> bool:
-        """Whether text that is still arriving can be spoken with `voice` (streaming-text mode): every voice
-        but one cloned with its reference text (ICL puts the whole text beside the reference codes)."""
-        if self.model_type != "base" or not voice:
-            return True
-        cloned = voice if not isinstance(voice, str) else self._load_voice(voice)
-        return bool(cloned.x_vector_only)
 
     # ----- request resolution ----------------------------------------------------------------
     def _language_id(self, language: Optional[str]) -> Optional[int]:

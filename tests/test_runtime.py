@@ -341,3 +341,41 @@ def test_a_stream_about_to_run_dry_is_urgent():
     assert not runner._running_dry(m)
     h.marks["audio"] = time.perf_counter() - (1.0 - URGENT_S / 2)  # the listener is near its end
     assert runner._running_dry(m)
+
+
+def test_book_segments_join_steadily_and_leave_prefill_rows_while_streams_are_about():
+    """While streams are about, batch work joins the prefill group a few requests per iteration (no burst
+    of book prompts makes one iteration long) and leaves rows of the group for streams; with no stream
+    seen it fills the whole group at once."""
+    from types import SimpleNamespace
+
+    from engines.runtime.scheduler import Scheduler
+
+    def seq(priority):
+        return SimpleNamespace(priority=priority, handle=SimpleNamespace(cancelled=False), side_row=-1, slot=-1)
+
+    def fill(sched, n, priority=1):
+        for _ in range(n):
+            sched.push(seq(priority), priority)
+
+    quiet = Scheduler(64, 16, 8, stream_reserve=16, batch_admit=2, stream_rows=2)
+    fill(quiet, 20)
+    assert len(quiet.schedule(100, {True: 64, False: 64})) == 8  # no stream seen: a full group at once
+
+    busy = Scheduler(64, 16, 8, stream_reserve=16, batch_admit=2, stream_rows=2)
+    fill(busy, 1, priority=0)  # a stream arrives: streams are about from now on
+    first = busy.schedule(100, {True: 64, False: 64})
+    assert [s.priority for s in first] == [0]
+    for s in first:
+        busy.join(s)
+    fill(busy, 20)
+    joined = []
+    for _ in range(5):  # five iterations: at most two book requests each, the group keeps two rows
+        picked = busy.schedule(100, {True: 64, False: 64})
+        assert len(picked) <= 2 and all(s.priority == 1 for s in picked)
+        for s in picked:
+            busy.join(s)
+        joined += picked
+    assert sum(1 for s in busy.prefilling if s.priority > 0) == 6  # 8 rows - 2 kept for streams
+    fill(busy, 1, priority=0)
+    assert [s.priority for s in busy.schedule(100, {True: 64, False: 64})] == [0]  # a stream finds its row

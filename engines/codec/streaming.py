@@ -61,11 +61,16 @@ class StreamState:
         return xm.gather(-1, idx).movedim(-1, dim)
 
     def reset(self, rows: Tensor | None = None) -> None:
-        """Zero the state of all rows, or of the rows where bool mask `rows` [B] is True."""
+        """Zero the state of all rows, or of the rows where bool mask `rows` [B] is True (a mask on the host:
+        one multi-tensor launch over just those rows; on the device: a masked fill of every buffer)."""
         if rows is None:
             for b in self.bufs.values():
                 b.zero_()
             self.pos.zero_()
+            return
+        if rows.device.type == "cpu":
+            idx = rows.nonzero().flatten().tolist()
+            torch._foreach_zero_([b[i] for b in (*self.bufs.values(), self.pos) for i in idx])
             return
         for b in self.bufs.values():
             b.masked_fill_(rows.view(-1, *([1] * (b.dim() - 1))), 0)
@@ -152,11 +157,9 @@ class StreamingCodecDecoder:
 
     def reset(self, rows: Tensor | None = None) -> None:
         """Forget the history of all rows, or of the rows where bool mask `rows` [B] is True."""
-        self.state.reset(None if rows is None else rows.to(self.device, non_blocking=True))  # no stream sync
+        self.state.reset(rows)
 
     def move(self, src: int, dst: int) -> None:
-        """Copy the stream in row `src` (state and frame counter) to row `dst`."""
-        st = self.state
-        for buf in st.bufs.values():
-            buf[dst].copy_(buf[src])
-        st.pos[dst].copy_(st.pos[src])
+        """Copy the stream in row `src` (state and frame counter) to row `dst` (one multi-tensor launch)."""
+        bufs = (*self.state.bufs.values(), self.state.pos)
+        torch._foreach_copy_([b[dst] for b in bufs], [b[src] for b in bufs])

@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 
 STREAM_WINDOW_S = 60.0  # streams seen this recently keep their reserve of slots
@@ -123,70 +124,86 @@ class SlotMap:
 class Scheduler:
     """Owns admission: the waiting queue, the prefill group (with its side-cache rows) and the slot map.
 
-    Sequences need `.handle` (with `.cancelled` and `.finish()`), `.side_row` and `.slot`; `prepare(seq)`
-    is called on admission and may raise `reject` (the sequence is then failed, not admitted).
+    Sequences need `.handle` (with `.cancelled` and `.finish()`), `.priority`, `.side_row` and `.slot`.
+    `schedule()` decides who joins the prefill group; it calls nothing of the runner's. Submitters on other
+    threads push under `lock`.
     """
 
-    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int, stream_reserve: int = 0):
+    def __init__(self, max_slots: int, max_queue: int, prefill_batch: int, stream_reserve: int = 0,
+                 batch_admit: int = 1 << 30, stream_rows: int = 0):
         self.max_slots, self.prefill_batch = max_slots, prefill_batch
         self.stream_reserve = min(stream_reserve, max_slots - 1) if max_slots > 1 else 0
+        # while streams are about: batch requests picked per iteration, prefill-group rows kept for streams
+        self.batch_admit, self.stream_rows = max(1, batch_admit), min(stream_rows, prefill_batch - 1)
         self.last_stream = float("-inf")  # time.monotonic() of the latest stream's arrival
         self.queue = AdmissionQueue(max_queue)
         self.slots = SlotMap(max_slots)
         self.prefilling: list = []  # the prefill group, each with its side-cache row
+        self.lock = threading.Lock()  # the waiting queue: pushed from submitting threads, popped by the loop
 
     def full(self, priority: int) -> bool:
         return self.queue.full(priority)
 
     def push(self, seq: Any, priority: int) -> None:
-        if priority <= 0:
-            self.last_stream = time.monotonic()
-        self.queue.push(seq, priority)
+        with self.lock:
+            if priority <= 0:
+                self.last_stream = time.monotonic()
+            self.queue.push(seq, priority)
 
     def streams_about(self) -> bool:
         """Whether a stream arrived within STREAM_WINDOW_S (batch work then yields to streams)."""
         return time.monotonic() - self.last_stream < STREAM_WINDOW_S
 
-    def batch_blocked(self, group: list) -> bool:
-        """Whether batch work must wait: streams are about and batch rows already fill all slots but the
-        reserve (rows in slots and in the prefill group count)."""
-        if not self.stream_reserve or not self.streams_about():
+    def batch_blocked(self, group: list, picked_now: int = 0) -> bool:
+        """Whether batch work must wait, which it does only while streams are about: when `batch_admit` batch
+        requests were picked in this iteration already (book segments join steadily, not in bursts that
+        make one iteration long), when batch rows fill the prefill group but `stream_rows` (a stream never
+        waits for a free side row), or when batch rows fill all slots but the reserve (rows in slots and in
+        the prefill group count)."""
+        if not self.streams_about():
             return False
-        batch = sum(1 for s in self.slots.seqs if s.priority > 0) + sum(1 for s in group if s.priority > 0)
+        if picked_now >= self.batch_admit:
+            return True
+        in_group = sum(1 for s in group if s.priority > 0)
+        if in_group >= self.prefill_batch - self.stream_rows:
+            return True
+        if not self.stream_reserve:
+            return False
+        batch = sum(1 for s in self.slots.seqs if s.priority > 0) + in_group
         return batch >= self.max_slots - self.stream_reserve
 
     @property
     def has_work(self) -> bool:
         return bool(len(self.queue) or self.slots.n_active or self.prefilling)
 
-    def admit(self, pop_lock, prepare: Callable[[Any], None], reject: type,
-              room: Callable[[Any], bool] = lambda seq: True) -> list:
-        """Move waiting sequences into the prefill group while it and the slots have room (and `room(seq)`
-        holds for the next one: its other resources); returns the group. `pop_lock` guards the queue
-        against submitters on other threads."""
-        group = self.prefilling
-        while (len(group) < self.prefill_batch and len(self.queue)
-               and self.slots.n_active + len(group) < self.max_slots):
-            with pop_lock:
-                if self.queue.peek_priority() > 0 and self.batch_blocked(group):
+    def schedule(self, rows_free: int, lane_free: dict) -> list:
+        """Pop the waiting sequences that join the prefill group now: while the group (`prefill_batch` side
+        rows) and the slots have room, batch work is not held back for streams, and the next one's other
+        resources are free (`rows_free` FrameStore rows; `lane_free[is_stream]` places in its codec lane).
+        Cancelled ones are finished on the way. The caller prepares each and `join`s it (or fails it)."""
+        picked: list = []
+        with self.lock:
+            while (len(self.prefilling) + len(picked) < self.prefill_batch and len(self.queue)
+                   and self.slots.n_active + len(self.prefilling) + len(picked) < self.max_slots):
+                if self.queue.peek_priority() > 0 and self.batch_blocked(self.prefilling + picked,
+                                                                         sum(1 for p in picked if p.priority > 0)):
                     break
                 head = self.queue.peek()
-                if head is not None and not head.handle.cancelled and not room(head):
+                if head.handle.cancelled:
+                    self.queue.pop().handle.finish()
+                    continue
+                if rows_free <= 0 or lane_free[head.priority <= 0] <= 0:
                     break
-                seq = self.queue.pop()
-            if seq is None or seq.handle.cancelled:
-                if seq is not None:
-                    seq.handle.finish()
-                continue
-            try:
-                prepare(seq)
-            except reject as exc:
-                seq.handle.fail(exc)
-                continue
-            used = {s.side_row for s in group}
-            seq.side_row = min(set(range(self.prefill_batch)) - used)
-            group.append(seq)
-        return group
+                rows_free -= 1
+                lane_free[head.priority <= 0] -= 1
+                picked.append(self.queue.pop())
+        return picked
+
+    def join(self, seq: Any) -> None:
+        """A prepared sequence enters the prefill group, on the first free side-cache row."""
+        used = {s.side_row for s in self.prefilling}
+        seq.side_row = min(set(range(self.prefill_batch)) - used)
+        self.prefilling.append(seq)
 
     def prefilled(self, seq: Any) -> int:
         """`seq` finished its prefill: it leaves the group and takes a slot (returned)."""

@@ -71,23 +71,18 @@ class SlotTable:
         return SlotTable(**{f.name: getattr(self, f.name)[:b] for f in fields(self)})
 
     def move(self, src: int, dst: int) -> None:
-        """Copy slot `src` into slot `dst` (compaction when a request leaves)."""
-        for f in fields(self):
-            t = getattr(self, f.name)
-            t[dst].copy_(t[src])
+        """Copy slot `src` into slot `dst` (compaction when a request leaves; one multi-tensor launch)."""
+        ts = [getattr(self, f.name) for f in fields(self)]
+        torch._foreach_copy_([t[dst] for t in ts], [t[src] for t in ts])
 
     # per-slot writes use fill_ with a Python scalar: `t[slot] = scalar` copies a host scalar to the device with
     # a stream sync, which would make the loop wait for the decode step in flight at every admission and exit
 
     def free(self, slot: int, trash_row: int) -> None:
         """Slot `slot` holds no request: done, a finite state, its frame writes go to the scratch row."""
+        torch._foreach_zero_([t[slot] for t in (self.emit, self.text_open, self.hold, self.hidden, self.n_frames)])
         self.done[slot].fill_(True)
-        self.emit[slot].fill_(False)
-        self.text_open[slot].fill_(False)
-        self.hold[slot].fill_(False)
-        self.hidden[slot].fill_(0)
         self.frame_row[slot].fill_(trash_row)
-        self.n_frames[slot].fill_(0)
 
     def load(self, slot: int, prompt: Prompt, hidden: torch.Tensor, r: SamplingParams, frame_row: int,
              n_ref: int, text_open: bool = False) -> None:

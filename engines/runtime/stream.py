@@ -8,7 +8,9 @@
 """
 from __future__ import annotations
 
+import asyncio
 import queue
+import threading
 import time
 from typing import Optional
 
@@ -51,6 +53,8 @@ class StreamHandle:
         self._ended = False  # the end marker was read (iterating again yields nothing more)
         self.on_done = None  # optional callback(handle), called from the runner thread at the end
         self.marks: dict = {}  # perf_counter times set by the runner: admit, slot, frame (first), audio (first)
+        self._lock = threading.Lock()
+        self._listener = None  # (event loop, asyncio.Queue) once a coroutine follows it (`chunks`)
 
     @property
     def audio_seconds(self) -> float:
@@ -71,6 +75,38 @@ class StreamHandle:
         if self.error is not None:
             raise self.error
 
+    async def chunks(self):
+        """Iterate the chunks from asyncio: the producing thread hands each one to the event loop (no thread
+        waits per stream). Raises the request's error at the end. Either this or plain iteration, once."""
+        loop = asyncio.get_running_loop()
+        aq: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            while True:  # what came before we listened
+                try:
+                    aq.put_nowait(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            self._listener = (loop, aq)
+        while True:
+            item = await aq.get()
+            if item is _END:
+                self._ended = True
+                break
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    def _put(self, item) -> None:
+        with self._lock:
+            if self._listener is None:
+                self._q.put(item)
+            else:
+                loop, aq = self._listener
+                try:
+                    loop.call_soon_threadsafe(aq.put_nowait, item)
+                except RuntimeError:  # its event loop has closed (shutting down): nobody listens any more
+                    pass
+
     def result(self, timeout: Optional[float] = None) -> SynthesisResult:
         """Wait for the end and return the whole audio (chunks not yet iterated included)."""
         for _ in self:
@@ -88,12 +124,12 @@ class StreamHandle:
             self.marks["audio"] = time.perf_counter()
             self.ttfa_s = self.marks["audio"] - self.created
         self.samples += audio.size
-        self._q.put(audio)
+        self._put(audio)
 
     def finish(self) -> None:
         if not self.done:
             self.done = True
-            self._q.put(_END)
+            self._put(_END)
             if self.on_done is not None:
                 self.on_done(self)
 

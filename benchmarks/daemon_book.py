@@ -1,0 +1,103 @@
+"""A book through the real daemon: submit it to the running daemon, time it to the finished book.
+
+    # GPU: the shipped daemon (auto slots, auto dtype) on random weights of the 0.6B shape, one book of
+    # about 680 segments of 150 frames (12 s) each, FLAC files
+    python -m benchmarks.daemon_book --dummy 0.6b --segments 680 --json book.json
+    # every GPU of the machine (model.device: all)
+    python -m benchmarks.daemon_book --dummy 0.6b --segments 680 --device all --json book_all.json
+    # the tiny test model on the CPU (figures mean little there)
+    python -m benchmarks.daemon_book --model tests/data/tiny/cv_small --device cpu --segments 6 --frames 4
+
+What is measured (the book as a user's `tts-appliance submit` meets it): the daemon is started (or a
+running one used, --socket/--url) and its start-up reported apart (`daemon_start_s`); the book goes in
+through `POST /v1/jobs` (as `submit` uploads it); then GET /v1/jobs/ID is polled until the job ends.
+Reported: the wall time from the upload to the finished book (chapters and book file written: the job
+is `done` only then), the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
+queue's own durations), audio seconds per wall second, the time to the first finished segment, and the
+engines' figures from /health.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+
+from benchmarks.load.book import TERMINAL, BookLoad
+from benchmarks.load.client import http_request
+from benchmarks.load.harness import add_daemon_args, base_result, check_alive, check_daemon_args, pick_voices, run_cli, served
+
+log = logging.getLogger(__name__)
+FRAME_S = 0.08
+
+
+async def measure(args, res: dict) -> None:
+    async with served(args, res, args.frames + 1) as srv:
+        target = srv.target
+        voices = await pick_voices(args, target)
+        spec = {"voice": voices[0], "language": args.language or "english", "format": args.format, "seed": 7}
+        if args.fixed_length:
+            spec["sampling"] = {"max_new_tokens": args.frames + 1}
+        db = srv.daemon.home / "queue.db" if srv.daemon is not None else None
+        book = BookLoad(target, args.segments, spec, db)
+        t0 = time.perf_counter()
+        job = await book.submit_next()
+        log.info("book job %s: %s segments", job["id"], job["total"])
+        first = None
+        while True:
+            await asyncio.sleep(args.poll)
+            check_alive(srv.daemon, args.daemon_log)
+            s = await book.sample(keep_running=False)
+            if first is None and s["done"]:
+                first = s["t"] - t0
+            if s["state"] in TERMINAL:
+                break
+            if time.perf_counter() - t0 > args.timeout:
+                await book.cancel()
+                raise TimeoutError(f"the book did not finish within {args.timeout:.0f} s ({s['done']} segments done)")
+        wall = time.perf_counter() - t0
+        job = book.current
+        audio = (job["total"] * args.frames * FRAME_S) if args.fixed_length else s["audio_s"]
+        _, _, health = await http_request(target, "GET", "/health", timeout=30.0)
+        level = {"state": job["state"], "segments": job["total"], "segments_done": job["done"],
+                 "frames_per_segment": args.frames if args.fixed_length else None, "audio_s": audio,
+                 "wall_s": round(wall, 2), "first_segment_s": None if first is None else round(first, 2),
+                 "audio_s_per_s": None if not audio else round(audio / wall, 1),
+                 "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps")}
+                             for e in (health or {}).get("engines", [])] if isinstance(health, dict) else None}
+        if job["state"] != "done":
+            res["error"] = f"the book ended {job['state']} ({job['done']}/{job['total']} segments)"
+        res["levels"].append(level)
+        res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format}
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Book through the daemon: {res.get('model')} on {res.get('device')}", "",
+             f"`{res.get('command')}`", "", f"start-up (apart): {res.get('daemon_start_s')} s", "",
+             "| state | segments | audio s | wall s | first segment s | audio-s/s |", "|---|---|---|---|---|---|"]
+    for lv in res["levels"]:
+        lines.append(f"| {lv['state']} | {lv['segments']} | {lv['audio_s']} | {lv['wall_s']} | {lv['first_segment_s']} "
+                     f"| {lv['audio_s_per_s']} |")
+    if res.get("error"):
+        lines += ["", f"error: {res['error']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.daemon_book", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_daemon_args(ap, "python -m benchmarks.daemon_book")
+    ap.add_argument("--segments", type=int, default=680, help="segments in the book (about)")
+    ap.add_argument("--frames", type=int, default=150, help="frames per segment (fixed length)")
+    ap.add_argument("--format", default="flac", help="the book's format (job setting)")
+    ap.add_argument("--poll", type=float, default=1.0, help="seconds between progress polls")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the book may take")
+    args = ap.parse_args(argv)
+    check_daemon_args(ap, args)
+    res = base_result(args, argv if argv is not None else __import__("sys").argv[1:],
+                      "a book through the daemon: upload to finished book", "python -m benchmarks.daemon_book")
+    return run_cli(args, res, measure, markdown, "daemon_book")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

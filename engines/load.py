@@ -1,0 +1,84 @@
+"""Loading one engine from its `EngineSpec`: the checkpoint on its device behind an `EngineRunner`.
+
+    runner = load_runner(EngineSpec(model="path/to/checkpoint", device="cuda:0"))
+    ready(runner, spec)        # capture every device graph, speak the warm-up request, start the loop
+
+Every command and the daemon load through here, in this process (`say`, `work`) or in an engine process
+of their own (`engines.process`), so a checkpoint a user downloaded loads through one path.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from engines.api import EngineSpec
+
+log = logging.getLogger(__name__)
+
+
+def device_context(device: str):
+    """Make `device` the current CUDA device for a block (model loading, graph capture); a no-op elsewhere."""
+    return torch.cuda.device(torch.device(device)) if str(device).startswith("cuda") else contextlib.nullcontext()
+
+
+def settings(spec: EngineSpec) -> dict:
+    """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
+    the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
+    engines.runtime.memory). The one place these are decided: the loader runs with it, `info` shows it."""
+    from engines.model.checkpoint import resolve_dtype
+    from engines.model.config import CodecConfig, ModelConfig
+    from engines.runtime import memory
+
+    dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
+    out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context}
+    if str(spec.max_slots) != "auto":
+        return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
+    path = Path(spec.model)
+    plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
+                             dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype))
+    return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
+
+
+def load_runner(spec: EngineSpec):
+    """The checkpoint of `spec` behind an EngineRunner (its loop not started: `synthesize()` runs it in the
+    calling thread, `start()` in a thread of its own). The chosen values are logged and kept in
+    `runner.settings` (device, dtype, slots and why, context)."""
+    from engines.engine import TTSEngine
+    from engines.runtime.runner import EngineConfig, EngineRunner
+
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+        log.info("torch CPU threads: %d", spec.threads)
+    t0 = time.monotonic()
+    with device_context(spec.device):
+        chosen = settings(spec)
+        engine = TTSEngine.load(spec.model, device=spec.device, dtype=chosen["dtype"], voices_dir=spec.voices_dir)
+        log.info("loaded %s (%s) on %s in %s in %.1f s", spec.model, engine.model_type, spec.device, engine.dtype,
+                 time.monotonic() - t0)
+        slots = chosen["max_slots"]
+        log.info("runtime: %s, %s, %d slots of %d positions (%s)", chosen["device"], chosen["dtype"], slots,
+                 spec.max_context, chosen["slots_reason"])
+        runner = EngineRunner(engine, max_slots=slots, max_queue=spec.max_queue, max_context=spec.max_context,
+                              prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
+                              prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
+                              engine_cache=spec.engine_cache)
+    runner.settings = chosen
+    return runner
+
+
+def ready(runner, spec: EngineSpec) -> None:
+    """Make a loaded runner ready to serve: capture its device graphs (spec.prepare), start its loop, speak
+    spec.warmup once."""
+    if spec.prepare:
+        with device_context(spec.device):
+            runner.prepare()
+    runner.start()
+    if spec.warmup is not None:
+        t0 = time.monotonic()
+        for _ in runner.submit(spec.warmup, priority=0):
+            pass
+        log.info("warm-up on %s done in %.2f s", runner.device, time.monotonic() - t0)

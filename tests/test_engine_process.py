@@ -1,0 +1,145 @@
+"""The engine in a process of its own (engines.process): same audio as in-process, errors keep their
+kind, cancel and live text cross the boundary, a killed engine fails only its requests and comes back,
+a start-up failure is one line."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engines.api import EngineSpec, SamplingParams, SynthesisRequest
+from engines.model.errors import VoiceNotFound
+from engines.process.proxy import EngineProcess, EngineStartError, EngineUnavailable
+from engines.runtime.text_feed import TextFeed
+
+from conftest import TINY
+
+CV = TINY / "cv_small"
+REF = TINY / "audio" / "ref_a_24k.wav"
+
+
+def spec(model=CV, **kw) -> EngineSpec:
+    return EngineSpec(model=str(model), device="cpu", dtype="float32", max_slots=4, threads=1, **kw)
+
+
+def req(text="Hello there, how are you today?", frames=24, seed=5, **kw) -> SynthesisRequest:
+    return SynthesisRequest(text=text, voice=kw.pop("voice", "vivian"), language="english",
+                            sampling=SamplingParams(seed=seed, max_new_tokens=frames + 1), **kw)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = EngineProcess(spec())
+    e.start()
+    e.wait_ready(120)
+    yield e
+    e.stop()
+
+
+def test_same_codes_and_audio_as_in_process(engine, one_thread):
+    from engines.load import load_runner
+
+    reqs = [req(seed=s, text=t) for s, t in ((1, "One small sentence."), (2, "Another one, a little longer."))]
+    handles = [engine.submit(r) for r in reqs]
+    remote = [(np.concatenate(list(h)), h.codes) for h in handles]
+    local = load_runner(spec()).synthesize(reqs)
+    for (audio, codes), res in zip(remote, local):
+        np.testing.assert_array_equal(codes, res.codes)
+        assert audio.shape == res.audio.shape
+        np.testing.assert_allclose(audio, res.audio, atol=1e-4)
+
+
+def test_errors_keep_their_kind(engine):
+    with pytest.raises(VoiceNotFound, match="unknown voice 'bob'; available: .*vivian"):
+        engine.submit(req(voice="bob")).result()
+
+
+def test_cancel_ends_the_request(engine):
+    h = engine.submit(req(frames=400))
+    it = iter(h)
+    next(it)
+    h.cancel()
+    rest = list(it)  # ends (no error) well before 400 frames
+    assert sum(c.size for c in rest) < 300 * 1920
+    deadline = time.monotonic() + 10
+    while engine.stats()["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["active_slots"] == 0
+
+
+def test_text_arriving_crosses_the_boundary(engine):
+    feed = TextFeed("Hello ")
+    h = engine.submit(req(text="", text_feed=feed, frames=200))
+
+    def write():
+        for word in ("there, ", "this ", "text ", "is ", "still ", "arriving."):
+            time.sleep(0.05)
+            feed.append(word)
+        feed.end()
+
+    t = threading.Thread(target=write)
+    t.start()
+    audio = np.concatenate(list(h))
+    t.join()
+    assert audio.size > 0
+    assert feed.taken == len(feed.text)  # the engine was given every word
+
+
+def test_stats_are_relayed(engine):
+    list(engine.submit(req(frames=4)))
+    s = engine.stats()
+    assert s["alive"] and s["max_slots"] == 4 and s["frames"] > 0
+
+
+def test_clone_voice_in_the_engine():
+    e = EngineProcess(spec(TINY / "base_small"))
+    e.start()
+    try:
+        e.wait_ready(120)
+        voice = e.clone_voice(str(REF), "A reference sentence.")
+        assert voice.spk_embedding.device.type == "cpu" and voice.ref_codes is not None
+        audio = e.submit(req(voice=voice, frames=6)).result().audio
+        assert audio.size > 0
+    finally:
+        e.stop()
+
+
+def test_killed_engine_fails_its_requests_and_comes_back():
+    e = EngineProcess(spec())
+    e.start()
+    e.wait_ready(120)
+    try:
+        h = e.submit(req(frames=1500))
+        next(iter(h))
+        os.kill(e.proc.pid, signal.SIGKILL)
+        with pytest.raises(EngineUnavailable, match="killed by SIGKILL"):
+            h.result()
+        with pytest.raises(EngineUnavailable):  # while it starts again
+            e.submit(req())
+        deadline = time.monotonic() + 120
+        while not e.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert e.running and e.starts == 2
+        assert e.submit(req(frames=4)).result().audio.size > 0
+    finally:
+        e.stop()
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(model="no/such/checkpoint"), "cannot start: .*no/such/checkpoint"),
+    (dict(device="cuda:7"), "cannot start: "),
+])
+def test_start_failure_is_one_line(bad, says):
+    s = spec(**{k: v for k, v in bad.items() if k == "model"})
+    if "device" in bad:
+        s = EngineSpec(**{**s.__dict__, "device": bad["device"]})
+    e = EngineProcess(s, restart=False)
+    e.start()
+    with pytest.raises(EngineStartError, match=says) as info:
+        e.wait_ready(120)
+    assert "\n" not in str(info.value)
+    assert e.proc.poll() is not None
