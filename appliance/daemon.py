@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from appliance.config import Config, ConfigError, resolve
+from appliance.logs import setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
 from appliance.sdnotify import Notifier
@@ -48,24 +49,6 @@ class QueueState:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def setup_logging(level: str) -> None:
-    """Log to stdout; under journald with `<N>` priority prefixes instead of timestamps."""
-    journald = bool(os.environ.get("JOURNAL_STREAM"))
-
-    class Prefix(logging.Formatter):
-        def format(self, record):
-            pri = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}.get(record.levelno, 2)
-            return f"<{pri}>" + super().format(record) if journald else super().format(record)
-
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(Prefix("%(name)s: %(message)s" if journald
-                                else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("watchdog").setLevel(max(root.level, logging.INFO))  # inotify chatter
 
 
 class Daemon:
@@ -124,8 +107,10 @@ class Daemon:
         j, engine = self.cfg.jobs, self.host.engine
         self.job_defaults = job_defaults(j.voice, j.language, j.instruct, engine.model_type,
                                          engine.voices if engine.model_type == "custom_voice" else ())
-        for r in self.host.runners:
-            self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running))
+        for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
+            self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running,
+                                     restart=getattr(r, "restart_async", None),
+                                     detail=lambda r=r: {"status": getattr(r, "status", "ok" if r.running else "stopped")}))
         if j.enabled:
             for i in range(max(1, j.workers)):
                 self.workers.append(None)
@@ -149,7 +134,7 @@ class Daemon:
                 log.warning("jobs-%d: could not give back its segments (%s); they return when their leases expire",
                             i, exc)
         pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
-        slots = sum(r.cfg.max_slots for r in pool.runners)
+        slots = sum(r.max_slots for r in pool.runners)
         worker = Worker(Queue(self.paths.db), pool, self.paths, batch_size=j.batch_size or slots, lease_s=j.lease_s,
                         guard=guard_for(j.guard, self.host.engine), model=str(Path(self.cfg.model.path).resolve()),
                         should_yield=self.host.streams_waiting)
@@ -188,10 +173,7 @@ class Daemon:
     def run(self) -> int:
         self.queue_counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads
         self.notifier.status("loading model")
-        self.host.load()
-        if self.cfg.model.warmup:
-            self.notifier.status("warming up")
-            self.host.warm_up()
+        self.host.load()  # (and the warm-up request, model.warmup)
         self._start_workers()
         try:
             asyncio.run(self._serve())

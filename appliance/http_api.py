@@ -44,15 +44,17 @@ async def add_voice(request):
     name = field(data, "name", str, required=True)
     if not VOICE_NAME.match(name):
         raise ApiError(400, "'name' must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
-    vdir = Path(ctx.host.engine.voices_dir or ctx.paths.home / "voices")
+    if ctx.host.engine.model_type != "base":
+        raise ApiError(400, f"reference audio needs a Base checkpoint; this one is {ctx.host.engine.model_type}")
+    path = ctx.host.engine.voice_file(name)
     with tempfile.TemporaryDirectory(prefix="tts-voice-") as tmp:
         ref = decode_b64_audio(data, Path(tmp))
         if not ref:
             raise ApiError(400, "'ref_audio' (base64 audio) is required")
         voice = await asyncio.get_running_loop().run_in_executor(
-            None, ctx.host.engine.make_voice, ref, field(data, "ref_text", str))
-    vdir.mkdir(parents=True, exist_ok=True)
-    voice.save(str(vdir / f"{name}.voice"))
+            None, ctx.host.pool.clone_voice, ref, field(data, "ref_text", str))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    voice.save(str(path))
     log.info("voice %s added", name)
     return web.json_response({"name": name}, status=201)
 
@@ -61,7 +63,7 @@ async def delete_voice(request):
     """DELETE /v1/voices/{name}"""
     ctx = request.app[CTX]
     name = request.match_info["name"]
-    path = Path(ctx.host.engine.voices_dir or ctx.paths.home / "voices") / f"{name}.voice"
+    path = ctx.host.engine.voice_file(name)
     if not VOICE_NAME.match(name) or not path.is_file():
         raise ApiError(404, f"no saved voice {name!r}", "not_found")
     path.unlink()

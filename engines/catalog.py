@@ -61,13 +61,18 @@ class Catalog:
             return sorted(p.name[: -len(VOICE_SUFFIX)] for p in self.voices_dir.glob(f"*{VOICE_SUFFIX}"))
         return []
 
+    def voice_file(self, name: str) -> Path:
+        """The file of the saved voice `name` in the voices folder (whether it exists or not)."""
+        if self.voices_dir is None:
+            raise ValueError("no voices folder is set (model.voices_dir)")
+        return self.voices_dir / f"{name}{VOICE_SUFFIX}"
+
     def voice_path(self, name: str) -> Path:
-        """Where the saved voice `name` lives (or would be saved): a file path as given, else NAME.voice in
-        the voices folder."""
+        """Where the voice a request names lives: a file path as given, else NAME.voice in the voices folder."""
         path = Path(name)
         if path.is_file() or self.voices_dir is None:
             return path
-        return self.voices_dir / f"{name}{VOICE_SUFFIX}"
+        return self.voice_file(name)
 
     def _load_voice(self, name: str):
         """A saved voice by file path or name in the voices folder; read once per file version."""

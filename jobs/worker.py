@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from engines.model.errors import EngineBusy
+
 from jobs.assemble import JoinSettings, write_segment_audio
 from jobs.book import JobBook, assemble_job
 from jobs.guard import GuardSettings, attempt_seed, check_audio
@@ -396,6 +398,10 @@ class Worker:
         first, ids = rows[0], [r["id"] for r in rows]
         if isinstance(res, Exception):
             name = type(res).__name__
+            if isinstance(res, EngineBusy):  # the engine stopped (or refused) before it worked on it: not an attempt
+                log.info("segment(s) %s back to the queue: %s", ", ".join(str(i) for i in ids), res)
+                self._record(lambda: self.queue.release(self.worker_id, ids), ids)
+                return
             if name in JOB_LEVEL_ERRORS:
                 self._record(lambda: self.queue.fail_job(first["job_id"], str(res)), ids)
                 return

@@ -27,3 +27,11 @@ class UnsupportedMode(TTSError):
 
 class BadInput(TTSError):
     """Empty text, unreadable reference audio and the like."""
+
+
+class EngineBusy(TTSError):
+    """The admission queue is full: try again shortly."""
+
+
+class EngineUnavailable(EngineBusy):
+    """The engine (its process) stopped or is starting again: the request did not run; retry it."""

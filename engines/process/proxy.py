@@ -28,9 +28,9 @@ from multiprocessing.connection import Connection
 from typing import Callable, Optional
 
 from engines.api import EngineSpec
-from engines.model.errors import TTSError
+from engines.model.errors import EngineUnavailable, TTSError
 from engines.process import wire
-from engines.runtime.runner import EngineBusy, submit_waiting
+from engines.runtime.runner import submit_waiting
 from engines.runtime.stream import StreamHandle, collect
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,6 @@ STALE_STATS_S = 30.0  # no figures from a live engine for this long: its loop (o
 
 class EngineStartError(TTSError):
     """An engine process could not start (out of memory, a bad device, a broken checkpoint)."""
-
-
-class EngineUnavailable(EngineBusy):
-    """The engine process stopped or is starting again: the request did not run (retry it)."""
 
 
 class RemoteHandle(StreamHandle):

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
-from engines.model.errors import TTSError, UnsupportedMode
+from engines.model.errors import EngineBusy, TTSError, UnsupportedMode  # noqa: F401 - EngineBusy re-exported
 from engines.runtime.codec_lane import CodecLane
 from engines.runtime.config import EngineConfig
 from engines.runtime.model_runner import ModelRunner, Step
@@ -38,10 +38,6 @@ from engines.runtime.stream import StreamHandle, collect
 log = logging.getLogger(__name__)
 
 URGENT_S = 0.3  # a stream with less audio ahead of its listener than this gets its next chunk at once
-
-
-class EngineBusy(TTSError):
-    """The admission queue is full: try again shortly."""
 
 
 def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
