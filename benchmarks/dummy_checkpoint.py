@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engines.model.config import CodecConfig, ModelConfig
+from engines.model.config import TEST_MODEL_KEY, CodecConfig, ModelConfig
 from engines.model.sampling import OFFICIAL_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,9 @@ def model_config_json(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         code_predictor_config=dict(_fields(t.code_predictor), model_type="qwen3_tts_talker_code_predictor"),
         rope_scaling={"interleaved": True, "mrope_section": mrope_section(t.head_dim), "rope_type": "default"},
     )
-    root = _fields(cfg, skip=("talker", "speaker_encoder"))
+    root = _fields(cfg, skip=("talker", "speaker_encoder", "test_model"))
+    if cfg.test_model:  # a test checkpoint stays labelled as one (engines.model.config.TEST_MODEL_KEY)
+        root[TEST_MODEL_KEY] = cfg.test_model
     root.update(
         architectures=["Qwen3TTSForConditionalGeneration"],
         model_type="qwen3_tts",

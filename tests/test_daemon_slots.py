@@ -61,7 +61,7 @@ def test_disconnect_frees_slot_and_busy_gets_503(daemon):
     a = open_stream(daemon)
     head = read_some(a)
     assert head.startswith(b"HTTP/1.1 200")
-    assert engine(daemon)["active_slots"] == 1
+    assert wait_for(lambda: engine(daemon)["active_slots"] == 1)  # the engine's figures come every 0.25 s
     b = open_stream(daemon)  # waits in the admission queue (max_queue 1)
     assert wait_for(lambda: engine(daemon)["queued"] == 1)
     status, err, headers = daemon.post("/v1/audio/speech", {"input": "Hi.", "voice": "ryan", "max_frames": 4})

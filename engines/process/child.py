@@ -214,7 +214,8 @@ def main(argv: list[str]) -> int:
         return 1
     conn.send_bytes(wire.pack("ready", {"settings": runner.settings, "sample_rate": runner.sample_rate,
                                         "model_id": runner.model_id, "max_slots": runner.cfg.max_slots,
-                                        "max_queue": runner.cfg.max_queue, "pid": os.getpid()}))
+                                        "max_queue": runner.cfg.max_queue, "pid": os.getpid(),
+                                        "stats": runner.stats()}))
     serve(conn, runner)
     return 0
 

@@ -194,7 +194,8 @@ class EngineProcess:
         """The engine loop's latest figures (what EngineRunner.stats gives), `alive` included."""
         with self._lock:
             s = dict(self._stats)
-        s.update(alive=self.alive, max_slots=self.max_slots, restarts=max(self.starts - 1, 0))
+        s.update(alive=self.alive, max_slots=self.max_slots, restarts=max(self.starts - 1, 0),
+                 pid=self.proc.pid if self.proc is not None else None)
         s.setdefault("active_slots", 0)
         s.setdefault("queued", 0)
         return s
