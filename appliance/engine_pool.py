@@ -124,11 +124,11 @@ class EnginePool:
 
     # -- life cycle and figures ---------------------------------------------------------------------
     def stats(self) -> dict:
-        """Figures summed over the engines (the shape of one runner's stats), and `engines`: each
-        engine's own figures with its device and streams."""
+        """Figures summed over the engines (the shape of one runner's stats, as they are now), and
+        `engines`: each engine's own figures with its device and streams."""
         per = []
         for i, r in enumerate(self.runners):
-            s = {**(getattr(r, "settings", None) or {}), **r.stats()}  # chosen dtype, slots and why; load
+            s = {**(getattr(r, "settings", None) or {}), **r.stats(fresh=True)}  # chosen dtype, slots and why; load
             s.update(device=str(r.device), streams=self.streams[i], alive=r.alive)
             per.append(s)
         out = {k: sum(s.get(k, 0) for s in per) for k in ("active_slots", "queued", "steps", "frames", "graphs",

@@ -28,13 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from typing import Optional
 
 from aiohttp import WSMsgType, web
 
 from engines.model.errors import TTSError
-from engines.runtime.runner import EngineBusy
+from engines.model.errors import EngineBusy
 from engines.runtime.text_feed import TextFeed
 from jobs.encode import pcm16
 from jobs.normalize import language_code
@@ -43,6 +42,7 @@ from jobs.speed import StreamStretcher, check_speed
 from jobs.submit import check_voice
 
 from appliance.http_common import CTX, ApiError, field
+from appliance.streams import serve_stream
 
 log = logging.getLogger(__name__)
 END, GONE = object(), object()  # speaker queue sentinel; reader result when the client left
@@ -86,12 +86,12 @@ class LiveSession:
             await self._send({"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)})
         except ApiError as exc:
             await self._fail(exc.message, exc.type)
+        except EngineBusy as exc:  # (before TTSError: it is one)
+            self.ctx.metrics.error("busy")
+            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy")
         except TTSError as exc:
             self.ctx.metrics.error(type(exc).__name__)
             await self._fail(str(exc), type(exc).__name__)
-        except EngineBusy as exc:
-            self.ctx.metrics.error("busy")
-            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy")
         except (ConnectionResetError, asyncio.TimeoutError):
             log.info("live client stopped reading; its speech is cancelled")
         finally:
@@ -240,32 +240,16 @@ class LiveSession:
         if req is None:
             raise ApiError(400, "this Base checkpoint clones voices: name a saved voice in session.update "
                                 "(POST /v1/voices adds one)")
-        if not ctx.accepting:
-            raise ApiError(503, "the daemon is shutting down", "busy")
-        handle = ctx.host.submit_stream(req)  # EngineBusy: the session ends with an error event
-        started, outcome = time.monotonic(), "cancelled"
-        ctx.active_handles.add(handle)
-        if o["speed"] != 1.0 and self.stretcher is None:
-            self.stretcher = StreamStretcher(handle.sample_rate, o["speed"])
-        try:
-            async for chunk in ctx.host.aiter_chunks(handle):
-                self.sample_rate = handle.sample_rate
+        async with serve_stream(ctx, "live", req) as stream:  # EngineBusy: the session ends with an error event
+            if o["speed"] != 1.0 and self.stretcher is None:
+                self.stretcher = StreamStretcher(stream.sample_rate, o["speed"])
+            async for chunk in stream.chunks():
+                self.sample_rate = stream.sample_rate
                 await self._start_audio()
                 if self.stretcher is not None:
                     chunk = await self._stretch(self.stretcher.push, chunk)
                 await self._send_audio(chunk)
-            outcome = "ok"
-        except TTSError:
-            outcome = "bad_request"
-            raise
-        except asyncio.TimeoutError:
-            outcome = "slow_client"
-            raise
-        finally:
-            handle.cancel()  # no-op when finished
-            ctx.active_handles.discard(handle)
-            ctx.metrics.request("live", outcome)
-            ctx.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
+            stream.outcome = "ok"
 
     async def _stretch(self, work, *args):
         """Time-stretching takes ms per chunk: a worker thread keeps the other sessions flowing."""

@@ -11,19 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
-from engines.runtime.runner import EngineBusy
 from jobs.encode import encode_bytes
 from jobs.speed import StreamStretcher, check_speed, stretch
 
 from appliance.audio_stream import EncoderUnavailable, StreamEncoder
 from appliance.http_common import CTX, ApiError, decode_b64_audio, field, read_json
+from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
 # response_format -> Content-Type (OpenAI's values)
@@ -85,68 +84,59 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
 async def _serve(request, req, fmt: str, encoder, notes: list, speed: float = 1.0) -> web.StreamResponse:
     ctx = request.app[CTX]
-    if not ctx.accepting:
-        raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
-    try:
-        handle = ctx.host.submit_stream(req)
-    except EngineBusy:
-        ctx.metrics.request("speech", "busy")
-        raise
-    started = time.monotonic()
-    ctx.active_handles.add(handle)
-    chunks = ctx.host.aiter_chunks(handle)
-    outcome, resp = "cancelled", None
     loop = asyncio.get_running_loop()
+    resp = None
     try:
-        try:
-            first = await chunks.__anext__()
-        except StopAsyncIteration:
-            first = np.zeros(0, np.float32)
-        sr = handle.sample_rate
-        headers = {"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(sr)}
-        if notes:
-            headers["X-TTS-Note"] = "; ".join(notes)
-        if encoder is None:
-            audio = np.concatenate([first] + [c async for c in chunks])
-            audio = await loop.run_in_executor(None, stretch, audio, sr, speed)
-            body = await loop.run_in_executor(None, encode_bytes, audio, sr, fmt)
-            outcome = "ok"
-            return web.Response(body=body, headers=headers)
-        resp = web.StreamResponse(headers=headers)
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        timeout = ctx.cfg.http.write_timeout_s
+        async with serve_stream(ctx, "speech", req) as stream:
+            chunks = stream.chunks()
+            try:
+                first = await chunks.__anext__()  # a refusal (busy) or a bad request still gets its status code
+            except StopAsyncIteration:
+                first = np.zeros(0, np.float32)
+            sr = stream.sample_rate
+            headers = {"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(sr)}
+            if notes:
+                headers["X-TTS-Note"] = "; ".join(notes)
+            if encoder is None:
+                audio = np.concatenate([first] + [c async for c in chunks])
+                audio = await loop.run_in_executor(None, stretch, audio, sr, speed)
+                body = await loop.run_in_executor(None, encode_bytes, audio, sr, fmt)
+                stream.outcome = "ok"
+                return web.Response(body=body, headers=headers)
+            resp = web.StreamResponse(headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            timeout = ctx.cfg.http.write_timeout_s
+            stretcher = StreamStretcher(sr, speed) if speed != 1.0 else None
 
-        stretcher = StreamStretcher(sr, speed) if speed != 1.0 else None
+            def push(chunk) -> bytes:
+                return encoder.push(stretcher.push(chunk) if stretcher else chunk)
 
-        def push(chunk) -> bytes:
-            return encoder.push(stretcher.push(chunk) if stretcher else chunk)
+            def finish() -> bytes:
+                return (encoder.push(stretcher.finish()) if stretcher else b"") + encoder.finish()
 
-        def finish() -> bytes:
-            return (encoder.push(stretcher.finish()) if stretcher else b"") + encoder.finish()
+            async def send(work, *args):
+                # coded formats and time-stretching take ms per chunk: a worker thread keeps other streams flowing
+                blocking = encoder.blocking or stretcher is not None
+                data = await loop.run_in_executor(None, work, *args) if blocking else work(*args)
+                if data:
+                    await asyncio.wait_for(resp.write(data), timeout)
 
-        async def send(work, *args):
-            # coded formats and time-stretching take ms per chunk: a worker thread keeps other streams flowing
-            blocking = encoder.blocking or stretcher is not None
-            data = await loop.run_in_executor(None, work, *args) if blocking else work(*args)
-            if data:
-                await asyncio.wait_for(resp.write(data), timeout)
-
-        await send(push, first)
-        async for chunk in chunks:
-            await send(push, chunk)
-        await send(finish)
-        await resp.write_eof()
-        outcome = "ok"
-        return resp
-    except TTSError as exc:
-        outcome = "bad_request"
-        if resp is not None:  # headers already sent: nothing better than cutting the stream
-            log.warning("stream failed after start: %s", exc)
+            await send(push, first)
+            async for chunk in chunks:
+                await send(push, chunk)
+            await send(finish)
+            await resp.write_eof()
+            stream.outcome = "ok"
             return resp
-        raise
+    except ShuttingDown as exc:
+        raise ApiError(503, str(exc), "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)}) from None
+    except TTSError as exc:
+        if resp is None:
+            raise
+        log.warning("stream failed after start: %s", exc)  # headers already sent: nothing better than cutting it
+        return resp
     except asyncio.TimeoutError:
-        outcome = "slow_client"
         log.warning("dropping a stream whose client stopped reading")
         return resp
     except ConnectionResetError:
@@ -155,11 +145,5 @@ async def _serve(request, req, fmt: str, encoder, notes: list, speed: float = 1.
     except Exception:
         if resp is None:
             raise
-        outcome = "error"  # headers already sent: log it and cut the stream
-        log.exception("%s stream failed after start", fmt)
+        log.exception("%s stream failed after start", fmt)  # headers already sent: log it and cut the stream
         return resp
-    finally:
-        handle.cancel()  # no-op when finished; frees the slot at once otherwise
-        ctx.active_handles.discard(handle)
-        ctx.metrics.request("speech", outcome)
-        ctx.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Optional
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -26,12 +25,12 @@ from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from engines.model.errors import TTSError
+from engines.model.errors import EngineBusy, TTSError
 from jobs.encode import pcm16
 from jobs.normalize import language_code
 from jobs.segment_split import split_streamed
 
-from appliance.engine_host import EngineBusy
+from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
 OK, FAILED, DROP = "ok", "failed", "drop"
@@ -114,38 +113,28 @@ class TtsHandler(AsyncEventHandler):
         if req is None:
             await self.write_event(Error("no voice: this Base checkpoint needs a saved voice", "no_voice").event())
             return FAILED
-        if not d.accepting:
-            await self.write_event(Error("the daemon is shutting down", "busy").event())
-            return DROP
         try:
-            handle = d.host.submit_stream(req)
+            async with serve_stream(d, "wyoming", req) as stream:
+                async for chunk in stream.chunks():
+                    if not self.audio_started:
+                        await self.write_event(AudioStart(rate=stream.sample_rate, width=2, channels=1).event())
+                        self.audio_started = True
+                    await self.write_event(AudioChunk(rate=stream.sample_rate, width=2, channels=1,
+                                                      audio=pcm16(chunk)).event())
+                stream.outcome = "ok"
+            return OK
+        except ShuttingDown as exc:
+            await self.write_event(Error(str(exc), "busy").event())
+            return DROP
         except EngineBusy as exc:
-            d.metrics.request("wyoming", "busy")
             await self.write_event(Error(str(exc), "busy").event())
             return FAILED
-        started, outcome = time.monotonic(), "cancelled"
-        d.active_handles.add(handle)
-        try:
-            async for chunk in d.host.aiter_chunks(handle):
-                if not self.audio_started:
-                    await self.write_event(AudioStart(rate=handle.sample_rate, width=2, channels=1).event())
-                    self.audio_started = True
-                await self.write_event(AudioChunk(rate=handle.sample_rate, width=2, channels=1,
-                                                  audio=pcm16(chunk)).event())
-            outcome = "ok"
-            return OK
         except TTSError as exc:
-            outcome = "bad_request"
             await self.write_event(Error(str(exc), type(exc).__name__).event())
             return FAILED
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away mid-stream; request cancelled")
             return DROP
-        finally:
-            handle.cancel()
-            d.active_handles.discard(handle)
-            d.metrics.request("wyoming", outcome)
-            d.host.stream_finished(handle, None if outcome in ("ok", "cancelled") else outcome, started)
 
 
 async def client_connected(daemon, reader, writer) -> None:

@@ -70,7 +70,7 @@ class Relay(threading.Thread):
                 now = time.monotonic()
                 if now - last_stats >= STATS_S:
                     last_stats = now
-                    self.conn.send_bytes(wire.pack("stats", self.stats()))
+                    self.conn.send_bytes(wire.pack("stats", self.stats(), None))
                 if stop:
                     return
         except (OSError, EOFError):  # the front went away: the main thread sees it too
@@ -180,6 +180,8 @@ def serve(conn: Connection, runner) -> None:
                         h.feed.end()
                 except ValueError:  # appended after its end: the front's race, nothing to speak
                     pass
+        elif kind == "stats":  # figures asked for now (/health): answered in order with the audio
+            relay.control("stats", runner.stats(), msg[1])
         elif kind == "clone":
             threading.Thread(target=clone, args=msg[1:], name="engine-clone", daemon=True).start()
         elif kind == "stop":

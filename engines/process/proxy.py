@@ -35,6 +35,7 @@ from engines.runtime.stream import StreamHandle, collect
 
 log = logging.getLogger(__name__)
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+FRESH_STATS_S = 1.0  # longest wait for figures asked for now
 STALE_STATS_S = 30.0  # no figures from a live engine for this long: its loop (or the process) is stuck
 
 
@@ -75,6 +76,7 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._handles: dict[int, RemoteHandle] = {}
         self._clones: dict[int, Future] = {}
+        self._asked: dict[int, threading.Event] = {}  # stats asked for, by request id
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stats: dict = {}
@@ -190,8 +192,22 @@ class EngineProcess:
         self._send("clone", rid, str(ref_audio), ref_text)
         return fut.result()
 
-    def stats(self) -> dict:
-        """The engine loop's latest figures (what EngineRunner.stats gives), `alive` included."""
+    def stats(self, fresh: bool = False) -> dict:
+        """The engine loop's figures (what EngineRunner.stats gives), `alive` included: the latest it sent
+        (every STATS_S), or with `fresh` asked for now (waits up to FRESH_STATS_S)."""
+        if fresh and self._up.is_set():
+            rid = next(self._ids)
+            asked = threading.Event()
+            with self._lock:
+                self._asked[rid] = asked
+            try:
+                self._send("stats", rid)
+                asked.wait(FRESH_STATS_S)
+            except (OSError, EngineUnavailable):
+                pass
+            finally:
+                with self._lock:
+                    self._asked.pop(rid, None)
         with self._lock:
             s = dict(self._stats)
         s.update(alive=self.alive, max_slots=self.max_slots, restarts=max(self.starts - 1, 0),
@@ -248,6 +264,9 @@ class EngineProcess:
                 elif kind == "stats":
                     with self._lock:
                         self._stats, self._stats_at = msg[1], time.monotonic()
+                        asked = self._asked.pop(msg[2], None) if msg[2] is not None else None
+                    if asked is not None:
+                        asked.set()
                 elif kind == "cloned":
                     with self._lock:
                         fut = self._clones.pop(msg[1], None)

@@ -206,7 +206,9 @@ class EngineRunner:
         with self._cv:
             self._cv.notify()
 
-    def stats(self) -> dict:
+    def stats(self, fresh: bool = True) -> dict:
+        """The loop's figures (always as they are now in this process: `fresh` is for the engine process's
+        proxy, which otherwise answers with the last figures it was sent)."""
         return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
                 "frames": self.frames, "text_holds": self.holds, "ttfa_phases_s": dict(self.ttfa_phases),
                 "graphs": len(self.graphs), "max_slots": self.cfg.max_slots,
