@@ -276,10 +276,17 @@ class CodecLane:
 
     # ----- the call itself --------------------------------------------------------------------------
     def _gather_decode(self, ctrl: torch.Tensor, n: int) -> torch.Tensor:
-        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore."""
+        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore.
+
+        Only each row's first `valid` frames are its codes; the rest of the window (bucket padding, an idle
+        row on the scratch row, a reused row's old frames) holds whatever the decode step wrote there,
+        EOS included (an id past the codebook): it is decoded as code 0 (its audio is dropped), on the
+        device inside the call, so every backend and every captured graph sees only codes in range."""
         rows, start, valid = ctrl[0], ctrl[1], ctrl[2]
-        idx = (start[:, None] + torch.arange(n, device=ctrl.device)).clamp(max=self.frames.max_frames - 1)
+        t = torch.arange(n, device=ctrl.device)
+        idx = (start[:, None] + t).clamp(max=self.frames.max_frames - 1)
         codes = self.frames.codes[rows[:, None], idx]  # [b, n, K]
+        codes = codes.masked_fill((t[None, :] >= valid[:, None])[..., None], 0)  # [b, n, K]: past valid -> 0
         wav = self.codec.push(codes.permute(0, 2, 1).long(), valid)
         return wav[:, 0].float()
 
@@ -343,13 +350,15 @@ class CodecLane:
 
     def bench_call(self, b: int, n: int) -> np.ndarray:
         """One (b, n) call with every row decoding n frames of the scratch row, waited for (benchmarks: the
-        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only."""
+        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only.
+        The scratch row is zeroed first: free slots' steps write any id there, EOS included."""
         if self.members or self._inflight:
             raise RuntimeError("bench_call needs an idle lane")
         ctrl = torch.zeros(3, b, dtype=torch.long)
         ctrl[0].fill_(self.frames.trash)
         ctrl[2].fill_(n)
         with self._on_stream():
+            self.frames.codes[self.frames.trash].zero_()
             wav = self._call(ctrl, b, n)
         self.calls += 1
         if self.stream is not None:
