@@ -2,8 +2,9 @@
 the rest of its window (bucket padding, idle rows on the scratch row, a reused row's old frames), which hold
 whatever the decode step wrote there, EOS included. EOS and the other control ids lie past the codebook in
 every checkpoint (real: 2150 vs 2048 codes; tiny: 358 vs 256), so an unmasked read used to end `say` with
-`IndexError: index out of range in self` (on a GPU: a device assert that ends the engine).
-The debug guard of the codebook lookup ($TTS_APPLIANCE_CHECK_CODES, on in the tests) names such codes."""
+`IndexError: index out of range in self` (on a GPU: a device assert that ends the engine). The lane itself over
+each backend: tests/test_codec_backends.py. The debug guard of the codebook lookup ($TTS_APPLIANCE_CHECK_CODES,
+on in the tests) names such codes."""
 from __future__ import annotations
 
 import shutil
@@ -13,15 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from engines.api import SamplingParams, SynthesisRequest, TTSEngine
+from engines.api import TTSEngine
 from engines.codec import decoder as codec_decoder
 from engines.codec.backend_torch import TorchCodec
 from engines.runtime.runner import EngineRunner
-from lane_util import drive_lane
-
-TINY = Path(__file__).parent / "data" / "tiny"
-TEXTS = ["Hello world, this is a test.", "Guten Tag.", "A much longer sentence that keeps going for a while.",
-         "Short one.", "Numbers: one two three four five."]
+from test_runtime import TINY, reference, requests
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,15 +46,6 @@ def eos_model(tmp_path_factory) -> Path:
     return eos_checkpoint(tmp_path_factory.mktemp("ckpt") / "cv_eos")
 
 
-def requests(n: int = 5) -> list[SynthesisRequest]:
-    return [SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice="vivian", language="english",
-                             sampling=SamplingParams.greedy(max_new_tokens=20)) for i in range(n)]
-
-
-def reference(eng: TTSEngine, reqs) -> list:
-    return [(g.codes.numpy(), eng.decode(g.codes, ref)) for g, ref in eng.generate_codes(reqs)]
-
-
 def same(results, ref) -> None:
     for res, (codes, wav) in zip(results, ref):
         assert np.array_equal(res.codes, codes)
@@ -67,7 +55,7 @@ def same(results, ref) -> None:
 def test_the_fixture_ends_by_eos_past_the_codebook(eos_model):
     eng = TTSEngine.load(eos_model, device="cpu")
     assert eng.cfg.talker.codec_eos_token_id >= eng.decoder.config.codebook_size
-    lengths = {len(g.codes) for g, _ in eng.generate_codes(requests()) if g.finished_by_eos}
+    lengths = {len(g.codes) for g, _ in eng.generate_codes(requests(5, frames=16)) if g.finished_by_eos}
     assert len(lengths) >= 2, lengths  # several requests end by EOS, at different lengths
 
 
@@ -76,7 +64,7 @@ def test_runner_batch_single_batch_with_eos_equals_reference(eos_model, overlap)
     """A batch of 3, then one request, then a batch of 3 (rows reused, padding and idle rows read) through
     the runner, streams and batch work: the reference codes and audio (it used to raise IndexError)."""
     eng = TTSEngine.load(eos_model, device="cpu")
-    reqs = requests()
+    reqs = requests(5, frames=16)
     runner = EngineRunner(eng, max_slots=4, max_context=256, overlap=overlap)
     for group, priority in ((reqs[:3], 1), (reqs[3:4], 0), (reqs[1:4], 1), (reqs[4:], 0), (reqs[:3], 0)):
         same(runner.synthesize(group, priority=priority), reference(eng, group))
@@ -87,8 +75,8 @@ def test_two_cpu_engines_batch_single_batch(eos_model):
     both: every request gets the reference audio (one used to end with 'internal engine error')."""
     from appliance.config import Config
     from appliance.engine_host import STREAM_PRIORITY, load_runner
-    from engines.runtime.stream import collect
     from appliance.engine_pool import EnginePool
+    from engines.runtime.stream import collect
 
     cfg = Config()
     cfg.model.path, cfg.runtime.max_slots = str(eos_model), "3"
@@ -97,7 +85,7 @@ def test_two_cpu_engines_batch_single_batch(eos_model):
         r.start()
     try:
         eng = pool.engine
-        reqs = requests()
+        reqs = requests(5, frames=16)
         same(pool.synthesize(reqs[:3]), reference(eng, reqs[:3]))
         same(collect([pool.submit(reqs[3], STREAM_PRIORITY)]), reference(eng, reqs[3:4]))
         same(pool.synthesize(reqs[1:]), reference(eng, reqs[1:]))
@@ -105,48 +93,12 @@ def test_two_cpu_engines_batch_single_batch(eos_model):
         pool.stop()
 
 
-def _codes(decoder, s: int, t: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(11)
-    return torch.randint(0, decoder.config.codebook_size, (s, t, decoder.config.num_quantizers), generator=g)
-
-
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_lane_decodes_only_valid_frames(decoder, backend, request):
-    """A FrameStore holding EOS wherever no frame was written (every row past its frames, the scratch row):
-    3 requests in a 4-row lane (one idle row) with chunks that pad: each gets the one-shot decode of its
-    frames, over any backend (the masking happens inside the lane call)."""
-    if backend == "torch":
-        codec = TorchCodec(decoder, 4)
-    else:
-        from engines.codec.backend_onnx import OnnxCodec
-
-        codec = OnnxCodec(request.getfixturevalue("step_onnx"), 4, decoder.samples_per_frame, threads=1)
-    frames = _codes(decoder, 3, 12)  # [S, T, K]
-    eos = decoder.config.codebook_size + 102  # the tiny checkpoints' EOS id
-    got, _ = drive_lane(codec, frames, [(1, 1, 0), (2, 1, 1), (3, 4, 2), (6, 6, 9)], fill=eos)
-    with torch.inference_mode():
-        one_shot = decoder(frames.transpose(1, 2))[:, 0].numpy()
-    for g, o in zip(got, one_shot):
-        assert g.shape == o.shape and np.abs(g - o).max() <= 1e-4
-
-
-@pytest.fixture(scope="module")
-def step_onnx(decoder, tmp_path_factory):
-    from engines.codec import build as B
-
-    if not all(B.detect_platform("cpu")[k] for k in ("onnx", "onnxruntime")):
-        pytest.skip("onnx / onnxruntime not installed")
-    from engines.codec.export import export_step
-
-    return export_step(decoder, tmp_path_factory.mktemp("onnx") / "step.onnx")
-
-
 def test_guard_names_codes_out_of_range(decoder, monkeypatch):
     """On in the tests: a code past the codebook raises a ValueError naming it (streaming and one-shot);
     off (production), the lookup is not checked at all."""
     assert codec_decoder.CHECK_CODES, "tests/conftest.py turns the guard on"
     size = decoder.config.codebook_size
-    codes = _codes(decoder, 2, 3).transpose(1, 2).contiguous()  # [B, K, T]
+    codes = torch.randint(0, size, (2, decoder.config.num_quantizers, 3), generator=torch.Generator().manual_seed(1))
     codes[1, 0, 2] = size + 102
     with torch.inference_mode(), pytest.raises(ValueError, match=rf"\[{size + 102}\] in rows \[1\].* {size} codes"):
         decoder(codes)
