@@ -211,6 +211,16 @@ def test_codec_lane_decodes_only_valid_frames(decoder, backend, request):
         assert g.shape == o.shape and np.abs(g - o).max() <= TOL
 
 
+def test_bench_call_decodes_a_zeroed_scratch_row(decoder):
+    """bench_call decodes n frames of the scratch row, where free slots' steps write any id (EOS included):
+    it zeroes the row first (it used to hand EOS to the codec)."""
+    store = FrameStore(2, 8, decoder.config.num_quantizers, "cpu")
+    store.codes.fill_(decoder.config.codebook_size + 102)
+    lane = CodecLane("test", TorchCodec(decoder, 2), store, 1, 4, 4096, use_graphs=False)
+    assert lane.bench_call(2, 4).shape == (2, 4 * decoder.samples_per_frame)
+    assert not store.codes[store.trash].any()
+
+
 def test_codec_lane_big_chunks_equal_small_chunks(decoder):
     """Batch work decodes in large chunks, streams in small growing ones: the same audio."""
     frames = codes(decoder, 3, 20, seed=5).transpose(1, 2)
