@@ -113,3 +113,16 @@ def test_guard_names_codes_out_of_range(decoder, monkeypatch):
     with torch.inference_mode():
         decoder(codes[:1])
     assert len(checked) == 1  # off: never called
+
+
+def test_say_on_a_checkpoint_that_ends_by_eos(eos_model, monkeypatch, capsys, tmp_path):
+    """`say` (one slot) on that checkpoint writes its audio (it used to end in IndexError)."""
+    import soundfile as sf
+
+    from test_cli_say import run
+
+    out = tmp_path / "x.wav"
+    code, said = run(monkeypatch, capsys, "Guten Tag.", "--model", str(eos_model), "--voice", "vivian", "--language",
+                     "english", "--greedy", "-o", str(out))
+    assert code == 0, said
+    assert sf.read(out)[0].size > 0
