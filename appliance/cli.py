@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 
 import click
 
@@ -31,6 +32,21 @@ def setup_logging(verbose: int) -> None:
 def cli(config_path, verbose: int) -> None:
     """On-prem text-to-speech appliance around Qwen3-TTS."""
     setup_logging(verbose)
+
+
+@contextmanager
+def engine_errors():
+    """Any other error of the engine (a bug, a checkpoint of shapes it cannot run) as a TTSError: one line
+    and exit status 2 like bad input, not a traceback; the traceback is logged at debug level (-vv)."""
+    try:
+        yield
+    except (TTSError, click.ClickException, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported in one line, the traceback at -vv
+        log.debug("engine error", exc_info=True)
+        first = str(exc).strip().splitlines()[:1]
+        why = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+        raise TTSError(f"internal engine error ({why}); run again with -vv for the traceback and report it") from exc
 
 
 def say_request(text: str, voice, language, instruct, ref_audio, ref_text, seed, greedy, max_frames):
@@ -62,13 +78,14 @@ def say(text, model, device, dtype, voice, language, instruct, ref_audio, ref_te
     """Speak TEXT into a 24 kHz WAV file."""
     from engines.model.audio import write_wav
 
-    runner = load_runner(settings(model=model, device=device, dtype=dtype), slots=1, usage_error=True)
-    if ref_audio and save_voice:  # clone once: save the voice, then speak with the saved file
-        runner.engine.make_voice(ref_audio, ref_text).save(save_voice)
-        log.info("saved voice to %s", save_voice)
-        voice, ref_audio, ref_text = save_voice, None, None
-    req = say_request(text, voice, language, instruct, ref_audio, ref_text, seed, greedy, max_frames)
-    [res] = runner.synthesize([req])
+    with engine_errors():
+        runner = load_runner(settings(model=model, device=device, dtype=dtype), slots=1, usage_error=True)
+        if ref_audio and save_voice:  # clone once: save the voice, then speak with the saved file
+            runner.engine.make_voice(ref_audio, ref_text).save(save_voice)
+            log.info("saved voice to %s", save_voice)
+            voice, ref_audio, ref_text = save_voice, None, None
+        req = say_request(text, voice, language, instruct, ref_audio, ref_text, seed, greedy, max_frames)
+        [res] = runner.synthesize([req])
     write_wav(output, res.audio, res.sample_rate)
     click.echo(f"wrote {output}: {len(res.audio) / res.sample_rate:.2f} s at {res.sample_rate} Hz"
                f"{'' if res.finished_by_eos else ' (stopped at the frame limit)'}")

@@ -19,6 +19,7 @@ from engines.model.generate import generate
 from engines.model.prompt import PromptBuilder, PromptSpec
 from engines.model.text import expected_seconds
 from engines.model.tokenizer import TextTokenizer
+from engines.model.voice import reference_cut
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class TTSEngine(Catalog):
             return np.zeros(0, dtype=np.float32)
         wav = self.decoder(full.T[None].to(self.device))[0, 0].float().cpu().numpy()
         if ref_codes is not None:
-            wav = wav[int(ref_codes.shape[0] / max(full.shape[0], 1) * wav.shape[0]):]
+            wav = wav[reference_cut(ref_codes.shape[0], full.shape[0], wav.shape[0]):]
         return wav.astype(np.float32)
 
     def synthesize(self, requests: list[SynthesisRequest]) -> list[SynthesisResult]:

@@ -12,6 +12,9 @@ import pytest
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny"
 REQUIRE_SYSTEM = "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS"
+# the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;
+# set before engines is imported (it is read once), inherited by the daemons the tests start
+os.environ["TTS_APPLIANCE_CHECK_CODES"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

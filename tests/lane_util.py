@@ -9,12 +9,14 @@ from engines.runtime.stream import FrameStore
 
 
 def drive_lane(codec, frames: torch.Tensor, plan, first: int = 1, max_chunk: int = 4, use_graphs: bool = False,
-               device="cpu", wait: bool = True) -> tuple[list[np.ndarray], CodecLane]:
+               device="cpu", wait: bool = True, fill: int = 0) -> tuple[list[np.ndarray], CodecLane]:
     """Feed frames [S, T, K] through a codec lane following `plan` (frames per request per round): frames
     written to each request's FrameStore row, the lane told how many there are, one lane call per round
-    (then one per round until every request's audio is complete). Returns each request's audio and the lane."""
+    (then one per round until every request's audio is complete). Returns each request's audio and the lane.
+    `fill`: what the FrameStore holds where no frame was written yet (the scratch row included)."""
     s, t_max = frames.shape[0], frames.shape[1]
     store = FrameStore(s, t_max, frames.shape[2], device)
+    store.codes.fill_(fill)
     lane = CodecLane("test", codec, store, first, max_chunk, 4096, use_graphs=use_graphs, wait=wait)
     members = [lane.add(i, store.take(), 0) for i in range(s)]
     audio, pos = [[] for _ in range(s)], [0] * s

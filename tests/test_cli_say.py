@@ -170,3 +170,28 @@ def test_the_engine_loader_applies_the_decided_cpu_threads(monkeypatch, capsys, 
         assert "torch CPU threads: 2" in caplog.text
     finally:
         torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("where", ["step", "load"])
+def test_an_engine_error_is_one_line_and_exit_2(monkeypatch, capsys, caplog, tmp_path, where):
+    """An internal engine error (here injected into the decode loop, or into loading a checkpoint of
+    shapes the engine cannot run) ends `say` like bad input: a one-line error, exit status 2, no traceback
+    on the terminal; the traceback goes to the log at debug level (-vv)."""
+    import logging
+
+    from engines.engine import TTSEngine
+    from engines.runtime.runner import EngineRunner
+
+    def broken(*_a, **_k):
+        raise IndexError("index out of range in self")
+
+    monkeypatch.setattr(*((EngineRunner, "step_once", broken) if where == "step" else (TTSEngine, "load", broken)))
+    out = tmp_path / "x.wav"
+    with caplog.at_level(logging.DEBUG, logger="tts_appliance"):
+        code, text = run(monkeypatch, capsys, "Hello.", "--model", str(TINY / "cv_small"), "--voice", "vivian",
+                         "-o", str(out))
+    assert code == 2, text
+    assert text.strip().splitlines() == ["error: internal engine error (IndexError: index out of range in self); "
+                                         "run again with -vv for the traceback and report it"], text
+    assert not out.exists()
+    assert any(r.exc_info and r.levelno == logging.DEBUG for r in caplog.records)

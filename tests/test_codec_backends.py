@@ -195,6 +195,32 @@ def test_codec_lane_over_a_backend_equals_the_one_shot_decode(decoder, backend, 
         assert np.abs(r - g).max() <= TOL and np.abs(r - o).max() <= TOL
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_codec_lane_decodes_only_valid_frames(decoder, backend, request):
+    """A FrameStore holding EOS (an id past the codebook) wherever no frame was written, the scratch row
+    included: 3 requests in a 4-row lane (one idle row) with chunks that pad still get the one-shot decode
+    of their frames; the lane call masks the rest of its window (the codec used to get EOS: IndexError)."""
+    onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
+    frames = codes(decoder, 3, 12, seed=11).transpose(1, 2)  # [S, T, K]
+    eos = decoder.config.codebook_size + 102  # the tiny checkpoints' EOS id
+    got, _ = drive_lane(makers(decoder, onnx)[backend](4), frames, [(1, 1, 0), (2, 1, 1), (3, 4, 2), (6, 6, 9)],
+                        fill=eos)
+    with torch.inference_mode():
+        one_shot = decoder(frames.transpose(1, 2))[:, 0].numpy()
+    for g, o in zip(got, one_shot):
+        assert g.shape == o.shape and np.abs(g - o).max() <= TOL
+
+
+def test_bench_call_decodes_a_zeroed_scratch_row(decoder):
+    """bench_call decodes n frames of the scratch row, where free slots' steps write any id (EOS included):
+    it zeroes the row first (it used to hand EOS to the codec)."""
+    store = FrameStore(2, 8, decoder.config.num_quantizers, "cpu")
+    store.codes.fill_(decoder.config.codebook_size + 102)
+    lane = CodecLane("test", TorchCodec(decoder, 2), store, 1, 4, 4096, use_graphs=False)
+    assert lane.bench_call(2, 4).shape == (2, 4 * decoder.samples_per_frame)
+    assert not store.codes[store.trash].any()
+
+
 def test_codec_lane_big_chunks_equal_small_chunks(decoder):
     """Batch work decodes in large chunks, streams in small growing ones: the same audio."""
     frames = codes(decoder, 3, 20, seed=5).transpose(1, 2)

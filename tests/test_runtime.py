@@ -96,6 +96,35 @@ def test_runner_voice_clone_icl_matches_reference():
         assert res.audio.shape == wav.shape and np.abs(res.audio - wav).max() < 1e-4
 
 
+@pytest.mark.parametrize("priority", [1, 0])
+def test_runner_voice_clone_cuts_the_reference_like_the_official(priority, one_thread):
+    """The official package cuts int(ref / total * samples) samples of reference audio off the decode of
+    reference + generated frames: for 13 reference frames of 23 that is one sample short of 13 * 1920 (float
+    rounding). The runner's whole result (batch work, and streams' result()) cuts exactly as much, though its
+    chunks were cut at 13 * 1920 while the total was unknown: the result starts with that one sample."""
+    from engines.model.voice import ClonedVoice
+
+    eng = engine("base_small")
+    full = eng.make_voice(str(TINY / "audio" / "ref_a_24k.wav"), "A reference sentence.")
+    voice = ClonedVoice(spk_embedding=full.spk_embedding, ref_codes=full.ref_codes[:13], ref_text=full.ref_text)
+    req = SynthesisRequest(text=TEXTS[0], language="english", voice=voice,
+                           sampling=SamplingParams.greedy(max_new_tokens=11))
+    [(g, ref_codes)] = eng.generate_codes([req])
+    n_ref, total, spf = ref_codes.shape[0], ref_codes.shape[0] + g.codes.shape[0], eng.decoder.samples_per_frame
+    assert int(n_ref / total * (total * spf)) == n_ref * spf - 1, (n_ref, total)  # a length where the cut differs
+    wav = eng.decode(g.codes, ref_codes)
+    assert wav.shape[0] == g.codes.shape[0] * spf + 1
+    runner = EngineRunner(eng, max_slots=2, max_context=512)
+    h = runner.submit(req, priority=priority)
+    while not h.done:
+        runner.step_once()
+    chunks = list(h)
+    res = h.result()
+    assert np.array_equal(res.codes, g.codes.numpy())
+    assert res.audio.shape == wav.shape and np.abs(res.audio - wav).max() < 1e-4
+    assert np.array_equal(res.audio[1:], np.concatenate(chunks))  # chunks: from the reference's end
+
+
 def test_stream_first_chunk_is_one_frame_and_chunks_join_exactly():
     eng = engine()
     runner = EngineRunner(eng, max_slots=2, max_context=256)

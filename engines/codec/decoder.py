@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:  # the runtime owns the state object; layers only call st.roll
 
 log = logging.getLogger(__name__)
 _ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+CHECK_CODES_ENV = "TTS_APPLIANCE_CHECK_CODES"
+# debug guard, read once: every code the codebooks look up is checked to lie in range (on in the tests)
+CHECK_CODES = os.environ.get(CHECK_CODES_ENV, "") not in ("", "0")
 
 
 class CausalConv1d(nn.Module):
@@ -272,15 +276,34 @@ class ResidualVQ(nn.Module):
         return self.output_proj(acc.transpose(1, 2))
 
 
+def check_codes(codes: Tensor, size: int) -> None:
+    """Debug guard ($TTS_APPLIANCE_CHECK_CODES=1; the tests turn it on): raise when a code outside [0, size)
+    is about to be looked up, naming the ids, instead of an opaque index error (CPU) or a device assert that
+    ends the process (CUDA). It reads the codes back (a host sync), so it is skipped where that cannot
+    happen: inside a CUDA graph capture, torch.compile tracing and ONNX export (and on other accelerators)."""
+    dev = codes.device.type
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or dev not in ("cpu", "cuda")
+            or (dev == "cuda" and torch.cuda.is_current_stream_capturing())):
+        return
+    bad = (codes < 0) | (codes >= size)  # [B, K, T]
+    if bool(bad.any()):
+        rows = sorted(set(bad.nonzero()[:, 0].tolist()))
+        raise ValueError(f"codes out of range reached the codec: {sorted(set(codes[bad].tolist()))[:8]} in rows "
+                         f"{rows[:8]}, but its codebooks hold {size} codes (0..{size - 1}); control ids such as EOS "
+                         "or frames past a row's valid count must never be decoded (a bug: please report it)")
+
+
 class SplitResidualVQ(nn.Module):
     def __init__(self, c: CodecDecoderConfig):
         super().__init__()
         n_sem, dim = c.num_semantic_quantizers, c.codebook_dim // 2
-        self.n_sem = n_sem
+        self.n_sem, self.size = n_sem, c.codebook_size
         self.rvq_first = ResidualVQ(n_sem, c.codebook_size, dim, c.codebook_dim)
         self.rvq_rest = ResidualVQ(c.num_quantizers - n_sem, c.codebook_size, dim, c.codebook_dim)
 
     def forward(self, codes: Tensor) -> Tensor:  # [B, K, T] -> [B, codebook_dim, T]
+        if CHECK_CODES:
+            check_codes(codes, self.size)
         return self.rvq_first(codes[:, :self.n_sem]) + self.rvq_rest(codes[:, self.n_sem:])
 
 

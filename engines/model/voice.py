@@ -28,6 +28,14 @@ FORMAT = "tts-appliance-voice"
 FORMAT_VERSION = 1
 
 
+def reference_cut(n_ref: int, n_frames: int, n_samples: int) -> int:
+    """Samples of reference audio to cut off the decode of a cloned voice's `n_ref` reference frames followed by
+    the generated ones (`n_frames` in all, `n_samples` decoded): the official package's proportional cut
+    int(ref_len / total_len * len(wav)), the same float operations. With n_samples = n_frames * samples per
+    frame that is n_ref * samples per frame, or one sample less where the division rounds down (13 of 23)."""
+    return int(n_ref / max(n_frames, 1) * n_samples)
+
+
 @dataclass
 class ClonedVoice:
     spk_embedding: torch.Tensor  # [H] speaker x-vector, fed to the talker as one embedding row

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from engines.model.voice import reference_cut
 from engines.runtime.scheduler import pick_bucket
 
 log = logging.getLogger(__name__)
@@ -37,19 +38,21 @@ class Member:
     """A request's place in a codec lane; its row in the lane moves when others leave."""
 
     __slots__ = ("frame_row", "n_ref", "emitted", "decoded", "target", "discard", "finished", "dropped", "seq",
-                 "codes", "stalled", "heard")
+                 "codes", "stalled", "heard", "ref_tail", "lead")
 
     def __init__(self, seq, frame_row: int, n_ref: int, first: int, spf: int):
         self.seq, self.frame_row, self.n_ref = seq, frame_row, n_ref
         self.emitted = n_ref  # frames in the FrameStore row (reference codes first)
         self.decoded = 0
         self.target = first + n_ref
-        self.discard = n_ref * spf  # samples of reference audio to drop
+        self.discard = n_ref * spf  # samples of reference audio its chunks drop (its whole result: `_lead`)
         self.finished = False  # no more frames will come
         self.dropped = False  # cancelled: decode nothing more
         self.stalled = False  # its request waits for text: what it has is decoded now, not at the next chunk
         self.heard = False  # a call has made audio of it (reference frames aside)
         self.codes: Optional[np.ndarray] = None  # [frames, K] int64, set when its audio is complete
+        self.ref_tail: Optional[np.ndarray] = None  # [1] the last sample of its reference audio (see `_lead`)
+        self.lead: Optional[np.ndarray] = None  # audio its whole result starts with, set when it is complete
 
     @property
     def pending(self) -> int:
@@ -59,7 +62,7 @@ class Member:
 class _Call:
     """A launched lane call: its audio on the way to host memory, and the members it completes."""
 
-    __slots__ = ("event", "wav", "parts", "complete", "codes", "first", "urgent")
+    __slots__ = ("event", "wav", "parts", "complete", "codes", "first", "urgent", "tails")
 
     def __init__(self):
         self.event = None  # CUDA event after the host copies (None: already done)
@@ -67,6 +70,7 @@ class _Call:
         self.parts: list = []  # (member, row, samples from, samples to)
         self.complete: list = []  # members whose audio ends with this call
         self.codes: list = []  # (member, host int32 codes [frames, K])
+        self.tails: list = []  # (member, row, sample): the member's reference audio ends at that sample of wav
         self.first = False  # it holds a member's first audio
         self.urgent = False  # it holds audio a member's listener is about to run out of
 
@@ -213,6 +217,8 @@ class CodecLane:
                     if not got:
                         continue
                     cut = min(m.discard, got)
+                    if cut and cut == m.discard:  # its reference audio ends in this call: keep the last sample
+                        call.tails.append((m, i, cut - 1))
                     m.discard -= cut
                     call.parts.append((m, i, cut, got))
                     if got > cut and not m.heard:  # this call makes its first audio
@@ -253,10 +259,20 @@ class CodecLane:
             for m, row, a, z in call.parts:
                 if z > a:
                     out.append((m, wav[row, a:z].copy() if pinned else wav[row, a:z]))
+            for m, row, at in call.tails:
+                m.ref_tail = wav[row, at:at + 1].copy()
             for m, codes in call.codes:
                 m.codes = codes.numpy().astype(np.int64)
+                m.lead = self._lead(m)
             complete.extend(call.complete)
         return out, complete
+
+    def _lead(self, m: Member) -> Optional[np.ndarray]:
+        """The reference audio a complete member's whole result keeps: its chunks were cut at n_ref * spf
+        samples while its length was unknown; the official package cuts `reference_cut` samples off the
+        whole decode, one less for some lengths: that last reference sample then starts the result."""
+        keep = m.n_ref * self.spf - reference_cut(m.n_ref, m.emitted, m.emitted * self.spf)  # 0 or 1
+        return m.ref_tail[-keep:] if keep > 0 and m.ref_tail is not None else None
 
     def _remove(self, m: Member) -> None:
         i, last = self.members.index(m), len(self.members) - 1
@@ -276,10 +292,17 @@ class CodecLane:
 
     # ----- the call itself --------------------------------------------------------------------------
     def _gather_decode(self, ctrl: torch.Tensor, n: int) -> torch.Tensor:
-        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore."""
+        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore.
+
+        Only each row's first `valid` frames are its codes; the rest of the window (bucket padding, an idle
+        row on the scratch row, a reused row's old frames) holds whatever the decode step wrote there,
+        EOS included (an id past the codebook): it is decoded as code 0 (its audio is dropped), on the
+        device inside the call, so every backend and every captured graph sees only codes in range."""
         rows, start, valid = ctrl[0], ctrl[1], ctrl[2]
-        idx = (start[:, None] + torch.arange(n, device=ctrl.device)).clamp(max=self.frames.max_frames - 1)
+        t = torch.arange(n, device=ctrl.device)
+        idx = (start[:, None] + t).clamp(max=self.frames.max_frames - 1)
         codes = self.frames.codes[rows[:, None], idx]  # [b, n, K]
+        codes = codes.masked_fill((t[None, :] >= valid[:, None])[..., None], 0)  # [b, n, K]: past valid -> 0
         wav = self.codec.push(codes.permute(0, 2, 1).long(), valid)
         return wav[:, 0].float()
 
@@ -343,13 +366,15 @@ class CodecLane:
 
     def bench_call(self, b: int, n: int) -> np.ndarray:
         """One (b, n) call with every row decoding n frames of the scratch row, waited for (benchmarks: the
-        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only."""
+        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only.
+        The scratch row is zeroed first: free slots' steps write any id there, EOS included."""
         if self.members or self._inflight:
             raise RuntimeError("bench_call needs an idle lane")
         ctrl = torch.zeros(3, b, dtype=torch.long)
         ctrl[0].fill_(self.frames.trash)
         ctrl[2].fill_(n)
         with self._on_stream():
+            self.frames.codes[self.frames.trash].zero_()
             wav = self._call(ctrl, b, n)
         self.calls += 1
         if self.stream is not None:

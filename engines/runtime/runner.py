@@ -439,7 +439,7 @@ class EngineRunner:
                 self._count_ttfa(m.seq.handle)
         for m in complete:
             if not m.dropped:
-                m.seq.handle.codes = m.codes
+                m.seq.handle.codes, m.seq.handle.lead = m.codes, m.lead
             self.store.give(m.frame_row)
             m.seq.handle.finish()
 

@@ -49,6 +49,9 @@ class StreamHandle:
         self.error: Optional[BaseException] = None
         self.finished_by_eos = False
         self.codes: Optional[np.ndarray] = None  # [frames, 16], set when the request ends
+        # audio the whole result starts with, before the chunks, set when the request ends: a cloned voice's last
+        # reference sample where the official whole-file cut keeps it (engines.runtime.codec_lane.CodecLane._lead)
+        self.lead: Optional[np.ndarray] = None
         self._consumed: list[np.ndarray] = []
         self._ended = False  # the end marker was read (iterating again yields nothing more)
         self.on_done = None  # optional callback(handle), called from the runner thread at the end
@@ -108,10 +111,11 @@ class StreamHandle:
                     pass
 
     def result(self, timeout: Optional[float] = None) -> SynthesisResult:
-        """Wait for the end and return the whole audio (chunks not yet iterated included)."""
+        """Wait for the end and return the whole audio (chunks not yet iterated included, `lead` first)."""
         for _ in self:
             pass
-        audio = np.concatenate(self._consumed) if self._consumed else np.zeros(0, np.float32)
+        parts = ([] if self.lead is None else [self.lead]) + self._consumed
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         codes = self.codes if self.codes is not None else np.zeros((0, 16), np.int64)
         return SynthesisResult(audio=audio, sample_rate=self.sample_rate, codes=codes,
                                finished_by_eos=self.finished_by_eos)
