@@ -143,3 +143,30 @@ def test_start_failure_is_one_line(bad, says):
         e.wait_ready(120)
     assert "\n" not in str(info.value)
     assert e.proc.poll() is not None
+
+
+def test_a_cloned_voice_result_is_cut_like_the_official_across_the_boundary():
+    """The reference cut of a voice cloned with its text (the official whole-file formula, which keeps one
+    reference sample for some lengths: `handle.lead`) reaches results made in an engine process too."""
+    from engines.load import load_runner
+
+    e = EngineProcess(spec(TINY / "base_small"))
+    e.start()
+    try:
+        e.wait_ready(120)
+        from engines.model.voice import reference_cut
+
+        voice = e.clone_voice(str(REF), "A reference sentence.")
+        n_ref = voice.ref_codes.shape[0]
+        # generated lengths where the official cut keeps one reference sample (its float rounding)
+        frames = [f for f in range(2, 300) if reference_cut(n_ref, n_ref + f, (n_ref + f) * 1920) < n_ref * 1920][:2]
+        assert frames, n_ref
+        reqs = [req(voice=voice, frames=f, seed=s) for s, f in enumerate(frames + [5])]
+        remote = [h.result() for h in [e.submit(r) for r in reqs]]
+        local = load_runner(spec(TINY / "base_small")).synthesize(reqs)
+        for a, b in zip(remote, local):
+            np.testing.assert_array_equal(a.codes, b.codes)
+            assert a.audio.shape == b.audio.shape
+            np.testing.assert_allclose(a.audio, b.audio, atol=1e-4)
+    finally:
+        e.stop()

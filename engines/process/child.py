@@ -116,7 +116,7 @@ def relay_handle_class():
             codes = None if self.codes is None else np.asarray(self.codes, dtype=np.int16)
             self.relay.control("end", self.rid, {
                 "error": None if self.error is None else wire.error_info(self.error),
-                "finished_by_eos": self.finished_by_eos, "codes": codes, "marks": dict(self.marks),
+                "finished_by_eos": self.finished_by_eos, "codes": codes, "lead": self.lead, "marks": dict(self.marks),
                 "feed_taken": None if self.feed is None else self.feed.taken})
             if self.on_done is not None:
                 self.on_done(self)

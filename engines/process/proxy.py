@@ -287,6 +287,7 @@ class EngineProcess:
         h.finished_by_eos = info["finished_by_eos"]
         if info["codes"] is not None:
             h.codes = info["codes"].astype("int64")
+        h.lead = info["lead"]
         if h.feed is not None and info["feed_taken"] is not None:
             h.feed.taken = info["feed_taken"]
         if info["error"] is not None:
