@@ -62,14 +62,28 @@ class JobBook:
         return cls(queue.job(job_id), queue.chapters(job_id), paths.output / job_id, join)
 
     def advance(self, segments: list[dict]) -> int:
-        """Hand the chapters whose segments have all ended to the writer; returns how many."""
-        if self.error is not None:
-            return 0
+        """Hand the chapters whose segments have all ended to the writer; returns how many. `segments`: the
+        job's rows (all of them, e.g. at the end); `follow` does the same reading only what it needs."""
         by_ch: dict[int, list[dict]] = {}
         for s in segments:
             by_ch.setdefault(s["chapter_idx"], []).append(s)
+        pending = {c: sum(r["state"] in PENDING for r in rows) for c, rows in by_ch.items()}
+        return self._advance(pending, lambda idx: by_ch.get(idx, []), lambda: next(
+            (s for s in segments if s["state"] == "done"), None))
+
+    def follow(self, queue: Queue) -> int:
+        """`advance` as a book in work is followed: the queue is asked which chapters still have segments in
+        work (only those rows are read) and for the rows of the chapters handed over, never for every row
+        of the book (a long book would make each look O(segments), the whole book O(segments^2))."""
+        return self._advance(queue.pending_chapters(self.job_id),
+                             lambda idx: queue.segments(self.job_id, chapter_idx=idx),
+                             lambda: next(iter(queue.segments(self.job_id, state="done", limit=1)), None))
+
+    def _advance(self, pending: dict, rows_of, any_done) -> int:
+        if self.error is not None:
+            return 0
         if self.sample_rate is None:
-            done = next((s for s in segments if s["state"] == "done"), None)
+            done = any_done()
             if done is None:
                 return 0  # no audio yet: the sample rate is not known
             try:
@@ -81,9 +95,9 @@ class JobBook:
         n = 0
         while self.next < len(self.chapters):
             ch = self.chapters[self.next]
-            rows = by_ch.get(ch["idx"], [])
-            if any(r["state"] in PENDING for r in rows):
+            if pending.get(ch["idx"]):
                 break
+            rows = rows_of(ch["idx"])
             for r in rows:
                 self.used[r["id"]] = (r["state"], r["audio_path"])
             self.next += 1

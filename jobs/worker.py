@@ -302,7 +302,7 @@ class Worker:
             book = self._books.get(job_id)
             if book is None:
                 book = self._books[job_id] = JobBook.of(self.queue, self.paths, job_id, self.join)
-            book.advance(self.queue.segments(job_id))
+            book.follow(self.queue)
 
     # -- segments --------------------------------------------------------------------------
     def _audio_path(self, key: str) -> Path:

@@ -90,6 +90,31 @@ def test_chapters_are_written_as_they_complete_and_equal_a_fresh_assembly(tmp_pa
     assert not list((paths.output / job_id).glob(".*"))  # no temp file left behind
 
 
+def test_a_followed_book_reads_only_its_pending_and_handed_over_chapters(tmp_path, monkeypatch):
+    """A book in work is followed from the queue (JobBook.follow) without reading every segment row of the
+    job at each look (that made a long book O(segments^2)): only the pending rows are counted and the rows
+    of the chapters handed over are read; the book is the same as one assembled from scratch."""
+    paths, q, job_id = _job(tmp_path)
+    chapters = _by_chapter(q, job_id)
+    rows = {r["id"]: r for r in q.claim("w", 100, 60)}
+    reads = []
+    plain = q.segments
+    monkeypatch.setattr(q, "segments", lambda job, **kw: reads.append(kw) or plain(job, **kw))
+    book = JobBook.of(q, paths, job_id)
+    assert book.follow(q) == 0  # no audio yet
+    for idx in sorted(chapters):
+        _store(paths, q, [rows[s["id"]] for s in chapters[idx]])
+        assert book.follow(q) == 1  # this chapter, now complete
+    assert reads and all(kw.get("chapter_idx") is not None or kw.get("limit") == 1 for kw in reads), reads
+    assert sum(1 for kw in reads if kw.get("chapter_idx") is not None) == len(chapters)  # each chapter read once
+    monkeypatch.setattr(q, "segments", plain)
+    assert assemble_job(q, paths, job_id, book=book) == "done"
+    followed = _book_audio(paths, job_id)
+    assert assemble_job(q, paths, job_id) == "done"
+    fresh = _book_audio(paths, job_id)
+    assert np.array_equal(followed[0], fresh[0]) and followed[0].size > SR
+
+
 def test_a_segment_changed_after_its_chapter_was_written_starts_the_book_over(tmp_path):
     paths, q, job_id = _job(tmp_path)
     rows = q.claim("w", 100, 60)

@@ -159,8 +159,23 @@ class Queue(Leases, Records, Assemblies):
     def chapters(self, job_id: str) -> list[dict]:
         return self._rows("SELECT * FROM chapters WHERE job_id = ? ORDER BY idx", [job_id])
 
-    def segments(self, job_id: str) -> list[dict]:
-        return self._rows("SELECT * FROM segments WHERE job_id = ? ORDER BY idx", [job_id])
+    def segments(self, job_id: str, chapter_idx: Optional[int] = None, state: Optional[str] = None,
+                 limit: Optional[int] = None) -> list[dict]:
+        """A job's segment rows in order; only those of one chapter and/or in one state, at most `limit`."""
+        where, args = ["job_id = ?"], [job_id]
+        for col, value in (("chapter_idx", chapter_idx), ("state", state)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                args.append(value)
+        tail = f" LIMIT {int(limit)}" if limit else ""
+        return self._rows(f"SELECT * FROM segments WHERE {' AND '.join(where)} ORDER BY idx{tail}", args)
+
+    def pending_chapters(self, job_id: str) -> dict[int, int]:
+        """{chapter index: segments not ended (queued or leased)} of a job, chapters with none left out: what
+        a book following its chapters asks (reads only the pending rows, not the whole job)."""
+        rows = self.store.execute("""SELECT chapter_idx, COUNT(*) FROM segments WHERE state IN ('queued', 'leased')
+                                     AND job_id = ? GROUP BY chapter_idx""", [job_id]).fetchall()
+        return {int(c): int(n) for c, n in rows}
 
     def counts(self, job_id: Optional[str] = None) -> dict:
         """Segment counts by state, for one job or all."""

@@ -54,6 +54,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (5, "assembly attempts per job (jobs.queue.assembly)", [
         "ALTER TABLE jobs ADD COLUMN assembly_attempts INTEGER NOT NULL DEFAULT 0",
     ]),
+    (6, "a job's segments by chapter (books follow their chapters, not every segment row)", [
+        "CREATE INDEX segments_job ON segments (job_id, chapter_idx, idx)",
+    ]),
 ]
 
 LATEST = MIGRATIONS[-1][0]
