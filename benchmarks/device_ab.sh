@@ -38,6 +38,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
    done
    wait) &
 fi
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; for p in "${pids[@]}"; do wait "$p"; done' TERM INT  # keep what was measured
 for p in "${pids[@]}"; do wait "$p"; done
 echo "== $name: $((SECONDS - start)) s"
 for f in "$OUT"/base_"$name".md "$OUT"/new_"$name".md; do [ -f "$f" ] && { echo "-- $f"; cat "$f"; }; done
