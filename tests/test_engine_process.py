@@ -23,7 +23,7 @@ REF = TINY / "audio" / "ref_a_24k.wav"
 
 
 def spec(model=CV, **kw) -> EngineSpec:
-    return EngineSpec(model=str(model), device="cpu", dtype="float32", max_slots=4, threads=1, **kw)
+    return EngineSpec(**{"model": str(model), "device": "cpu", "dtype": "float32", "max_slots": 4, "threads": 1, **kw})
 
 
 def req(text="Hello there, how are you today?", frames=24, seed=5, **kw) -> SynthesisRequest:
@@ -168,5 +168,31 @@ def test_a_cloned_voice_result_is_cut_like_the_official_across_the_boundary():
             np.testing.assert_array_equal(a.codes, b.codes)
             assert a.audio.shape == b.audio.shape
             np.testing.assert_allclose(a.audio, b.audio, atol=1e-4)
+    finally:
+        e.stop()
+
+
+def test_a_preempted_batch_request_starts_over_in_the_front_too(one_thread):
+    """A batch request whose slot went to a stream starts over in the engine; the front forgets the audio of
+    its first try (`restart`), so its result is the one it would have had."""
+    from engines.load import load_runner
+
+    reqs = [req(seed=s, frames=150, text=t) for s, t in ((1, "The first book line is long enough."),
+                                                         (2, "The second book line is long as well."))]
+    want = load_runner(spec(max_slots=2)).synthesize(reqs)
+    e = EngineProcess(spec(max_slots=2))
+    e.start()
+    try:
+        e.wait_ready(120)
+        batch = [e.submit(r, priority=1) for r in reqs]
+        deadline = time.monotonic() + 60
+        while e.stats(fresh=True).get("frames", 0) < 140 and time.monotonic() < deadline:  # past a batch chunk
+            time.sleep(0.01)
+        e.submit(req(frames=4)).result()
+        assert e.stats(fresh=True)["preempted"] >= 1
+        for h, w in zip(batch, want):
+            got = h.result()
+            np.testing.assert_array_equal(got.codes, w.codes)
+            assert got.audio.shape == w.audio.shape
     finally:
         e.stop()

@@ -408,3 +408,29 @@ def test_book_segments_join_steadily_and_leave_prefill_rows_while_streams_are_ab
     assert sum(1 for s in busy.prefilling if s.priority > 0) == 6  # 8 rows - 2 kept for streams
     fill(busy, 1, priority=0)
     assert [s.priority for s in busy.schedule(100, {True: 64, False: 64})] == [0]  # a stream finds its row
+
+
+def test_a_stream_takes_the_slot_of_a_batch_request_which_starts_over_with_the_same_audio():
+    """Streams always win: with every slot held by batch work, a stream that arrives gets a slot at once (the
+    batch request with the fewest frames goes back to the queue) instead of waiting for a book row to end; the
+    batch request starts over and its result is the one it would have had (same seed)."""
+    eng = engine()
+    reqs = requests(2, greedy=False, frames=40)
+    want = EngineRunner(eng, max_slots=2, max_context=256).synthesize(reqs)
+    runner = EngineRunner(eng, max_slots=2, max_context=256)  # reserve: a quarter of 2 = no slot kept
+    batch = [runner.submit(r, priority=1) for r in reqs]
+    while runner.slots.n_active < 2 or runner.frames < 10:
+        runner.step_once()
+    stream = runner.submit(requests(1, frames=4)[0])
+    steps = 0
+    while not stream.done:
+        runner.step_once()
+        steps += 1
+    assert runner.preempted == 1 and steps < 15  # not after a batch row's remaining ~30 frames
+    assert sum(h.done for h in batch) == 0  # it finished while the book's requests still ran
+    while not all(h.done for h in batch):
+        runner.step_once()
+    for h, w in zip(batch, want):
+        got = h.result()
+        np.testing.assert_array_equal(got.codes, w.codes)
+        np.testing.assert_allclose(got.audio, w.audio, atol=1e-5)

@@ -109,6 +109,10 @@ def relay_handle_class():
             self.samples += audio.size
             self.relay.chunk(self.rid, audio)
 
+        def restart(self) -> None:
+            super().restart()
+            self.relay.control("restart", self.rid)
+
         def finish(self) -> None:
             if self.done:
                 return

@@ -261,6 +261,11 @@ class EngineProcess:
                             h.add_audio(audio)
                 elif kind == "end":
                     self._end(msg[1], msg[2])
+                elif kind == "restart":  # preempted by a stream: it starts over in the engine
+                    with self._lock:
+                        h = self._handles.get(msg[1])
+                    if h is not None:
+                        h.restart()
                 elif kind == "stats":
                     with self._lock:
                         self._stats, self._stats_at = msg[1], time.monotonic()

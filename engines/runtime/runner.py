@@ -91,6 +91,7 @@ class EngineRunner:
         self._stop = False
         self.frames = 0
         self.holds = 0  # rows x steps that waited for text
+        self.preempted = 0  # batch requests sent back to the queue to give their slot to a stream
         # where streams' time to first audio goes, summed (seconds): submit -> admitted (queue), -> in a slot
         # (prefill), -> first frame read back (first_frame), -> first audio handed out (codec)
         self.ttfa_phases = dict.fromkeys(("queue", "prefill", "first_frame", "codec"), 0.0) | {"n": 0}
@@ -210,7 +211,7 @@ class EngineRunner:
         """The loop's figures (always as they are now in this process: `fresh` is for the engine process's
         proxy, which otherwise answers with the last figures it was sent)."""
         return {"active_slots": self.slots.n_active, "queued": len(self.sched.queue), "steps": self.steps,
-                "frames": self.frames, "text_holds": self.holds, "ttfa_phases_s": dict(self.ttfa_phases),
+                "frames": self.frames, "text_holds": self.holds, "preempted": self.preempted, "ttfa_phases_s": dict(self.ttfa_phases),
                 "graphs": len(self.graphs), "max_slots": self.cfg.max_slots,
                 "loop_s": {k: round(v, 3) for k, v in self.loop_s.items()}
                 | {"codec_wait": round(sum(ln.wait_s for ln in self.lanes.values()), 3)}}  # (inside "codec")
@@ -249,6 +250,7 @@ class EngineRunner:
         for seq in list(self.slots.seqs):
             if seq.handle.cancelled and not seq.done:
                 self._end(seq, dropped=True)
+        self._preempt()
         t0 = time.perf_counter()
         self._admit(self.sched.schedule(self.store.n_free, {True: self.lanes["stream"].free,
                                                             False: self.lanes["batch"].free}))
@@ -402,6 +404,24 @@ class EngineRunner:
                 self._end(seq)
         self.loop_s["step_rows"] += time.perf_counter() - t1
 
+    def _preempt(self) -> None:
+        """Streams always win: for each stream waiting while every slot is taken, the batch request with the
+        fewest frames made leaves its slot now and goes back to the queue; it starts over later with the same
+        settings (same seed: the same audio), its handle forgetting what it had (`restart`)."""
+        waiting = self.sched.queue.waiting(0)
+        free = self.cfg.max_slots - self.slots.n_active - len(self.sched.prefilling)
+        need = min(waiting, self.cfg.prefill_batch) - max(free, 0)
+        if need <= 0:
+            return
+        victims = sorted((s for s in self.slots.seqs if not s.is_stream and not s.done),
+                         key=lambda s: s.member.emitted)[:need]
+        for seq in victims:
+            seq.requeued = True
+            self._end(seq, dropped=True)
+            seq.handle.restart()
+            self.sched.push(Sequence(seq.handle, seq.request, seq.priority), seq.priority)
+            self.preempted += 1
+
     def _end(self, seq: Sequence, dropped: bool = False) -> None:
         """No more frames for `seq`: its slot is freed now; its codec lane decodes what is left (or drops it)."""
         seq.done = True
@@ -433,14 +453,18 @@ class EngineRunner:
 
     def _deliver(self, out: list, complete: list) -> None:
         for m, audio in out:
+            if m.seq.requeued:  # audio of a preempted try: its request starts over
+                continue
             first = m.seq.handle.ttfa_s is None
             m.seq.handle.add_audio(audio)
             if first and m.seq.is_stream and m.seq.handle.ttfa_s is not None:
                 self._count_ttfa(m.seq.handle)
         for m in complete:
+            self.store.give(m.frame_row)
+            if m.seq.requeued:
+                continue
             if not m.dropped:
                 m.seq.handle.codes, m.seq.handle.lead = m.codes, m.lead
-            self.store.give(m.frame_row)
             m.seq.handle.finish()
 
     def _count_ttfa(self, h: StreamHandle) -> None:

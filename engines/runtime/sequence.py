@@ -25,6 +25,7 @@ class Sequence:
         self.text_rows = 0  # trailing rows in its slot
         self.feed_version = -1
         self.held = False  # the last collected step held its row (waiting for text)
+        self.requeued = False  # preempted: its request went back to the queue as a new Sequence
 
     @property
     def is_stream(self) -> bool:

@@ -121,6 +121,17 @@ class StreamHandle:
                                finished_by_eos=self.finished_by_eos)
 
     # called by the runner thread
+    def restart(self) -> None:
+        """Its request starts over (the engine gave its slot to a stream): forget the audio made so far."""
+        with self._lock:
+            while True:
+                try:
+                    self._q.get_nowait()
+                except queue.Empty:
+                    break
+        self._consumed.clear()
+        self.samples, self.ttfa_s, self.codes, self.lead = 0, None, None, None
+
     def add_audio(self, audio: np.ndarray) -> None:
         if audio.size == 0:
             return
