@@ -1,0 +1,41 @@
+"""What `pip install .` (and `pip install -e .`) installs holds every package the installed code imports:
+pyproject.toml's package list keeps up with the folders (a room added without it works from the checkout,
+then fails where the package is installed)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from setuptools.config.pyprojecttoml import read_configuration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _package_of(module: str) -> str:
+    """The deepest package folder of this tree that `module` names ("text.split" -> "text")."""
+    parts = module.split(".")
+    while parts and not (ROOT.joinpath(*parts) / "__init__.py").is_file():
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(tree: ast.AST):
+    for node in ast.walk(tree):  # imports inside functions too
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_installed_code_imports_only_installed_packages():
+    installed = set(read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]["packages"])
+    assert {"appliance", "engines", "jobs"} <= installed, installed
+    missing = set()
+    for package in sorted(installed):
+        for source in (ROOT / package.replace(".", "/")).glob("*.py"):
+            for module in _imports(ast.parse(source.read_text(encoding="utf-8"))):
+                needed = _package_of(module)
+                if needed and needed not in installed:
+                    missing.add(f"{source.relative_to(ROOT)} imports {module}")
+    assert not missing, ("not in pyproject.toml's [tool.setuptools.packages.find] include: "
+                         + "; ".join(sorted(missing)))
