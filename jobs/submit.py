@@ -204,7 +204,7 @@ def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec
     """`submit_file` that also says whether this call made the job: (job id, error or None, new).
     Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
     to `wait_s` while that one is still being ingested, and returns its id either way."""
-    from jobs import submissions
+    from jobs.queue import submissions
 
     read = dict(voices=voices, limits=limits, cancel=cancel, options=options)
     path = Path(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from jobs import submissions
+from jobs.queue import submissions
 from jobs.queue import Queue
 from jobs.settings import JobSpec, resolve_home, with_defaults
 from jobs.submit import checkpoint_voices, job_defaults, submit_file
