@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from text.tags import TagError
 from jobs.queue import Queue
-from jobs.settings import JobSpec, Paths
+from jobs.settings import JobSpec, Paths, file_digest
 
 log = logging.getLogger(__name__)
 
@@ -198,29 +198,37 @@ def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
     return job_id, error
 
 
+def submit_key(path: str | Path, spec: JobSpec) -> str:
+    """Idempotency key of a submit (jobs.queue.submissions): the file's content and the job's options (all
+    JobSpec fields, defaults filled in, reference audio by content), not the file's name or location."""
+    options = json.loads(spec.to_json())
+    options["ref_audio"] = file_digest(spec.ref_audio)
+    blob = json.dumps({"content": file_digest(str(path)), "options": options}, sort_keys=True,
+                      ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
 def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
                      voices: Optional[Sequence[str]] = None, wait_s: float = 30.0, *, limits=None, cancel=None,
                      options=None) -> tuple[str, Optional[str], bool]:
     """`submit_file` that also says whether this call made the job: (job id, error or None, new).
-    Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
-    to `wait_s` while that one is still being ingested, and returns its id either way."""
-    from jobs.queue import submissions
-
+    Not new: an earlier submit had the same content and options (jobs.queue.submissions); this waits
+    up to `wait_s` while that one is still being ingested, and returns its id either way."""
     read = dict(voices=voices, limits=limits, cancel=cancel, options=options)
     path = Path(path)
     if not path.is_file():
         return (*_ingest(queue, paths, path, spec, None, **read), True)
-    key = submissions.submit_key(path, spec)
-    job_id, mine = submissions.claim(queue, key)
+    key = submit_key(path, spec)
+    job_id, mine = queue.claim_submission(key)
     if not mine:
-        row = submissions.wait_for_job(queue, job_id, wait_s)
+        row = queue.wait_for_job(job_id, wait_s)
         log.info("submit of %s: same content and options as job %s (%s); not queued again", path.name, job_id,
                  row["state"] if row else "still being ingested")
         return job_id, row["error"] if row and row["state"] == "failed" else None, False
     try:
         return (*_ingest(queue, paths, path, spec, job_id, **read), True)
     except BaseException:
-        submissions.release(queue, key, job_id)
+        queue.release_submission(key, job_id)
         raise
 
 
