@@ -18,7 +18,7 @@ complete word goes to the model as it comes, so audio starts after the first wor
 used every word it has, its row waits for more (it never ends early on slow text). Text is spoken as
 utterances of one request each: a new one starts at a sentence end after UTTERANCE_CHARS characters.
 text_mode "sentences" (and any voice cloned with its reference text, which needs whole text): each
-sentence is spoken once it is complete (`jobs.segment_split.split_streamed`, as the Wyoming server
+sentence is spoken once it is complete (`text.split.split_streamed`, as the Wyoming server
 does). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
 the other in order. Text not yet spoken is capped at http.max_text_chars; a client that sends nothing
 for http.read_timeout_s while the session waits for its text is dropped.
@@ -35,10 +35,10 @@ from aiohttp import WSMsgType, web
 from engines.model.errors import TTSError
 from engines.model.errors import EngineBusy
 from engines.runtime.text_feed import TextFeed
-from jobs.encode import pcm16
-from jobs.normalize import language_code
-from jobs.segment_split import split_streamed
-from jobs.speed import StreamStretcher, check_speed
+from audio.encode import pcm16
+from audio.speed import StreamStretcher, check_speed
+from text.normalize import language_code
+from text.split import split_streamed
 from jobs.submit import check_voice
 
 from appliance.http_common import CTX, ApiError, field

@@ -1,7 +1,7 @@
 """POST /v1/audio/speech: the OpenAI speech API, streamed as the engine makes audio.
 
 Like OpenAI's endpoint, the answer is streamed by default (chunked transfer encoding): every format
-(pcm, wav, flac, mp3, opus) is encoded chunk by chunk (`appliance.audio_stream`) and sent as soon
+(pcm, wav, flac, mp3, opus) is encoded chunk by chunk (`audio.encode_stream`) and sent as soon
 as the encoder has bytes. `"stream": false` (an extension) waits for the whole audio and sends one
 complete file whose headers carry the exact length (WAV sizes, FLAC totals, MP3 Xing/LAME tag),
 for readers that need them.
@@ -17,10 +17,10 @@ import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
-from jobs.encode import encode_bytes
-from jobs.speed import StreamStretcher, check_speed, stretch
+from audio.encode import encode_bytes
+from audio.encode_stream import EncoderUnavailable, StreamEncoder
+from audio.speed import StreamStretcher, check_speed, stretch
 
-from appliance.audio_stream import EncoderUnavailable, StreamEncoder
 from appliance.http_common import CTX, ApiError, decode_b64_audio, field, read_json
 from appliance.streams import ShuttingDown, serve_stream
 

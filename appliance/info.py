@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -104,7 +103,7 @@ def codec_info(cfg: Config) -> dict:
 
 
 def paths_info(cfg: Config) -> dict:
-    from jobs.queue import QueueError
+    from jobs.queue import Queue, QueueError, QueueUnavailable
     from jobs.queue.store import redact
 
     paths = cfg.home()
@@ -117,11 +116,12 @@ def paths_info(cfg: Config) -> dict:
            "http_socket": str(cfg.http_socket()) if cfg.http_socket() else None,
            "http_tcp": f"{cfg.http.tcp_host}:{cfg.http.tcp_port}" if cfg.http.tcp else None,
            "wyoming_socket": str(cfg.wyoming_socket()) if cfg.wyoming_socket() else None}
-    if isinstance(db, Path) and db.is_file():  # read-only: the report never creates or migrates the queue
+    if not isinstance(db, QueueError):
         try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0) as con:
-                out["jobs"] = dict(con.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-        except sqlite3.Error as exc:
+            with Queue.reading(db) as queue:  # read only: the report never creates or migrates the queue
+                if queue is not None:
+                    out["jobs"] = queue.job_counts()
+        except (QueueError, QueueUnavailable) as exc:
             out["jobs"] = {"error": str(exc)}
     return out
 

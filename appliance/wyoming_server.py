@@ -6,7 +6,7 @@ Events handled (JSON header line + optional payload, see the `wyoming` package):
     synthesize {text, voice} -> audio-start, audio-chunk... (16-bit mono PCM as made), audio-stop
     synthesize-start {voice} -> begins a text stream; then
     synthesize-chunk {text}  -> text is buffered; each complete sentence is spoken at once
-                                (sentences as jobs.segment_split.split_streamed finds them)
+                                (sentences as text.split.split_streamed finds them)
                                 (audio-start before the first audio, audio-chunk per chunk)
     synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
 Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
@@ -26,9 +26,9 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from engines.model.errors import EngineBusy, TTSError
-from jobs.encode import pcm16
-from jobs.normalize import language_code
-from jobs.segment_split import split_streamed
+from audio.encode import pcm16
+from text.normalize import language_code
+from text.split import split_streamed
 
 from appliance.streams import ShuttingDown, serve_stream
 

@@ -67,7 +67,7 @@ from benchmarks.load.level import Load, engine_window, lag_monitor, prime
 from benchmarks.load.report import fmt, stopped_note
 from benchmarks.load.stats import BYTES_PER_SAMPLE, SAMPLE_RATE, SAMPLES_PER_FRAME, ms, percentile, rounded
 from benchmarks.load.text import WORDS, prompt
-from jobs.segment_split import split_streamed
+from text.split import split_streamed
 
 log = logging.getLogger("live")
 PROG = "python -m benchmarks.live"
@@ -84,7 +84,7 @@ def word_pieces(text: str) -> list[str]:
 
 
 def sentence_plan(pieces: Sequence[str], lang: str = "en") -> tuple[Optional[int], int]:
-    """How the server splits text arriving in these pieces (jobs.segment_split.split_streamed, as the
+    """How the server splits text arriving in these pieces (text.split.split_streamed, as the
     live route does): (index of the piece after which the first sentence is complete, or None when
     none is before input_text.end; the number of sentences spoken, the rest at the end included)."""
     first, count, rest = None, 0, ""

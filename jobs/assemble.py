@@ -1,6 +1,6 @@
 """Audio files: atomic writes, click-free joins, loudness levelling, chapter and book files.
 
-Encoding by format (wav, flac, ogg, mp3, m4b) lives in `jobs.encode`; `StreamedFile` writes it block by
+Encoding by format (wav, flac, ogg, mp3, m4b) lives in `audio.encode`; `StreamedFile` writes it block by
 block and atomically. `assemble_book` writes one file per chapter and one for the whole book. Memory
 does not grow with the book: segments are read, joined and encoded one at a time (`join_blocks`), and
 a chapter reaches the book file through an unnamed spool file on disk.
@@ -20,7 +20,7 @@ from typing import IO, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import soundfile as sf
 
-from jobs.encode import BookMeta, EncodeError, open_encoder
+from audio.encode import BookMeta, EncodeError, open_encoder
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def join(pieces: Pieces, sample_rate: int,
 
 
 class StreamedFile:
-    """An encoded audio file (`jobs.encode` formats) written block by block and put in place by `close`:
+    """An encoded audio file (`audio.encode` formats) written block by block and put in place by `close`:
     until then it is a hidden temp file beside `path`, which `abort` (or a crash) leaves behind at
     worst, never a half file under `path`. A file that got no audio is not created."""
 

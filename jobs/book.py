@@ -20,12 +20,12 @@ from typing import Optional
 
 import soundfile as sf
 
+from audio.speed import stretch
 from jobs.assemble import AssemblyError, BookMeta, BookWriter, Chapter, JoinSettings, read_audio
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.queue.assembly import ASSEMBLY_TRIES
 from jobs.settings import JobSpec, Paths
-from jobs.speed import stretch
 from jobs.subtitles import write_job_subtitles
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,3 @@ class IngestError(JobError):
 
 class NotText(IngestError):
     """Bytes that should be text are binary or in no text encoding (the message says which)."""
-
-
-class LexiconError(JobError):
-    """A user pronunciation dictionary could not be loaded."""

@@ -9,13 +9,12 @@ Estimates: audio length = the segments' non-space characters at the speaking rat
 `engines.model.text` (CHARS_PER_S, 15 a second; CJK_CHARS_PER_S, 5 a second for Chinese, Japanese and
 Korean characters), plus the pauses segmentation puts between segments, divided by the job's speed. Synthesis time = audio length / the rate of this
 machine in audio seconds per second: `jobs.synth_rate` of the config when set, else measured from
-the segments this spool folder's queue has synthesized (`measured_rate`), else unknown.
+the segments this spool folder's queue (SQLite or PostgreSQL) has synthesized (`measured_rate`), else unknown.
 """
 from __future__ import annotations
 
 import logging
 import re
-import sqlite3
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -58,27 +57,21 @@ def select_chapters(text: Optional[str], count: int) -> list[int]:
     return sorted(chosen)
 
 
-def measured_rate(db_path: str | Path, recent: int = 2000) -> Optional[tuple[float, float]]:
-    """(audio seconds per second, audio seconds measured) over the `recent` last syntheses of a queue
-    database, or None without enough history. Overlapping syntheses (batches) count their wall time once."""
-    db_path = Path(db_path)
-    if not db_path.is_file():
-        return None
+def measured_rate(location: str | Path, recent: int = 2000) -> Optional[tuple[float, float]]:
+    """(audio seconds per second, audio seconds measured) over the `recent` last syntheses of the queue at
+    `location` (read only), or None without enough history. Overlapping syntheses (batches) count their
+    wall time once."""
+    from jobs.queue import Queue, QueueError, QueueUnavailable
+
     try:
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-        try:
-            rows = conn.execute(
-                """SELECT l.started_at, l.finished_at, c.samples * 1.0 / c.sample_rate FROM synth_log l
-                   JOIN audio_cache c ON c.key = l.key WHERE l.finished_at IS NOT NULL
-                   ORDER BY l.id DESC LIMIT ?""", (recent,)).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:  # no tables yet, or not readable by this user
-        log.info("no synthesis history in %s: %s", db_path, exc)
+        with Queue.reading(location) as queue:  # None: no queue there yet
+            rows = queue.recent_syntheses(recent) if queue else []
+    except (QueueError, QueueUnavailable) as exc:  # not readable by this user, or a server away
+        log.info("no synthesis history: %s", exc)
         return None
-    audio = sum(r[2] for r in rows)
+    audio = sum(r["audio_s"] for r in rows)
     busy, end = 0.0, None
-    for start, finish, _ in sorted(rows):
+    for start, finish in sorted((r["started_at"], r["finished_at"]) for r in rows):
         if end is None or start > end:
             busy += finish - start
             end = finish
@@ -106,16 +99,16 @@ def preview_chapters(chapters: Sequence[tuple[str, list]], speed: float = 1.0,
     return out
 
 
-def estimate(chapters: list[dict], configured_rate: Optional[float], db_path: Optional[Path]) -> dict:
+def estimate(chapters: list[dict], configured_rate: Optional[float], queue: Optional[str | Path]) -> dict:
     """Totals of the selected chapters and the synthesis time on this machine, saying where the rate
-    came from ("configured", "measured" or None when unknown)."""
+    came from ("configured", "measured" from the `queue` at that location, or None when unknown)."""
     chosen = [c for c in chapters if c["selected"]]
     audio_s = sum(c["audio_s"] for c in chosen)
     rate, source, basis = None, None, None
     if configured_rate:
         rate, source = float(configured_rate), "configured"
     else:
-        got = measured_rate(db_path) if db_path else None
+        got = measured_rate(queue) if queue else None
         if got:
             rate, basis = got
             source = "measured"

@@ -7,7 +7,7 @@ word is cut only when it alone exceeds the budget. Segments never cross a
 paragraph. Pauses: ``sentence_pause_ms`` after a segment ending a sentence
 inside a paragraph, ``clause_pause_ms`` after a split at a comma/dash (0 after
 a bare word split), ``paragraph_pause_ms`` at a paragraph end, and
-``chapter_pause_ms`` after the chapter's last segment. Inline tags (`jobs.tags`) are taken out:
+``chapter_pause_ms`` after the chapter's last segment. Inline tags (`text.tags`) are taken out:
 ``[voice=NAME]`` runs become segments of their own with ``metadata["voice"]``, and a ``[pause=S]``
 ends a segment with that pause (``metadata["pause_tag"]``). With
 ``speak_chapter_titles`` the title is its own segment (``metadata["kind"] ==
@@ -20,11 +20,11 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from jobs.document import Document, SegmentText
-from jobs.normalize import CJK, Lexicon, cleanup, language_code, normalize
 from engines.model.text import is_cjk_text
-from jobs.segment_split import hard_split, split_clauses, split_sentences, split_words
-from jobs.tags import TagState, split_tags, strip_tags
+from text.normalize import CJK, Lexicon, cleanup, language_code, normalize
+from text.split import hard_split, split_clauses, split_sentences, split_words
+from text.tags import TagState, split_tags, strip_tags
+from jobs.document import Document, SegmentText
 
 log = logging.getLogger(__name__)
 

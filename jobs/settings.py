@@ -146,8 +146,8 @@ class JobSpec:
         self.format = (self.format or "flac").lower()
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}: choose one of {', '.join(FORMATS)}")
+        from audio.speed import check_speed
         from jobs.preview import check_chapter_ranges
-        from jobs.speed import check_speed
 
         if self.chapters is not None:  # YAML reads `chapters: 3` as a number
             self.chapters = check_chapter_ranges(str(self.chapters))

@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
+from text.tags import TagError
 from jobs.queue import Queue
-from jobs.settings import JobSpec, Paths
+from jobs.settings import JobSpec, Paths, file_digest
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,39 @@ def check_voice(engine, voice: Optional[str]) -> None:
         raise VoiceNotFound(voice, voices)
 
 
+def job_voices(chapters: Sequence[tuple[str, list]], spec) -> set[str]:
+    """Every voice a job names: its own, its chapter voices and its inline tags (segment metadata)."""
+    names = {s.metadata.get("voice") for _, segs in chapters for s in segs}
+    names.update((spec.chapter_voices or {}).values())
+    names.add(spec.voice)
+    return {n for n in names if n}
+
+
+def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
+    """Raise TagError naming the first voice of the job that is neither among `known` (the engine's voices)
+    nor a voice file. `known` None or empty: nothing to check against (the worker still checks)."""
+    if not known:
+        return
+    for name in sorted(job_voices(chapters, spec)):
+        if name not in known and not Path(name).is_file():
+            raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
+                           f"available: {', '.join(sorted(known))}")
+
+
+def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int], spec) -> None:
+    """Give the segments of chapter number `numbers[i]` (as `preview` numbers them) the voice
+    `spec.chapter_voices` names for it, where no inline tag chose one."""
+    voices = spec.chapter_voices or {}
+    unknown = sorted(set(voices) - {str(n) for n in numbers}, key=lambda k: (len(k), k))
+    if unknown:
+        log.warning("chapter_voices names chapters %s that the job does not include", ", ".join(unknown))
+    for number, (_, segs) in zip(numbers, chapters):
+        voice = voices.get(str(number))
+        if voice:
+            for s in segs:
+                s.metadata.setdefault("voice", voice)
+
+
 def checkpoint_voices(model_path) -> tuple[Optional[str], list[str]]:
     """(model type, speakers) of the checkpoint at `model_path`, read from its config.json without
     loading weights; (None, []) when there is none or it cannot be read (logged)."""
@@ -109,7 +143,6 @@ def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str
     """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
     (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
     from jobs.preview import select_chapters
-    from jobs.tags import apply_chapter_voices
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
@@ -165,29 +198,37 @@ def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
     return job_id, error
 
 
+def submit_key(path: str | Path, spec: JobSpec) -> str:
+    """Idempotency key of a submit (jobs.queue.submissions): the file's content and the job's options (all
+    JobSpec fields, defaults filled in, reference audio by content), not the file's name or location."""
+    options = json.loads(spec.to_json())
+    options["ref_audio"] = file_digest(spec.ref_audio)
+    blob = json.dumps({"content": file_digest(str(path)), "options": options}, sort_keys=True,
+                      ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
 def submit_file_once(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,
                      voices: Optional[Sequence[str]] = None, wait_s: float = 30.0, *, limits=None, cancel=None,
                      options=None) -> tuple[str, Optional[str], bool]:
     """`submit_file` that also says whether this call made the job: (job id, error or None, new).
-    Not new: an earlier submit had the same content and options (jobs.submissions); this waits up
-    to `wait_s` while that one is still being ingested, and returns its id either way."""
-    from jobs import submissions
-
+    Not new: an earlier submit had the same content and options (jobs.queue.submissions); this waits
+    up to `wait_s` while that one is still being ingested, and returns its id either way."""
     read = dict(voices=voices, limits=limits, cancel=cancel, options=options)
     path = Path(path)
     if not path.is_file():
         return (*_ingest(queue, paths, path, spec, None, **read), True)
-    key = submissions.submit_key(path, spec)
-    job_id, mine = submissions.claim(queue, key)
+    key = submit_key(path, spec)
+    job_id, mine = queue.claim_submission(key)
     if not mine:
-        row = submissions.wait_for_job(queue, job_id, wait_s)
+        row = queue.wait_for_job(job_id, wait_s)
         log.info("submit of %s: same content and options as job %s (%s); not queued again", path.name, job_id,
                  row["state"] if row else "still being ingested")
         return job_id, row["error"] if row and row["state"] == "failed" else None, False
     try:
         return (*_ingest(queue, paths, path, spec, job_id, **read), True)
     except BaseException:
-        submissions.release(queue, key, job_id)
+        queue.release_submission(key, job_id)
         raise
 
 
@@ -197,7 +238,6 @@ def _ingest(queue: Queue, paths: Paths, path: Path, spec: JobSpec, job_id: Optio
     from jobs.errors import JobError
     from jobs.ingest.isolate import IngestCancelled
     from jobs.queue import QueueError
-    from jobs.tags import TagError, check_job_voices
 
     try:
         precheck_file(path)

@@ -178,10 +178,10 @@ class InboxWatcher:
             return None
         digest = sha256_file(path)
         side = sidecar_for(path)
-        prev = self.queue._rows("SELECT * FROM inbox_files WHERE sha256 = ?", [digest])
-        if prev and prev[0]["state"] != "failed":
-            job = f"job {prev[0]['job_id']}" if prev[0]["job_id"] else "a job (it is being read now)"
-            self._to_failed(path, side, f"same content as {prev[0]['name']}, already taken as {job} "
+        prev = self.queue.inbox_file(digest)
+        if prev and prev["state"] != "failed":
+            job = f"job {prev['job_id']}" if prev["job_id"] else "a job (it is being read now)"
+            self._to_failed(path, side, f"same content as {prev['name']}, already taken as {job} "
                                         f"(sha256 {digest[:12]}); not ingested again")
             return None
         moved = move_unique(path, self.paths.processing)
@@ -226,7 +226,7 @@ class InboxWatcher:
         to the job they already became, or file them where their recorded state says."""
         from jobs.ingest.isolate import IngestCancelled
 
-        rows = {r["path"]: r for r in self.queue._rows("SELECT * FROM inbox_files")}
+        rows = {r["path"]: r for r in self.queue.inbox_files()}
         for p in sorted(self.paths.processing.iterdir()):
             try:
                 if not (companion(p) or ignored(p) or entry_problem(p, self.paths.processing)):
@@ -248,7 +248,7 @@ class InboxWatcher:
             self._to_failed(p, side, row["reason"] or f"job {row['job_id']} failed")
             return
         digest = row["sha256"] if row else sha256_file(p)
-        job = self._job_from(p, row["taken_at"]) if row else None
+        job = self.queue.job_from_source(str(p.resolve()), row["taken_at"]) if row else None
         if job:
             self._record(digest, p, job["id"], "processing", None, side)
             log.info("inbox: %s already became job %s before the interruption", p.name, job["id"])
@@ -262,16 +262,6 @@ class InboxWatcher:
             self._record(digest, p, None, "ingesting", RECOVERED, side)
             self._ingest(digest, p, side)
 
-    def _job_from(self, path: Path, since: float) -> Optional[dict]:
-        """A job made from `path` since it was taken (created just before an interruption)."""
-        import json
-
-        for job in self.queue._rows("SELECT * FROM jobs WHERE sources LIKE ? AND created_at >= ?",
-                                    [f"%{path.name}%", since]):
-            if str(path.resolve()) in json.loads(job["sources"] or "[]"):
-                return job
-        return None
-
     def _spec(self, path: Path, side: Optional[Path]) -> JobSpec:
         data = dict(self.defaults)
         if side and not regular_file(side):
@@ -284,12 +274,8 @@ class InboxWatcher:
         return JobSpec.from_dict(data)
 
     def _record(self, digest, path, job_id, state, reason, side=None, queue: Optional[Queue] = None) -> None:
-        with (queue or self.queue).tx() as c:
-            c.execute("""INSERT INTO inbox_files (sha256, name, job_id, state, path, sidecar, reason, taken_at)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha256) DO UPDATE SET name = excluded.name,
-                         job_id = excluded.job_id, state = excluded.state, path = excluded.path,
-                         sidecar = excluded.sidecar, reason = excluded.reason, taken_at = excluded.taken_at""",
-                      (digest, path.name, job_id, state, str(path), str(side) if side else None, reason, time.time()))
+        (queue or self.queue).record_inbox_file(digest, path.name, job_id, state, str(path),
+                                                str(side) if side else None, reason)
 
     def _to_failed(self, path: Path, side: Optional[Path], reason: str) -> None:
         dest = move_unique(path, self.paths.failed)
@@ -301,10 +287,7 @@ class InboxWatcher:
     # -- finished jobs ---------------------------------------------------------------------------
     def collect(self) -> None:
         """Move sources of finished jobs to done/<job>/ (with the outputs) or failed/ (with the reason)."""
-        rows = self.queue._rows("""SELECT f.*, j.state AS job_state, j.error AS job_error, j.output_dir AS out
-                                   FROM inbox_files f JOIN jobs j ON j.id = f.job_id WHERE f.state = 'processing'
-                                   AND j.state IN ('done', 'partial', 'failed', 'cancelled')""")
-        for r in rows:
+        for r in self.queue.inbox_files_of_ended_jobs():
             src, side = Path(r["path"]), Path(r["sidecar"]) if r["sidecar"] else None
             if r["job_state"] == "done":
                 dest = self.paths.done / r["job_id"]
@@ -321,9 +304,7 @@ class InboxWatcher:
                 if src.exists():
                     self._to_failed(src, side, f"job {r['job_id']} {r['job_state']}: {reason}")
                 state = "failed"
-            with self.queue.tx() as c:
-                c.execute("UPDATE inbox_files SET state = ?, finished_at = ? WHERE sha256 = ?",
-                          (state, time.time(), r["sha256"]))
+            self.queue.inbox_file_filed(r["sha256"], state)
             log.info("inbox: job %s (%s) filed as %s", r["job_id"], r["name"], state)
 
     def _partial_detail(self, job_id: str, out: Optional[str]) -> str:

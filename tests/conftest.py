@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A throwaway PostgreSQL server for the module's tests (tests/pg_util.py; skips where it cannot run)."""
+    from pg_util import pg_server
+
+    server = pg_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request, tmp_path):
+    """Where a fresh queue lives: a SQLite file, or a new database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path / "queue.db"
+    return request.getfixturevalue("pg").url(f"t{uuid.uuid4().hex[:12]}")

@@ -1,4 +1,4 @@
-"""Joining, loudness, formats and atomic writes of jobs.assemble (encoding: jobs.encode)."""
+"""Joining, loudness, formats and atomic writes of jobs.assemble (encoding: audio.encode)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs import encode as encode_mod
+from audio import encode as encode_mod
+from audio.encode import encode
 from jobs.assemble import AssemblyError, BookMeta, JoinSettings, assemble_book, atomic_path, join, rms_db
-from jobs.encode import encode
 
 SR = 24000
 

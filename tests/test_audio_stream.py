@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from appliance.audio_stream import EncoderUnavailable, ForwardSink, StreamEncoder
-from jobs.encode import pcm16
+from audio.encode import pcm16
+from audio.encode_stream import EncoderUnavailable, ForwardSink, StreamEncoder
 
 SR = 24000
 CHUNKS = [1920] + [7680] * 5  # the runner's shape: a one-frame first chunk, then bigger ones

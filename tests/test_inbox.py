@@ -85,7 +85,7 @@ def test_files_left_in_processing_are_taken_again_at_start(env):
     w.recover()
     jobs = {json.loads(j["sources"])[0].split("/")[-1]: j for j in q.jobs()}
     assert sorted(jobs) == ["mid.txt", "norow.txt"] and all(j["state"] == "queued" for j in jobs.values())
-    rows = {r["name"]: r for r in q._rows("SELECT * FROM inbox_files")}
+    rows = {r["name"]: r for r in q.inbox_files()}
     assert rows["mid.txt"]["state"] == rows["norow.txt"]["state"] == "processing"
     w.recover()  # nothing twice
     assert len(q.jobs()) == 2
@@ -103,8 +103,43 @@ def test_recover_attaches_a_job_made_just_before_a_crash(env):
     assert err is None
     w.recover()
     assert [j["id"] for j in q.jobs()] == [job_id]
-    assert q._rows("SELECT job_id, state FROM inbox_files WHERE name = 'made.txt'") == [
-        {"job_id": job_id, "state": "processing"}]
+    assert [(r["job_id"], r["state"]) for r in q.inbox_files() if r["name"] == "made.txt"] == [(job_id, "processing")]
+
+
+def test_the_inbox_on_either_queue(tmp_path, location, caplog):
+    """Taking a file, the same content again, recovery and filing the results: SQLite or PostgreSQL."""
+    from jobs.settings import JobSpec
+    from jobs.submit import submit_file
+    from jobs.watch_files import sha256_file
+
+    paths = resolve_home(tmp_path / "home", queue=str(location)).ensure()
+    q = Queue(location)
+    w = InboxWatcher(paths, queue=q)
+    try:
+        (paths.inbox / "book.txt").write_text(BOOK)
+        digest = sha256_file(paths.inbox / "book.txt")
+        job = w.take(paths.inbox / "book.txt")
+        assert [j["id"] for j in q.jobs()] == [job] and q.inbox_file(digest)["state"] == "processing"
+        (paths.inbox / "again.txt").write_text(BOOK)
+        assert w.take(paths.inbox / "again.txt") is None
+        assert f"already taken as job {job}" in (paths.failed / "again.txt.reason.txt").read_text()
+        src = paths.processing / "Bücher.txt"  # a job made from it just before a crash
+        src.write_text(BOOK + "More.\n")
+        w._record("d2", src, None, "ingesting", None)
+        made, _ = submit_file(q, paths, src, JobSpec())
+        with caplog.at_level(logging.INFO, logger="jobs.watch"):
+            w.recover()
+        assert f"Bücher.txt already became job {made}" in caplog.text and q.inbox_file("d2")["job_id"] == made
+        out = paths.output / job
+        out.mkdir(parents=True)
+        (out / "book.m4b").write_bytes(b"audio")
+        q.finish_job(job, "done", output_dir=str(out))
+        w.collect()
+        assert (paths.done / job / "book.txt").read_text() == BOOK and (paths.done / job / "book.m4b").exists()
+        assert q.inbox_file(digest)["state"] == "done" and q.inbox_files_of_ended_jobs() == []
+    finally:
+        w.close()
+        q.close()
 
 
 def test_interrupted_twice_goes_to_failed_with_reason(env):
@@ -152,8 +187,8 @@ def test_stopping_cancels_the_ingest_and_the_file_is_taken_at_next_start(env):
     t.join(10)
     assert not t.is_alive() and time.monotonic() - stopped_at < 3
     assert q.jobs() == [] and (paths.processing / "deep.html").exists()
-    [row] = q._rows("SELECT state, reason FROM inbox_files")
-    assert row == {"state": "ingesting", "reason": None}  # a clean stop is not counted as an attempt
+    [row] = q.inbox_files()
+    assert (row["state"], row["reason"]) == ("ingesting", None)  # a clean stop is not counted as an attempt
     (paths.processing / "deep.html").write_text("<p>Now short.</p>")  # (so the retry is quick)
     w2 = InboxWatcher(paths, queue=q)
     w2.recover()
@@ -237,4 +272,4 @@ def test_several_files_are_read_at_once_within_the_limit(env):
     w.stop_event.set()  # cancels both: they stay in processing/ for the next start
     assert w.drain(10)
     w.close()
-    assert sorted(r["state"] for r in q._rows("SELECT state FROM inbox_files")) == ["ingesting", "ingesting"]
+    assert sorted(r["state"] for r in q.inbox_files()) == ["ingesting", "ingesting"]

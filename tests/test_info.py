@@ -61,6 +61,37 @@ def test_info_without_daemon(tmp_path):
         assert needle in text, (needle, text)
 
 
+def _paths_info(tmp_path, queue: str) -> dict:
+    from appliance.config import load_config
+    from appliance.info import paths_info
+
+    main = tmp_path / "c.yaml"
+    main.write_text(json.dumps({"jobs": {"home": str(tmp_path / "home"), "queue": queue}}))
+    return paths_info(load_config(main, environ={}))
+
+
+def test_info_counts_the_jobs_of_either_queue_and_creates_none(tmp_path, location):
+    from jobs.document import SegmentText
+    from jobs.queue import Queue
+    from jobs.settings import JobSpec
+
+    assert "jobs" not in _paths_info(tmp_path, str(location))  # no queue yet
+    with Queue.reading(location) as none:
+        assert none is None  # and the report made none
+    q = Queue(location)
+    q.add_job(JobSpec(), [("One", [SegmentText("A sentence is spoken.", "A sentence.", 0)])])
+    q.add_failed_job(JobSpec(), ["bad.txt"], "not a book")
+    assert _paths_info(tmp_path, str(location))["jobs"] == {"queued": 1, "failed": 1}
+    q.close()
+
+
+def test_info_says_why_it_cannot_read_the_queue(tmp_path):
+    report = _paths_info(tmp_path, "postgresql://tts:secret@127.0.0.1:1/tts")
+    error = report["jobs"]["error"]
+    assert "cannot connect to the queue database" in error and "secret" not in json.dumps(report), report
+    assert "\n" not in error
+
+
 def test_info_without_a_model_still_reports():
     text = run_info("info", "--no-daemon", env={"TTS_APPLIANCE_MODEL": None})
     assert "model\n  error: ConfigError: no model" in text and "device\n  torch" in text

@@ -519,7 +519,7 @@ def test_cancel_all_stops_a_running_ingest_at_once(tmp_path):
 # ---------------------------------------------------------------- admin findings: ANSI, title line, DRM
 
 def test_ansi_escapes_are_not_spoken(tmp_path):
-    from jobs.normalize import cleanup
+    from text.normalize import cleanup
 
     raw = "\x1b[1;31mChapter 1\x1b[0m\n\nThe \x1b[32mdisk\x1b[0m is \x1b]0;win title\x07full\x1b(B now.\n"
     doc = load_document(write(tmp_path, "console.txt", raw))

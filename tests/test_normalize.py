@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.errors import LexiconError
-from jobs.normalize import Lexicon, language_code, normalize
+from text.normalize import Lexicon, language_code, normalize
+from text.normalize.lexicon import LexiconError
 
 
 @pytest.mark.parametrize(

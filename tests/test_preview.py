@@ -72,20 +72,25 @@ def test_preview_uses_the_configured_rate_and_speed(tmp_path, book):
     assert "configured" in run("preview", str(book), "--home", str(tmp_path), env=env).output
 
 
-def test_measured_rate_counts_overlapping_syntheses_once(tmp_path):
-    paths = Paths(tmp_path).ensure()
-    q = Queue(paths.db)
-    assert measured_rate(paths.db) is None
+def test_measured_rate_counts_overlapping_syntheses_once(tmp_path, location):
+    """Measured from the queue's synthesis log, SQLite or PostgreSQL (jobs.queue), read only."""
+    assert measured_rate(location) is None  # no queue yet: none is made
+    with Queue.reading(location) as none:
+        assert none is None
+    q = Queue(location)
+    assert measured_rate(location) is None
     ids = q.synth_started("w", [("k1", 1), ("k2", 2)])
     q.synth_finished(ids)
-    for key in ("k1", "k2"):  # 20 s of audio each, synthesized in [0, 10] and [5, 15]: 15 s busy
-        q.conn.execute("INSERT INTO audio_cache (key, path, sample_rate, samples) VALUES (?, 'x', 1000, 20000)",
-                       (key,))
-    q.conn.execute("UPDATE synth_log SET started_at = 100, finished_at = 110 WHERE key = 'k1'")
-    q.conn.execute("UPDATE synth_log SET started_at = 105, finished_at = 115 WHERE key = 'k2'")
-    rate, audio = measured_rate(paths.db)
+    with q.tx() as c:
+        for key in ("k1", "k2"):  # 20 s of audio each, synthesized in [0, 10] and [5, 15]: 15 s busy
+            c.execute("INSERT INTO audio_cache (key, path, sample_rate, samples) VALUES (?, 'x', 1000, 20000)", (key,))
+        c.execute("UPDATE synth_log SET started_at = 100, finished_at = 110 WHERE key = 'k1'")
+        c.execute("UPDATE synth_log SET started_at = 105, finished_at = 115 WHERE key = 'k2'")
+    rate, audio = measured_rate(location)
     assert audio == 40 and rate == pytest.approx(40 / 15)
-    res = run("preview", str(_write(tmp_path)), "--home", str(tmp_path), "--json")
+    q.close()
+    res = run("preview", str(_write(tmp_path)), "--home", str(tmp_path), "--json",
+              env={"TTS_APPLIANCE_JOBS__QUEUE": str(location)})
     t = json.loads(res.output)["total"]
     assert t["rate_source"] == "measured" and t["measured_audio_s"] == 40.0
 

@@ -24,27 +24,10 @@ from jobs.guard import GuardSettings, check_audio
 from jobs.worker import Heartbeat, Worker
 from jobs.settings import JobSpec, resolve_home
 
-from pg_util import pg_server
-
 
 def _chapters(n_chapters=2, per=3, prefix="Sentence"):
     return [(f"Chapter {c + 1}", [SegmentText(f"{prefix} {c}-{i} is spoken here.", f"{prefix} {c}-{i}.", 200)
                                   for i in range(per)]) for c in range(n_chapters)]
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = pg_server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def location(request, tmp_path):
-    """Where a fresh queue lives: a SQLite file, or a new database on a real PostgreSQL server."""
-    if request.param == "sqlite":
-        return tmp_path / "queue.db"
-    return request.getfixturevalue("pg").url(f"t{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

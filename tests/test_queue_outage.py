@@ -142,13 +142,6 @@ def test_daemon_rides_out_an_unreadable_sqlite_queue(tmp_path, swap):
 
 # -- under a worker --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def pg():
-    server = pg_server()
-    yield server
-    server.stop()
-
-
 class Away:
     """A queue that can be taken away and brought back: a PostgreSQL server halted, or a SQLite file held
     locked by another connection past the worker's busy timeout."""

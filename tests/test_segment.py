@@ -7,9 +7,9 @@ import time
 import pytest
 
 from jobs.document import Chapter, Document
-from jobs.normalize import Lexicon
 from jobs.segment import SegmentOptions, segment_document
-from jobs.segment_split import split_sentences, split_streamed
+from text.normalize import Lexicon
+from text.split import split_sentences, split_streamed
 
 OPTS = SegmentOptions(sentence_pause_ms=250, clause_pause_ms=120, paragraph_pause_ms=600, chapter_pause_ms=1500)
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from audio.speed import StreamStretcher, check_speed, stretch
 from daemon_util import Daemon, base_config, needs_daemon
 from jobs.assemble import write_segment_audio
 from jobs.book import assemble_job
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
-from jobs.speed import StreamStretcher, check_speed, stretch
 from jobs.submit import submit_file
 
 SR = 24000

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from jobs import submissions
 from jobs.queue import Queue
+from jobs.queue.submissions import holder
 from jobs.settings import JobSpec, resolve_home, with_defaults
-from jobs.submit import checkpoint_voices, job_defaults, submit_file
+from jobs.submit import checkpoint_voices, job_defaults, submit_file, submit_key
 
 TINY = Path(__file__).parent / "data" / "tiny"
 BOOK = "Alpha sentence one is read aloud.\n\nBravo sentence two is read aloud.\n"
@@ -99,7 +99,7 @@ def test_concurrent_submits_make_one_job(spool, tmp_path):
 def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path):
     paths, q = spool
     src, spec = book(tmp_path), JobSpec(voice="ryan")
-    first_id, mine = submissions.claim(q, submissions.submit_key(src, spec))  # the first submit, mid-ingest
+    first_id, mine = q.claim_submission(submit_key(src, spec))  # the first submit, mid-ingest
     assert mine
     got = []
     t = threading.Thread(target=lambda: got.append(submit_file(Queue(paths.db), paths, src, spec, wait_s=30)))
@@ -117,12 +117,12 @@ def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path):
 def test_claim_of_a_dead_submitter_is_taken_over(spool, tmp_path):
     paths, q = spool
     src, spec = book(tmp_path), JobSpec(voice="ryan")
-    key = submissions.submit_key(src, spec)
+    key = submit_key(src, spec)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with q.tx() as c:
         c.execute("INSERT INTO submissions (key, job_id, holder, claimed_at) VALUES (?, ?, ?, ?)",
-                  (key, "abandoned123", submissions.holder(dead.pid), time.time()))
+                  (key, "abandoned123", holder(dead.pid), time.time()))
     job_id, error = submit_file(q, paths, src, spec, wait_s=0.1)
     assert (job_id, error) == ("abandoned123", None) and q.job(job_id)["state"] == "queued"
 

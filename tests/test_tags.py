@@ -14,7 +14,7 @@ from jobs.queue import Queue
 from jobs.segment import SegmentOptions, segment_document
 from jobs.settings import JobSpec, Paths
 from jobs.submit import submit_file
-from jobs.tags import TagError, TagState, split_tags
+from text.tags import TagError, TagState, split_tags
 
 MODEL = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny" / "cv_small"
 VOICES = ["dylan", "eric", "ryan", "vivian"]

@@ -153,4 +153,4 @@ def test_a_partial_job_is_filed_with_the_failures_not_as_done(env):
     reason = (paths.failed / "half.txt.reason.txt").read_text()
     assert f"job {job['id']} partial: 1 of" in reason and f"tts-appliance retry {job['id']}" in reason
     assert f"segment {first['idx']}: runaway/truncated audio" in reason and str(out) in reason
-    assert q._rows("SELECT state FROM inbox_files WHERE name = 'half.txt'") == [{"state": "failed"}]
+    assert [r["state"] for r in q.inbox_files() if r["name"] == "half.txt"] == ["failed"]

@@ -163,7 +163,7 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
     else:
         from jobs.ingest.markdown import markdown_to_plain
         from jobs.ingest.text import parse_plain_text, take_title_line
-        from jobs.normalize.cleanup import strip_ansi
+        from text.normalize.cleanup import strip_ansi
 
         text, title_line = strip_ansi(decode_bytes(data, options.encoding)), None
         if fmt == "md":

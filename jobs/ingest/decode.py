@@ -7,7 +7,7 @@ import unicodedata
 from typing import Optional
 
 from jobs.errors import IngestError, NotText
-from jobs.normalize.cleanup import strip_ansi
+from text.normalize.cleanup import strip_ansi
 
 log = logging.getLogger(__name__)
 

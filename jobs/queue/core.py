@@ -2,11 +2,14 @@
 
     q = Queue(paths.db)                      # a SQLite file (the default), or
     q = Queue("postgresql://tts@db/tts")     # one database several hosts share (jobs.queue)
+    with Queue.reading(paths.db) as q: ...   # a report: read only, nothing created (None: no queue yet)
 
 Both hold the same tables (`schema`) with the same semantics: leases that expire, attempts and
 retries, a `dead` end state (`failed`) with the last error, each segment's audio recorded exactly
-once. Several processes may share one queue: each opens its own `Queue`. Claims and leases are in
-`leases.Leases`.
+once. Several processes may share one queue: each opens its own `Queue`. Only this package touches
+the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
+assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
+submits in `submissions.Submissions`.
 """
 from __future__ import annotations
 
@@ -17,14 +20,15 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 from jobs.queue.assembly import Assemblies
+from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
-from jobs.queue.records import ACTIVE, TERMINAL, QueueError, Records
+from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate
-from jobs.queue.store import QueueUnavailable, open_store, parse_location, redact
-from jobs.settings import JobSpec
+from jobs.queue.store import QueueUnavailable, is_url, open_store, parse_location, redact
+from jobs.queue.submissions import Submissions
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +40,29 @@ def _now() -> float:
     return time.time()
 
 
-class Queue(Leases, Records, Assemblies):
+class JobSettings(Protocol):
+    """What the queue keeps of a job's settings (`jobs.settings.JobSpec`, which stands above the queue)."""
+
+    priority: int
+    title: Optional[str]
+    author: Optional[str]
+    model: Optional[str]
+    seed: int
+
+    def to_json(self) -> str: ...
+
+
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`store.parse_location`:
     a string that is neither is refused). Start-up problems (unreachable
     server, wrong credentials, a SQLite file that cannot be opened, a schema from a newer version)
-    raise `QueueError` in one line."""
+    raise `QueueError` in one line. `read_only` (reports; see `reading`): the database is neither
+    created nor migrated and refuses writes; NoQueue where no queue was made yet."""
 
     def __init__(self, location: str | Path, max_attempts: int = 3, busy_timeout_s: float = 30.0,
-                 max_lost: int = 25):
+                 max_lost: int = 25, read_only: bool = False):
         try:
             location = parse_location(location)
         except ValueError as exc:
@@ -53,15 +70,40 @@ class Queue(Leases, Records, Assemblies):
         self.path = location
         self.where = redact(str(location))
         self.max_attempts, self.max_lost = int(max_attempts), int(max_lost)
+        if read_only and not is_url(location) and not Path(location).is_file():
+            raise NoQueue(f"no queue in {self.where} yet")
         try:
-            self.store = open_store(location, busy_timeout_s)
-            migrate(self.store, self.where)
+            self.store = open_store(location, busy_timeout_s, read_only=read_only)
+            if read_only:
+                made = self.store.has_table("migrations")
+            else:
+                migrate(self.store, self.where)
         except (QueueUnavailable, SchemaTooNew, sqlite3.Error) as exc:
             if getattr(self, "store", None) is not None:
                 self.store.close()
             if isinstance(exc, sqlite3.Error):  # not a database, not readable, locked past the busy timeout
                 raise QueueError(f"cannot open the queue database {self.where}: {exc}") from None
             raise QueueError(str(exc)) from None
+        if read_only and not made:
+            self.store.close()
+            raise NoQueue(f"no queue in {self.where} yet (a database without the queue's tables)")
+
+    @classmethod
+    @contextmanager
+    def reading(cls, location: str | Path, timeout_s: float = 2.0) -> Iterator[Optional["Queue"]]:
+        """The queue at `location` for a report (`tts-appliance info`, preview's measured rate), read
+        only: nothing is created or migrated. Yields None where no queue was made yet; QueueError when it
+        cannot be opened, QueueUnavailable when it goes away while read (both in one line); `timeout_s`
+        bounds the wait for a SQLite lock or a PostgreSQL connection."""
+        try:
+            queue = cls(location, busy_timeout_s=timeout_s, read_only=True)
+        except NoQueue:
+            queue = None
+        try:
+            yield queue
+        finally:
+            if queue is not None:
+                queue.close()
 
     @property
     def conn(self):
@@ -85,10 +127,10 @@ class Queue(Leases, Records, Assemblies):
         return self._rows("SELECT * FROM migrations ORDER BY id")
 
     # -- jobs ------------------------------------------------------------------------------
-    def add_job(self, spec: JobSpec, chapters: Sequence[tuple[str, Sequence]], sources: Iterable[str] = (),
+    def add_job(self, spec: JobSettings, chapters: Sequence[tuple[str, Sequence]], sources: Iterable[str] = (),
                 meta: Optional[dict] = None, job_id: Optional[str] = None) -> str:
         """Queue a job: `chapters` is [(title, [SegmentText, ...]), ...]. Returns the job id (`job_id`:
-        one reserved earlier, jobs.submissions).
+        one reserved earlier, `claim_submission`).
 
         A book of many thousand segments must not hold the (SQLite: only) write lock for seconds while
         workers record audio: the rows are built first, written `INSERT_ROWS` at a time in short
@@ -132,7 +174,7 @@ class Queue(Leases, Records, Assemblies):
             c.execute(f"DELETE FROM {table} WHERE job_id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = ?)",
                       (job_id, job_id))
 
-    def add_failed_job(self, spec: JobSpec, sources: Iterable[str], error: str, job_id: Optional[str] = None) -> str:
+    def add_failed_job(self, spec: JobSettings, sources: Iterable[str], error: str, job_id: Optional[str] = None) -> str:
         """Record a job that failed before it had segments (bad input), so status/logs show why."""
         job_id = job_id or uuid.uuid4().hex[:12]
         now = _now()
@@ -155,6 +197,13 @@ class Queue(Leases, Records, Assemblies):
             marks = ",".join("?" * len(states))
             return self._rows(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at", list(states))
         return self._rows("SELECT * FROM jobs ORDER BY created_at")
+
+    def job_from_source(self, source: str, since: float) -> Optional[dict]:
+        """A job made from the file `source` (its resolved path, as in the job's `sources`) since `since`."""
+        for job in self._rows("SELECT * FROM jobs WHERE created_at >= ? ORDER BY created_at", [since]):
+            if source in json.loads(job["sources"] or "[]"):
+                return job
+        return None
 
     def chapters(self, job_id: str) -> list[dict]:
         return self._rows("SELECT * FROM chapters WHERE job_id = ? ORDER BY idx", [job_id])

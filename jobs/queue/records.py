@@ -14,6 +14,10 @@ class QueueError(Exception):
     """A queue operation the user asked for cannot be done (message says why)."""
 
 
+class NoQueue(QueueError):
+    """A report found no queue where it looked: none was made there yet (`Queue.reading`)."""
+
+
 def _now() -> float:
     return time.time()
 
@@ -92,6 +96,15 @@ class Records:
             with self.tx() as c:
                 c.execute(f"UPDATE synth_log SET finished_at = ? WHERE id IN ({','.join('?' * len(log_ids))})",
                           [_now()] + list(log_ids))
+
+    def recent_syntheses(self, limit: int) -> list[dict]:
+        """The `limit` last syntheses that ended and whose audio is recorded: `started_at`, `finished_at`
+        and the seconds of audio they made (`audio_s`), newest first."""
+        rows = self._rows("""SELECT l.started_at, l.finished_at, c.samples, c.sample_rate FROM synth_log l
+                             JOIN audio_cache c ON c.key = l.key WHERE l.finished_at IS NOT NULL
+                             ORDER BY l.id DESC LIMIT ?""", [limit])
+        return [{"started_at": r["started_at"], "finished_at": r["finished_at"],
+                 "audio_s": r["samples"] / r["sample_rate"]} for r in rows]
 
     # -- job completion --------------------------------------------------------------------
     def ready_jobs(self) -> list[str]:

@@ -3,7 +3,7 @@
 Tables: `jobs`, `chapters`, `segments`, `audio_cache` (content key -> audio file), `events` (the
 job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files` (watched folder)
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
-at once) and `submissions` (idempotency keys of submits: jobs.submissions). `jobs.assembly_attempts`:
+at once) and `submissions` (idempotency keys of submits: jobs.queue.submissions). `jobs.assembly_attempts`:
 jobs.queue.assembly. DDL says `{id}` and `{real}` where the two databases spell a type differently.
 """
 from __future__ import annotations

@@ -101,15 +101,19 @@ class SqliteStore:
     for_update = ""
     ddl = {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"}
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0):
+    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0, read_only: bool = False):
         self.location = Path(path)
-        self.location.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.location), timeout=busy_timeout_s, isolation_level=None,
-                               check_same_thread=False)
+        if read_only:  # the file as it is: never created, writes refused
+            target, uri = self.location.absolute().as_uri() + "?mode=ro", True
+        else:
+            self.location.parent.mkdir(parents=True, exist_ok=True)
+            target, uri = str(self.location), False
+        conn = sqlite3.connect(target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=uri)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+            if not read_only:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error:  # not a database, or locked: the caller says so (jobs.queue.core.Queue)
             conn.close()
             raise
@@ -189,7 +193,7 @@ class PostgresStore:
     for_update = " FOR UPDATE"
     ddl = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
 
-    def __init__(self, url: str, connect_timeout_s: float = 10.0):
+    def __init__(self, url: str, connect_timeout_s: float = 10.0, read_only: bool = False):
         try:
             import psycopg
         except ImportError as exc:  # pragma: no cover - a dependency of the package
@@ -198,6 +202,7 @@ class PostgresStore:
         self._psycopg = psycopg
         self.location = url
         self.connect_timeout_s = connect_timeout_s
+        self.read_only = read_only
         self.conn = None
         self._connect()
 
@@ -209,6 +214,8 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise QueueUnavailable(f"cannot connect to the queue database {redact(self.location)}: {reason}") from exc
+        if self.read_only:
+            self.conn.execute("SET default_transaction_read_only = on")
 
     def _lost(self, exc: Exception) -> QueueUnavailable:
         """The connection broke: drop it (the next call reconnects) and say so."""
@@ -272,8 +279,10 @@ class PostgresStore:
             self.conn.close()
 
 
-def open_store(location, busy_timeout_s: float = 30.0):
-    """The store of `location` (as `parse_location` returns it): a `postgresql://` URL or a SQLite file."""
+def open_store(location, busy_timeout_s: float = 30.0, read_only: bool = False):
+    """The store of `location` (as `parse_location` returns it): a `postgresql://` URL or a SQLite file.
+    `read_only` (a report): the database as it is, writes refused; `busy_timeout_s` then also bounds the
+    PostgreSQL connect."""
     if is_url(location):
-        return PostgresStore(location)
-    return SqliteStore(location, busy_timeout_s)
+        return PostgresStore(location, busy_timeout_s, read_only=True) if read_only else PostgresStore(location)
+    return SqliteStore(location, busy_timeout_s, read_only)

@@ -5,8 +5,8 @@ import re
 
 from num2words import num2words
 
-from jobs.normalize import words as W
-from jobs.normalize.numbers import Rule, _pad, _prev_word, say, year
+from text.normalize import words as W
+from text.normalize.spoken import Rule, pad, prev_word, say, year
 
 YEAR_CUES = {
     "in", "since", "by", "from", "until", "till", "of", "year", "years", "during", "before", "after", "around",
@@ -40,7 +40,7 @@ def _time(m: re.Match) -> str:
         words = f"{hw} {num2words(mi)}"
     if ampm:
         words += " AM" if ampm[0].lower() == "a" else " PM"
-    return _pad(m, words) + _kept_period(m, ampm)
+    return pad(m, words) + _kept_period(m, ampm)
 
 
 def _kept_period(m: re.Match, ampm) -> str:
@@ -54,12 +54,12 @@ def _year(m: re.Match) -> str:
     n = int(m.group("y"))
     after = m.string[m.end():]
     nxt = re.match(r"\s+([a-z]+)", after)
-    prev = _prev_word(m)
+    prev = prev_word(m)
     if prev in COUNT_CUES and prev not in YEAR_CUES:
-        return _pad(m, say(m.group("y"), "en"))
+        return pad(m, say(m.group("y"), "en"))
     if prev not in YEAR_CUES and nxt and nxt.group(1).endswith("s") and nxt.group(1) not in NOT_PLURAL:
-        return _pad(m, say(m.group("y"), "en"))  # "1500 soldiers"
-    return _pad(m, year(n, "en"))
+        return pad(m, say(m.group("y"), "en"))  # "1500 soldiers"
+    return pad(m, year(n, "en"))
 
 
 def _decade(m: re.Match) -> str:
@@ -69,7 +69,7 @@ def _decade(m: re.Match) -> str:
         words = words[:-1] + "ies"
     else:
         words += "s"
-    return _pad(m, words)
+    return pad(m, words)
 
 
 def _range(m: re.Match) -> str:
@@ -77,14 +77,14 @@ def _range(m: re.Match) -> str:
     if not (a.isdigit() and b.isdigit()) or int(a) >= int(b) or (len(a) != len(b) and m.group("dash") == "-"):
         return m.group()
     if len(a) == 4 and 1000 <= int(a) < 2100:
-        return _pad(m, f"{year(int(a), 'en')} to {year(int(b), 'en')}")
-    return _pad(m, f"{say(a, 'en')} to {say(b, 'en')}")
+        return pad(m, f"{year(int(a), 'en')} to {year(int(b), 'en')}")
+    return pad(m, f"{say(a, 'en')} to {say(b, 'en')}")
 
 
 def _unit(m: re.Match) -> str:
     one, many = W.UNITS["en"][m.group("u")]
     n = m.group("n")
-    return _pad(m, f"{say(n, 'en')} {one if n in ('1', '1.0') else many}")
+    return pad(m, f"{say(n, 'en')} {one if n in ('1', '1.0') else many}")
 
 
 def english_rules(num: str) -> list[Rule]:
@@ -94,11 +94,11 @@ def english_rules(num: str) -> list[Rule]:
          lambda m: f"{m.group('kw')} {num2words(roman_to_int(m.group('r')))}" if re.fullmatch(r"[IVXLCDM]+|[ivxlcdm]+", m.group("r")) else m.group()),
         (re.compile(r"(?<![\d:])(?P<h>\d{1,2}):(?P<m>\d{2})(?::\d{2})?(?:\s?(?P<ampm>[aApP]\.?[mM]\.?)(?!\w))?(?![\d:])"), _time),
         (re.compile(r"(?<![\d:.])(?P<h>\d{1,2})(?P<m>)\s?(?P<ampm>[aApP]\.?[mM]\.?)(?!\w)"),
-         lambda m: _pad(m, f"{num2words(int(m.group('h')))} {'AM' if m.group('ampm')[0] in 'aA' else 'PM'}")
+         lambda m: pad(m, f"{num2words(int(m.group('h')))} {'AM' if m.group('ampm')[0] in 'aA' else 'PM'}")
          + _kept_period(m, m.group("ampm"))),
         (re.compile(r"(?<![\d.,])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>" + units + r")(?![\w/])"), _unit),
         (re.compile(r"(?<![\d.,])(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?P<suf>st|nd|rd|th)\b", re.I),
-         lambda m: _pad(m, num2words(int(m.group("n").replace(",", "")), to="ordinal"))),
+         lambda m: pad(m, num2words(int(m.group("n").replace(",", "")), to="ordinal"))),
         (re.compile(r"(?<![\w'’])['’]?(?P<d>\d{1,3}0)s\b"), _decade),
         (re.compile(r"(?<![\d.,])(?P<a>\d+)\s?(?P<dash>[-–])\s?(?P<b>\d+)(?![\d.,]\d)"), _range),
         (re.compile(r"(?<![\d.,$£€])(?P<y>1[1-9]\d{2}|20\d{2})(?![\d%]|[.,]\d)"), _year),

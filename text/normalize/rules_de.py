@@ -5,9 +5,9 @@ import re
 
 from num2words import num2words
 
-from jobs.normalize import words as W
-from jobs.normalize.numbers import Rule, _pad, _prev_word, say, year
-from jobs.normalize.rules_en import roman_to_int
+from text.normalize import words as W
+from text.normalize.rules_en import roman_to_int
+from text.normalize.spoken import Rule, pad, prev_word, say, year
 
 DATIVE = {"am", "vom", "zum", "bis", "ab", "seit", "dem", "den", "im", "beim", "zur", "des", "vor", "nach", "an",
           "ihrem", "seinem", "ihren", "seinen", "meinem", "diesem"}
@@ -35,25 +35,25 @@ def _date_named(m: re.Match) -> str:
     day = int(m.group("d"))
     if not 1 <= day <= 31:
         return m.group()
-    return _pad(m, f"{ordinal(day, _prev_word(m))} {_month_name(m.group('mon'))}")
+    return pad(m, f"{ordinal(day, prev_word(m))} {_month_name(m.group('mon'))}")
 
 
 def _date_numeric(m: re.Match) -> str:
     day, mon = int(m.group("d")), int(m.group("m"))
     if not (1 <= day <= 31 and 1 <= mon <= 12):
         return m.group()
-    out = f"{ordinal(day, _prev_word(m))} {W.MONTHS_DE[mon - 1]}"
+    out = f"{ordinal(day, prev_word(m))} {W.MONTHS_DE[mon - 1]}"
     y = m.group("y")
     if y:
         out += " " + (year(int(y), "de") if len(y) == 4 else num2words(int(y), lang="de"))
-    return _pad(m, out)
+    return pad(m, out)
 
 
 def _ordinal_noun(m: re.Match) -> str:
-    prev = _prev_word(m)
+    prev = prev_word(m)
     if prev not in DATIVE and prev not in ARTICLE:
         return m.group()
-    return _pad(m, ordinal(int(m.group("n")), prev) + " ") + m.group("noun")
+    return pad(m, ordinal(int(m.group("n")), prev) + " ") + m.group("noun")
 
 
 def _time(m: re.Match) -> str:
@@ -61,15 +61,15 @@ def _time(m: re.Match) -> str:
     if h > 24 or mi > 59:
         return m.group()
     hw = W.one_before_noun(num2words(h, lang="de"), "de")
-    return _pad(m, f"{hw} Uhr" + (f" {num2words(mi, lang='de')}" if mi else ""))
+    return pad(m, f"{hw} Uhr" + (f" {num2words(mi, lang='de')}" if mi else ""))
 
 
 def _year(m: re.Match) -> str:
     n = int(m.group("y"))
     nxt = re.match(r"\s+([A-ZÄÖÜ][a-zäöüß]+)", m.string[m.end():])
-    if _prev_word(m) not in YEAR_CUES and nxt and nxt.group(1) not in W.MONTHS_DE:
-        return _pad(m, say(m.group("y"), "de"))  # "1500 Soldaten"
-    return _pad(m, year(n, "de"))
+    if prev_word(m) not in YEAR_CUES and nxt and nxt.group(1) not in W.MONTHS_DE:
+        return pad(m, say(m.group("y"), "de"))  # "1500 Soldaten"
+    return pad(m, year(n, "de"))
 
 
 def _range(m: re.Match) -> str:
@@ -77,15 +77,15 @@ def _range(m: re.Match) -> str:
     if int(a) >= int(b) or (len(a) != len(b) and m.group("dash") == "-"):
         return m.group()
     if len(a) == 4 and 1000 <= int(a) < 2100:
-        return _pad(m, f"{year(int(a), 'de')} bis {year(int(b), 'de')}")
-    return _pad(m, f"{say(a, 'de')} bis {say(b, 'de')}")
+        return pad(m, f"{year(int(a), 'de')} bis {year(int(b), 'de')}")
+    return pad(m, f"{say(a, 'de')} bis {say(b, 'de')}")
 
 
 def _unit(m: re.Match) -> str:
     one, many = W.UNITS["de"][m.group("u")]
     n = m.group("n")
     words = say(n, "de")
-    return _pad(m, f"{W.one_before_noun(words, 'de') if n == '1' else words} {one if n == '1' else many}")
+    return pad(m, f"{W.one_before_noun(words, 'de') if n == '1' else words} {one if n == '1' else many}")
 
 
 def german_rules(num: str) -> list[Rule]:
@@ -98,7 +98,7 @@ def german_rules(num: str) -> list[Rule]:
         (re.compile(r"(?<![\d.:])(?P<h>\d{1,2})[:.](?P<m>\d{2})\s?Uhr\b"), _time),
         (re.compile(r"(?<![\d.:])(?P<h>\d{1,2}):(?P<m>\d{2})(?![\d:])"), _time),
         (re.compile(r"(?<![\d.:])(?P<h>\d{1,2})\s?Uhr\b"),
-         lambda m: _pad(m, W.one_before_noun(num2words(int(m.group("h")), lang="de"), "de") + " Uhr")),
+         lambda m: pad(m, W.one_before_noun(num2words(int(m.group("h")), lang="de"), "de") + " Uhr")),
         (re.compile(r"(?<![\d.,])(?P<n>\d+(?:,\d+)?)\s?(?P<u>" + units + r")(?![\w/])"), _unit),
         (re.compile(r"(?<![\d.,])(?P<n>\d{1,3})\.\s(?P<noun>[A-ZÄÖÜ][a-zäöüß]+)"), _ordinal_noun),
         (re.compile(r"(?<![\d.,])(?P<a>\d+)\s?(?P<dash>[-–])\s?(?P<b>\d+)(?![\d.,]\d)"), _range),

@@ -8,18 +8,14 @@ and puts that much silence after it (in place of the pause segmentation would ha
 row add up). Tag names are case-insensitive. Tags are taken out of the text: the model never reads
 them. Other square brackets are ordinary text.
 
-Voices also come per chapter from a job's `chapter_voices` ({chapter number: voice}); inline tags win.
-`check_job_voices` rejects, before anything is queued, a voice the engine does not know.
+A job's voices per chapter (`chapter_voices`) and the check of its voices at submit are the job's
+(jobs.submit); inline tags win over chapter voices.
 """
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional, Sequence
-
-log = logging.getLogger(__name__)
+from typing import Optional
 
 TAG = re.compile(r"\[\s*(?:(?P<open>voice)\s*=(?P<voice>[^\]]*)|(?P<close>/\s*voice)|(?P<pause>pause)\s*=(?P<secs>[^\]]*))\]",
                  re.IGNORECASE)
@@ -108,36 +104,3 @@ def _merge_pauses(pieces: list[Piece]) -> list[Piece]:
 def strip_tags(text: str) -> str:
     """The text without any tag (for titles and other text that is read but not segmented by voice)."""
     return TAG.sub("", text or "")
-
-
-def job_voices(chapters: Sequence[tuple[str, list]], spec) -> set[str]:
-    """Every voice a job names: its own, its chapter voices and its inline tags (segment metadata)."""
-    names = {s.metadata.get("voice") for _, segs in chapters for s in segs}
-    names.update((spec.chapter_voices or {}).values())
-    names.add(spec.voice)
-    return {n for n in names if n}
-
-
-def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
-    """Raise TagError naming the first voice of the job that is neither among `known` (the engine's voices)
-    nor a voice file. `known` None or empty: nothing to check against (the worker still checks)."""
-    if not known:
-        return
-    for name in sorted(job_voices(chapters, spec)):
-        if name not in known and not Path(name).is_file():
-            raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
-                           f"available: {', '.join(sorted(known))}")
-
-
-def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int], spec) -> None:
-    """Give the segments of chapter number `numbers[i]` (as `preview` numbers them) the voice
-    `spec.chapter_voices` names for it, where no inline tag chose one."""
-    voices = spec.chapter_voices or {}
-    unknown = sorted(set(voices) - {str(n) for n in numbers}, key=lambda k: (len(k), k))
-    if unknown:
-        log.warning("chapter_voices names chapters %s that the job does not include", ", ".join(unknown))
-    for number, (_, segs) in zip(numbers, chapters):
-        voice = voices.get(str(number))
-        if voice:
-            for s in segs:
-                s.metadata.setdefault("voice", voice)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from jobs.normalize.abbrev import expand_abbreviations
-from jobs.normalize.cleanup import cleanup
-from jobs.normalize.lexicon import Lexicon
-from jobs.normalize.numbers import expand_numbers
+from text.normalize.abbrev import expand_abbreviations
+from text.normalize.cleanup import cleanup
+from text.normalize.lexicon import Lexicon
+from text.normalize.numbers import expand_numbers
 
 LANGUAGE_NAMES = {
     "english": "en", "german": "de", "deutsch": "de", "chinese": "zh", "mandarin": "zh", "japanese": "ja",
@@ -63,7 +63,7 @@ def normalize(text: str, language: str, lexicon: Optional[Lexicon] = None) -> st
 
 def _chinese_numbers(text: str) -> str:
     """Arabic numerals -> Chinese with num2words when it supports "zh"; otherwise unchanged."""
-    from jobs.normalize.numbers import supported
+    from text.normalize.numbers import supported
 
     if not supported("zh"):
         return text

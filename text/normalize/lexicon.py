@@ -26,7 +26,9 @@ import re
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Union
 
-from jobs.errors import LexiconError
+
+class LexiconError(ValueError):
+    """A user pronunciation dictionary could not be loaded (the message says which entry or file, and why)."""
 
 
 class Lexicon:

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from jobs.encode import OPUS_RATES, SOUNDFILE, pcm16, wav_header
+from audio.encode import OPUS_RATES, SOUNDFILE, pcm16, wav_header
 
 log = logging.getLogger(__name__)
 
