@@ -434,3 +434,19 @@ def test_a_stream_takes_the_slot_of_a_batch_request_which_starts_over_with_the_s
         got = h.result()
         np.testing.assert_array_equal(got.codes, w.codes)
         np.testing.assert_allclose(got.audio, w.audio, atol=1e-5)
+
+
+def test_a_streams_prompt_is_prefilled_alone():
+    """A stream's prompt is not prefilled together with book prompts (a bigger prefill makes its iteration
+    longer): in an iteration whose prefill group holds a stream, only streams are prefilled."""
+    runner = EngineRunner(engine(), max_slots=4, max_context=256)
+    book = runner.submit(requests(1, frames=8)[0], priority=1)
+    stream = runner.submit(requests(1, frames=4)[0])
+    runner.step_once()
+    in_slots = [s.handle for s in runner.slots.seqs]
+    waiting = [s for s in runner.sched.prefilling if s.handle is book]
+    assert in_slots == [stream] and waiting and waiting[0].offset == 0
+    runner.step_once()
+    assert {s.handle for s in runner.slots.seqs} == {stream, book}
+    while not (book.done and stream.done):
+        runner.step_once()

@@ -82,8 +82,11 @@ class ModelRunner:
         # has its own stream and pool, so its calls overlap the decode steps
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs and self.device.type == "cuda" else None
         cuda = self.device.type == "cuda"
-        # decode graphs are captured on one stream, each lane works on its own: never one cuBLAS workspace twice
-        self.capture_stream, *self.lane_streams = distinct_streams(self.device, (0, -1, 0)) if cuda else (None,) * 3
+        # decode graphs are captured on one stream, each lane works on its own: never one cuBLAS workspace twice.
+        # The loop's own work (decode steps, prefill) runs on `run_stream`, above the batch codec lane's: a
+        # book's long codec calls yield the GPU to the step every stream waits for; the stream lane is highest.
+        streams = distinct_streams(self.device, (0, -1, -2, 0)) if cuda else (None,) * 4
+        self.capture_stream, self.run_stream, *self.lane_streams = streams
         self.graphs: dict = {}
         # prefill graphs per (rows bucket, length bucket): a prompt chunk costs one replay, not ~30 launches/layer
         self.prefill_graphs: dict = {}

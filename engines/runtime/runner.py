@@ -220,6 +220,8 @@ class EngineRunner:
     def _loop(self) -> None:
         if self.device.type == "cuda" and self.device.index is not None:  # a new thread starts on cuda:0;
             torch.cuda.set_device(self.device)  # one engine per GPU runs on its own ("cuda": the current one)
+        if self.model.run_stream is not None:  # this thread's device work goes to the loop's own stream
+            torch.cuda.set_stream(self.model.run_stream)
         while True:
             with self._cv:
                 while not self._stop and not self._has_work():
@@ -254,8 +256,9 @@ class EngineRunner:
         t0 = time.perf_counter()
         self._admit(self.sched.schedule(self.store.n_free, {True: self.lanes["stream"].free,
                                                             False: self.lanes["batch"].free}))
-        if self.sched.prefilling:
-            self._prefill(self.sched.prefilling)
+        if self.sched.prefilling:  # a stream's prompt goes alone: book prompts wait an iteration, not the stream
+            group = self.sched.prefilling
+            self._prefill([s for s in group if s.is_stream] or group)
         self._feed_text()
         self.loop_s["admit"] += time.perf_counter() - t0
         n = self.slots.n_active
