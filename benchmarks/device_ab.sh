@@ -12,6 +12,7 @@ set -uo pipefail
 name=$1; shift; [ "${1:-}" = "--" ] && shift
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # the .base run works from its own folder
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -21,7 +22,7 @@ start=$SECONDS
 pids=()
 if [ -d .base ]; then
   (cd .base && CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ind-base PYTHONPATH="$PWD:/tmp/site" \
-     "$@" --json "../$OUT/base_$name.json" --md "../$OUT/base_$name.md" > "../$OUT/base_$name.log" 2>&1) &
+     "$@" --json "$OUT/base_$name.json" --md "$OUT/base_$name.md" > "$OUT/base_$name.log" 2>&1) &
   pids+=($!)
 fi
 CUDA_VISIBLE_DEVICES=${NEW_GPU:-1} TORCHINDUCTOR_CACHE_DIR=/tmp/ind-new PYTHONPATH="$PWD:/tmp/site" \
