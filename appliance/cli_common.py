@@ -3,7 +3,6 @@ own flags, through `appliance.config.resolve`), the shared options and the engin
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import click
@@ -18,11 +17,39 @@ def config_path() -> Optional[str]:
     return ctx.find_root().params.get("config_path") if ctx else None
 
 
+FLAG_KEYS = {"batch_size": ("jobs", "batch_size"), "lease_seconds": ("jobs", "lease_s"), "guard": ("jobs", "guard"),
+             "quiet_seconds": ("jobs", "watch_quiet_s"), "poll": ("jobs", "watch_poll")}  # flag -> config key
+
+
 def settings(**flags) -> Config:
-    """The settings of the running command: config file, drop-ins, environment, then `flags`
-    (model, device, dtype, home; None: not given)."""
+    """The configuration of the running command: config file, drop-ins, environment, then `flags` by
+    parameter name (model, device, dtype, home and those of FLAG_KEYS; None: not given). The one place a
+    command's flags override the config."""
+    plain = {k: flags.pop(k) for k in ("model", "device", "dtype", "home") if k in flags}
+    keys: dict = {}
+    for name, value in flags.items():
+        sec, key = FLAG_KEYS[name]
+        keys.setdefault(sec, {})[key] = value
     try:
-        return resolve(config_path(), **flags)
+        return resolve(config_path(), **plain, flags=keys)
+    except ConfigError as exc:
+        raise click.ClickException(f"config error: {exc}") from None
+
+
+def run_settings(cfg: Optional[Config] = None, need_model: bool = False, **flags):
+    """The configuration `cfg` (default: `settings(**flags)`) with every auto decided
+    (appliance.settings.Settings): what a command that runs or describes engines works with.
+    `need_model`: no model configured is a click error saying how to set one."""
+    from appliance.settings import settings as decide
+
+    cfg = cfg or settings(**flags)
+    if need_model:
+        try:
+            cfg.require_model()
+        except ConfigError as exc:  # says how to set one
+            raise click.ClickException(str(exc)) from None
+    try:
+        return decide(cfg)
     except ConfigError as exc:
         raise click.ClickException(f"config error: {exc}") from None
 
@@ -38,18 +65,20 @@ def load_runner(cfg: Config, slots: int, usage_error: bool = False):
         raise (click.UsageError if usage_error else click.ClickException)(str(exc)) from None
 
 
-def known_voices(cfg: Config, model_type: Optional[str], speakers: list) -> Optional[list]:
-    """The voices a job may name with the configured checkpoint, from its (`model_type`, `speakers`) as
-    jobs.submit.checkpoint_voices reads them: CustomVoice speakers, a Base checkpoint's saved voices;
-    None when they are not known (no checkpoint, or the worker checks voices when it loads the model)."""
-    from engines.engine import VOICE_SUFFIX
+def known_voices(s) -> Optional[list]:
+    """The voices a job may name with the checkpoint of the settings `s` (engines.catalog.Catalog, no
+    weights loaded): CustomVoice speakers, a Base checkpoint's saved voices; None when they are not known
+    (no checkpoint, one that cannot be read, a Base checkpoint without saved voices, VoiceDesign)."""
+    from engines.catalog import Catalog
+    from engines.model.errors import CheckpointError
 
-    if model_type == "custom_voice":
-        return sorted(speakers)
-    vdir = Path(cfg.model.voices_dir or cfg.home().home / "voices")
-    if model_type == "base" and vdir.is_dir():
-        return sorted(p.name[: -len(VOICE_SUFFIX)] for p in vdir.glob(f"*{VOICE_SUFFIX}"))
-    return None
+    if not s.model:
+        return None
+    try:
+        catalog = Catalog.from_dir(s.model, s.voices_dir)
+    except (CheckpointError, OSError, ValueError):
+        return None  # jobs.submit.checkpoint_voices said so in the job defaults
+    return catalog.voices or None
 
 
 def model_options(f):

@@ -326,3 +326,31 @@ def test_cli_submit_without_voice_takes_the_daemons_default(daemon, tmp_path):
             env={"TTS_APPLIANCE_SOCKET": daemon.socket})
     assert r.exit_code == 0, r.output
     assert daemon.wait_job(json.loads(r.stdout)[0]["job_id"])["state"] == "done"
+
+
+def test_submit_wait_follows_the_daemon_and_synthesizes_nothing_here(daemon, tmp_path, monkeypatch):
+    """`submit --wait` with a daemon running for the spool folder (found through its daemon.json): the job is
+    uploaded and followed through the daemon's event stream; this process loads no engine, every segment's
+    synthesis is logged by a worker of the daemon's process, and the bar counts the segments to 100%."""
+    import engines.load
+    from daemon_util import book_text
+
+    loads, real = [], engines.load.load_runner
+    monkeypatch.setattr(engines.load, "load_runner", lambda spec: loads.append(spec) or real(spec))
+    src = book(tmp_path, "followed.txt", book_text(6))
+    r = cli(["submit", str(src), "--voice", "ryan", "--max-new-tokens", "4", "--wait", "--home", str(daemon.home)],
+            env={"TTS_APPLIANCE_MODEL": str(TINY / "cv_small")})  # a model of its own would let it work here
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.splitlines()[0]
+    assert loads == [], "submit --wait loaded an engine in the CLI process"
+    q = Queue(daemon.home / "queue.db")
+    try:
+        total = sum(q.counts(job_id).values())
+        workers = q.conn.execute("SELECT l.worker_id FROM synth_log l JOIN segments s ON s.id = l.segment_id "
+                                 "WHERE s.job_id = ?", (job_id,)).fetchall()
+        assert q.job(job_id)["state"] == "done" and total >= 3
+    finally:
+        q.close()
+    assert len(workers) == total and all(f"-{daemon.proc.pid}-" in w for (w,) in workers), (daemon.proc.pid, workers)
+    assert "100%" in r.stderr and f"{total}/{total}" in r.stderr, r.stderr
+    assert f"{job_id}  done" in r.stdout and "no daemon is configured" not in r.stderr
