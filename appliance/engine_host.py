@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 from engines.api import EngineSpec
-from engines.load import load_runner as load_runner_spec
 from engines.runtime.runner import EngineBusy, EngineRunner  # noqa: F401 - EngineBusy re-exported
 
 from appliance.config import Config
@@ -99,8 +98,8 @@ class EngineHost:
         start with a one-line error (EngineStartError)."""
         from dataclasses import replace
 
+        from engines import load as loader
         from engines.catalog import Catalog
-        from engines.load import ready
 
         s, cfg = self.settings, self.cfg
         self.engine = Catalog.from_dir(s.require_model(), s.voices_dir)
@@ -114,8 +113,8 @@ class EngineHost:
         else:
             engines = []
             for spec in specs:
-                runner = load_runner_spec(spec)
-                ready(runner, spec)
+                runner = loader.load_runner(spec)
+                loader.ready(runner, spec)
                 engines.append(runner)
         self.pool = EnginePool(engines, self.engine)
         if len(engines) > 1:
