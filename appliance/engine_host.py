@@ -57,11 +57,10 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
     `device` (default model.device, its first device when it names several), loaded by
     engines.load.load_runner (the chosen values logged and kept in `runner.settings`). ConfigError when no
     model is configured. `say` loads this way; the daemon and the job commands through `EngineHost`."""
-    from engines.device.detect import resolve_device
+    from appliance.settings import devices
     from engines.load import load_runner as load
 
-    return load(engine_spec(cfg, device or resolve_device(cfg.model.device), max_slots=max_slots,
-                            max_queue=max_queue))
+    return load(engine_spec(cfg, device or devices(cfg.model.device)[0], max_slots=max_slots, max_queue=max_queue))
 
 
 class EngineHost:
