@@ -1,5 +1,6 @@
-"""What the command modules share: a command's settings (the group's `--config` plus the command's
-own flags, through `appliance.config.resolve`), the shared options and the engine for in-process work."""
+"""What the command modules share: a command's configuration (the group's `--config` plus the command's
+own flags, through `appliance.config.resolve`) and its settings (appliance.settings), the shared options
+and `say`'s engine."""
 from __future__ import annotations
 
 import json
@@ -55,30 +56,15 @@ def run_settings(cfg: Optional[Config] = None, need_model: bool = False, **flags
 
 
 def load_runner(cfg: Config, slots: int, usage_error: bool = False):
-    """The engine of `cfg` behind an EngineRunner with `slots` slots, for work in this process
-    (appliance.engine_host.load_runner); no model configured -> a click error."""
+    """The engine of `cfg` behind an EngineRunner with `slots` slots in this process, for `say`
+    (appliance.engine_host.load_runner; the job commands start theirs through appliance.compose); no model
+    configured -> a click error."""
     from appliance.engine_host import load_runner as load
 
     try:  # room for a batch and for retries of its requests one by one
         return load(cfg, max_slots=slots, max_queue=max(2 * slots, cfg.runtime.max_queue))
     except ConfigError as exc:
         raise (click.UsageError if usage_error else click.ClickException)(str(exc)) from None
-
-
-def known_voices(s) -> Optional[list]:
-    """The voices a job may name with the checkpoint of the settings `s` (engines.catalog.Catalog, no
-    weights loaded): CustomVoice speakers, a Base checkpoint's saved voices; None when they are not known
-    (no checkpoint, one that cannot be read, a Base checkpoint without saved voices, VoiceDesign)."""
-    from engines.catalog import Catalog
-    from engines.model.errors import CheckpointError
-
-    if not s.model:
-        return None
-    try:
-        catalog = Catalog.from_dir(s.model, s.voices_dir)
-    except (CheckpointError, OSError, ValueError):
-        return None  # jobs.submit.checkpoint_voices said so in the job defaults
-    return catalog.voices or None
 
 
 def model_options(f):

@@ -20,7 +20,7 @@ from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec, with_defaults
 
-from appliance.cli_common import emit, fail, home_option, json_option, known_voices, run_settings
+from appliance.cli_common import emit, fail, home_option, json_option, run_settings
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
@@ -213,7 +213,8 @@ def _submit_here(files, spec: JobSpec, s, queue: Queue, wait: bool, as_json: boo
                 check_voice(host.pool, spec.voice)
             except VoiceNotFound as exc:  # lists the voices
                 fail(f"{exc} (nothing was queued)")
-        voices = host.pool.voices if host is not None else known_voices(s)
+        where = host.pool if host is not None else s.catalog  # the voices a job may name, when known
+        voices = where.voices if where is not None else None
         results = _submit_each(files, lambda f: submit_file(queue, s.paths, f, spec, voices, limits=s.ingest),
                                as_json)
         ok = [r["job_id"] for r in results if not r["error"]]

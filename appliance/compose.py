@@ -38,17 +38,17 @@ def engines_here(s: Settings):
 
 def make_worker(s: Settings, host: EngineHost, queue=None):
     """A queue worker on every engine of `host` with the worker settings of `s`: `batch_size` segments
-    in flight (0: the engines' slots in all), the lease, the guard (off for a test model: guard_for); it
+    in flight (0: the engines' slots in all), the lease, the guard; it
     claims jobs pinned to the checkpoint it runs and unpinned ones, and nothing new while streams wait
     on every engine. `queue`: an open jobs Queue (default: a new connection to the settings' queue)."""
-    from jobs.guard import guard_for
+    from jobs.guard import GuardSettings
     from jobs.queue import Queue
     from jobs.worker import Worker
 
     w = s.worker
     slots = sum(r.max_slots for r in host.runners)
     return Worker(queue if queue is not None else Queue(s.paths.db), host.pool, s.paths,
-                  batch_size=w.batch_for(slots), lease_s=w.lease_s, guard=guard_for(w.guard, host.engine),
+                  batch_size=w.batch_for(slots), lease_s=w.lease_s, guard=GuardSettings(enabled=w.guard),
                   model=w.model, should_yield=host.streams_waiting)
 
 

@@ -101,7 +101,7 @@ class EngineHost:
         from engines.catalog import Catalog
 
         s, cfg = self.settings, self.cfg
-        self.engine = Catalog.from_dir(s.require_model(), s.voices_dir)
+        self.engine = s.catalog or Catalog.from_dir(s.require_model(), s.voices_dir)  # (raises what is wrong)
         warm = cfg.model.warmup and not in_process
         warmup = self.request(WARMUP_TEXT, voice=self.default_voice(), max_frames=4, seed=0) if warm else None
         if warm and warmup is None:

@@ -34,7 +34,7 @@ class WorkerSettings:
     threads: int = 1
     batch_size: int = 0       # segments a worker keeps in flight; 0: the slots of its engines (batch_for)
     lease_s: float = 120.0
-    guard: bool = True        # runaway/silence guard (jobs.guard.guard_for leaves it off for a test model)
+    guard: bool = True        # runaway/silence guard (off for a test model: jobs.guard.guard_for)
     model: Optional[str] = None  # the checkpoint they run: they claim unpinned jobs and those pinned to it
 
     def batch_for(self, slots: int) -> int:
@@ -61,6 +61,7 @@ class Settings:
     devices: tuple            # one engine per device ("cpu", "cuda", "cuda:1", ...)
     threads: int              # torch CPU threads of every engine
     voices_dir: Path          # saved cloned voices
+    catalog: Optional[object]  # what the checkpoint offers, engines.catalog.Catalog (None: none, or unreadable)
     engines: tuple            # an engines.api.EngineSpec per device (empty without a model)
     worker: WorkerSettings
     inbox: InboxSettings
@@ -108,10 +109,31 @@ def checkpoint(cfg: Config) -> Optional[str]:
     return str(Path(cfg.model.path).expanduser().resolve()) if cfg.model.path else None
 
 
-def worker_settings(cfg: Config) -> WorkerSettings:
+def catalog(model: Optional[str], voices: Path):
+    """What the checkpoint at `model` offers (engines.catalog.Catalog: its config files, no weights) with
+    the saved voices in `voices`; None without a model, or when its files cannot be read (logged: what
+    depends on it keeps the configured values; the engines' start reports the error itself)."""
+    if not model:
+        return None
+    from engines.catalog import Catalog
+    from engines.model.errors import CheckpointError
+
+    try:
+        return Catalog.from_dir(model, voices)
+    except (CheckpointError, OSError, ValueError) as exc:
+        log.warning("cannot read the checkpoint at %s (%s): jobs.voice and jobs.guard are used as configured",
+                    model, exc)
+        return None
+
+
+def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:
+    """The queue workers of `cfg` on the checkpoint of `checkpoint_catalog` (its test-model label turns
+    the guard off: jobs.guard.guard_for, logged)."""
+    from jobs.guard import guard_for
+
     j = cfg.jobs
     return WorkerSettings(enabled=j.enabled, threads=max(1, j.workers), batch_size=j.batch_size, lease_s=j.lease_s,
-                          guard=j.guard, model=checkpoint(cfg))
+                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg))
 
 
 def inbox_settings(cfg: Config) -> InboxSettings:
@@ -119,13 +141,14 @@ def inbox_settings(cfg: Config) -> InboxSettings:
     return InboxSettings(enabled=j.watch, quiet_s=j.watch_quiet_s, polling=j.watch_poll)
 
 
-def job_defaults(cfg: Config) -> dict:
+def job_defaults(cfg: Config, checkpoint_catalog=None) -> dict:
     """The spec values of jobs that name none (jobs.voice, jobs.language, jobs.instruct) fitted to the
-    configured checkpoint, read from its config.json (jobs.submit.job_defaults; logged there)."""
-    from jobs.submit import checkpoint_voices, job_defaults as fitted
+    checkpoint of `checkpoint_catalog` (jobs.submit.job_defaults; logged there)."""
+    from jobs.submit import job_defaults as fitted
 
-    j = cfg.jobs
-    return fitted(j.voice, j.language, j.instruct, *checkpoint_voices(cfg.model.path))
+    j, c = cfg.jobs, checkpoint_catalog
+    kind = c.model_type if c is not None else None
+    return fitted(j.voice, j.language, j.instruct, kind, c.voices if kind == "custom_voice" else ())
 
 
 def settings(cfg: Config, instance: Optional[str] = None) -> Settings:
@@ -133,16 +156,16 @@ def settings(cfg: Config, instance: Optional[str] = None) -> Settings:
     instance of tts-appliance@.service (`devices`). ConfigError for an instance without a device."""
     from appliance.engine_host import engine_spec, voices_dir
 
-    devs = devices(cfg.model.device, instance)
-    model = checkpoint(cfg)
+    devs, model, voices = devices(cfg.model.device, instance), checkpoint(cfg), voices_dir(cfg)
+    cat = catalog(model, voices)
     return Settings(config=cfg, paths=cfg.home(), model=model, devices=devs, threads=torch_threads(cfg.model.threads),
-                    voices_dir=voices_dir(cfg), engines=tuple(engine_spec(cfg, d) for d in devs) if model else (),
-                    worker=worker_settings(cfg), inbox=inbox_settings(cfg), ingest=IngestLimits.from_config(cfg.jobs),
-                    job_defaults=job_defaults(cfg))
+                    voices_dir=voices, catalog=cat, engines=tuple(engine_spec(cfg, d) for d in devs) if model else (),
+                    worker=worker_settings(cfg, cat), inbox=inbox_settings(cfg),
+                    ingest=IngestLimits.from_config(cfg.jobs), job_defaults=job_defaults(cfg, cat))
 
 
 def reloaded(old: Settings, cfg: Config) -> Settings:
     """The daemon's settings after a reload to `cfg` (restart-only keys already held at their old values):
     what may change live (workers, inbox, ingest limits) from `cfg`; engines, devices and job defaults kept."""
-    return replace(old, config=cfg, worker=worker_settings(cfg), inbox=inbox_settings(cfg),
+    return replace(old, config=cfg, worker=worker_settings(cfg, old.catalog), inbox=inbox_settings(cfg),
                    ingest=IngestLimits.from_config(cfg.jobs))

@@ -86,7 +86,7 @@ def test_info_shows_what_work_runs(tmp_path, monkeypatch):
     assert (shown["codec"], shown["threads"]) == (spec.codec, spec.threads) == ("torch", 1)
     text = cli("--config", path, "info", "--no-daemon").stdout
     assert "cpu: float32, 3 slots" in text and "codec torch, 1 CPU threads" in text, text
-    assert "3 (the engines' slots) segments in flight each, lease 120.0 s" in text, text
+    assert "3 (the engines' slots) segments in flight each, lease 120.0 s, guard off" in text, text  # a test model
 
 
 def test_settings_decide_every_auto_once(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from jobs import submissions
 from jobs.queue import Queue
 from jobs.settings import JobSpec, resolve_home, with_defaults
-from jobs.submit import checkpoint_voices, job_defaults, submit_file
+from engines.catalog import Catalog
+from jobs.submit import job_defaults, submit_file
 
 TINY = Path(__file__).parent / "data" / "tiny"
 BOOK = "Alpha sentence one is read aloud.\n\nBravo sentence two is read aloud.\n"
@@ -42,6 +43,12 @@ def book(tmp_path: Path, name: str = "book.txt", text: str = BOOK) -> Path:
 
 
 # -- defaults --------------------------------------------------------------------------------
+def checkpoint_voices(path) -> tuple:
+    """(model type, voices) of a checkpoint, as the settings read them (appliance.settings.catalog)."""
+    cat = Catalog.from_dir(path)
+    return cat.model_type, cat.voices
+
+
 def test_custom_voice_without_jobs_voice_uses_the_first_speaker(caplog):
     with caplog.at_level(logging.INFO, logger="jobs.submit"):
         d = job_defaults(None, "auto", "ignored here", *checkpoint_voices(TINY / "cv_small"))
