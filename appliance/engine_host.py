@@ -38,11 +38,11 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
     dtype, voices folder, CPU threads (appliance.settings.torch_threads), the codec (runtime.codec, auto
     decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
     `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
-    from appliance.settings import torch_threads
+    from appliance.settings import checkpoint, torch_threads
     from engines.codec.build import codec_choice, default_cache_dir
 
     m, r = cfg.model, cfg.runtime
-    model = str(Path(cfg.require_model()).expanduser().resolve())
+    model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
     return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
                       threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
