@@ -14,7 +14,8 @@ import click
 from engines.model.errors import TTSError
 from jobs.queue import QueueError
 
-from appliance.cli_common import config_path, emit, home_option, json_option, load_runner, model_options, settings
+from appliance.cli_common import (config_path, emit, home_option, json_option, load_runner, model_options,
+                                  run_settings, settings)
 
 log = logging.getLogger("tts_appliance")
 
@@ -97,11 +98,12 @@ def say(text, model, device, dtype, voice, language, instruct, ref_audio, ref_te
 @json_option
 @click.option("--no-daemon", is_flag=True, help="Do not ask a running daemon for its /health.")
 def info(model, device, dtype, home, as_json, no_daemon):
-    """Describe this installation for a bug report: devices, model, engines and why, codec engines,
-    sockets, queue, config files read, and the running daemon's /health. No weights are loaded."""
+    """Describe this installation for a bug report: devices, the settings as decided (what the daemon and
+    the job commands run with), model, engines and why, codec engines, sockets, queue, config files read,
+    and the running daemon's /health. No weights are loaded."""
     from appliance.info import collect, render
 
-    report = collect(settings(model=model, device=device, dtype=dtype, home=home), config_path(),
+    report = collect(run_settings(model=model, device=device, dtype=dtype, home=home), config_path(),
                      daemon=not no_daemon)
     emit(as_json, report, render(report))
 

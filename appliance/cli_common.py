@@ -1,9 +1,9 @@
-"""What the command modules share: a command's settings (the group's `--config` plus the command's
-own flags, through `appliance.config.resolve`), the shared options and the engine for in-process work."""
+"""What the command modules share: a command's configuration (the group's `--config` plus the command's
+own flags, through `appliance.config.resolve`) and its settings (appliance.settings), the shared options
+and `say`'s engine."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import click
@@ -18,38 +18,53 @@ def config_path() -> Optional[str]:
     return ctx.find_root().params.get("config_path") if ctx else None
 
 
+FLAG_KEYS = {"batch_size": ("jobs", "batch_size"), "lease_seconds": ("jobs", "lease_s"), "guard": ("jobs", "guard"),
+             "quiet_seconds": ("jobs", "watch_quiet_s"), "poll": ("jobs", "watch_poll")}  # flag -> config key
+
+
 def settings(**flags) -> Config:
-    """The settings of the running command: config file, drop-ins, environment, then `flags`
-    (model, device, dtype, home; None: not given)."""
+    """The configuration of the running command: config file, drop-ins, environment, then `flags` by
+    parameter name (model, device, dtype, home and those of FLAG_KEYS; None: not given). The one place a
+    command's flags override the config."""
+    plain = {k: flags.pop(k) for k in ("model", "device", "dtype", "home") if k in flags}
+    keys: dict = {}
+    for name, value in flags.items():
+        sec, key = FLAG_KEYS[name]
+        keys.setdefault(sec, {})[key] = value
     try:
-        return resolve(config_path(), **flags)
+        return resolve(config_path(), **plain, flags=keys)
+    except ConfigError as exc:
+        raise click.ClickException(f"config error: {exc}") from None
+
+
+def run_settings(cfg: Optional[Config] = None, need_model: bool = False, **flags):
+    """The configuration `cfg` (default: `settings(**flags)`) with every auto decided
+    (appliance.settings.Settings): what a command that runs or describes engines works with.
+    `need_model`: no model configured is a click error saying how to set one."""
+    from appliance.settings import settings as decide
+
+    cfg = cfg or settings(**flags)
+    if need_model:
+        try:
+            cfg.require_model()
+        except ConfigError as exc:  # says how to set one
+            raise click.ClickException(str(exc)) from None
+    try:
+        return decide(cfg)
     except ConfigError as exc:
         raise click.ClickException(f"config error: {exc}") from None
 
 
 def load_runner(cfg: Config, slots: int, usage_error: bool = False):
-    """The engine of `cfg` behind an EngineRunner with `slots` slots, for work in this process
-    (appliance.engine_host.load_runner); no model configured -> a click error."""
+    """The engine of `cfg` behind an EngineRunner with `slots` slots in this process, for `say`
+    (appliance.engine_host.load_runner; the job commands start theirs through appliance.compose); no model
+    configured -> a click error."""
     from appliance.engine_host import load_runner as load
 
     try:  # room for a batch and for retries of its requests one by one
         return load(cfg, max_slots=slots, max_queue=max(2 * slots, cfg.runtime.max_queue))
     except ConfigError as exc:
         raise (click.UsageError if usage_error else click.ClickException)(str(exc)) from None
-
-
-def known_voices(cfg: Config, model_type: Optional[str], speakers: list) -> Optional[list]:
-    """The voices a job may name with the configured checkpoint, from its (`model_type`, `speakers`) as
-    jobs.submit.checkpoint_voices reads them: CustomVoice speakers, a Base checkpoint's saved voices;
-    None when they are not known (no checkpoint, or the worker checks voices when it loads the model)."""
-    from engines.engine import VOICE_SUFFIX
-
-    if model_type == "custom_voice":
-        return sorted(speakers)
-    vdir = Path(cfg.model.voices_dir or cfg.home().home / "voices")
-    if model_type == "base" and vdir.is_dir():
-        return sorted(p.name[: -len(VOICE_SUFFIX)] for p in vdir.glob(f"*{VOICE_SUFFIX}"))
-    return None
 
 
 def model_options(f):

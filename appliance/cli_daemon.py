@@ -32,9 +32,10 @@ def daemon(config_path, instance, check, print_config):
             cfg = resolve(path)
             out = as_dict(cfg)
             if cfg.model.path:  # what "auto" stands for on this machine
-                from appliance.engine_host import all_runtime_settings
+                from appliance.settings import settings
+                from engines.load import settings as engine_settings
 
-                engines = all_runtime_settings(cfg)
+                engines = [engine_settings(spec) for spec in settings(cfg).engines]
                 out["resolved"] = engines[0]
                 if len(engines) > 1:  # model.device names several devices: one engine each
                     out["resolved_engines"] = engines

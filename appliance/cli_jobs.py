@@ -2,13 +2,15 @@
 
 The queue lives in the spool folder of the settings (`--home`, jobs.home of the config,
 $TTS_APPLIANCE_HOME, default ~/.local/share/tts-appliance). When a daemon is configured
-($TTS_APPLIANCE_SOCKET, http.socket) or runs for that folder, submit (without --wait/--model),
-status, list and cancel go through its API (a configured daemon that does not answer is an error,
-appliance.client); otherwise, and for `--wait`, the work is done in this process (appliance.cli_work).
+($TTS_APPLIANCE_SOCKET, http.socket) or runs for that folder, submit (without --model), status, list
+and cancel go through its API (a configured daemon that does not answer is an error,
+appliance.client), and `submit --wait` follows the daemon's work on the job through its event stream;
+otherwise the work of `--wait` is done in this process (appliance.cli_work), as for retry and redo.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -17,9 +19,8 @@ import click
 from jobs.queue import Queue, QueueError
 from jobs.report import describe, job_summary
 from jobs.settings import FORMATS, JobSpec, with_defaults
-from jobs.submit import checkpoint_voices, job_defaults
 
-from appliance.cli_common import emit, fail, home_option, json_option, known_voices, load_runner
+from appliance.cli_common import emit, fail, home_option, json_option, run_settings
 from appliance.cli_work import engine_options, finish_in_process, open_queue, spool
 
 
@@ -57,18 +58,15 @@ def _call(fn, *args):
         fail(str(exc))
 
 
-def _submit_each(files, spec, queue, paths, remote, as_json: bool, cfg, voices=None) -> list[dict]:
-    """Submit each file (through `remote` with `spec` the options given, else to `queue` with `spec`
-    a JobSpec, `voices` the engine's when known, under the ingest limits of the settings `cfg`); a file
-    that cannot be sent stops the command before it is uploaded."""
-    from jobs.ingest.isolate import IngestLimits
-    from jobs.submit import SubmitError, submit_file
+def _submit_each(files, send, as_json: bool) -> list[dict]:
+    """Submit each file with `send(path)` -> (job id, error or None); a file that cannot be sent stops the
+    command before it is uploaded or queued."""
+    from jobs.submit import SubmitError
 
     results = []
     for f in files:
         try:
-            job_id, error = (_call(remote.submit_file, f, spec, cfg.http.max_body_bytes) if remote
-                             else submit_file(queue, paths, f, spec, voices, limits=IngestLimits.from_config(cfg.jobs)))
+            job_id, error = send(f)
         except SubmitError as exc:
             fail(str(exc))
         results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
@@ -79,17 +77,53 @@ def _submit_each(files, spec, queue, paths, remote, as_json: bool, cfg, voices=N
     return results
 
 
-def _checked_runner(cfg, eng: dict, voice):
-    """The engine for `--wait`, loaded before anything is queued: an unknown voice queues nothing."""
-    from engines.model.errors import VoiceNotFound
-    from jobs.submit import check_voice
+def follow(client, job_ids: list[str], progress: bool = True) -> dict:
+    """`submit --wait` with a daemon: follow the daemon's work on `job_ids` through their event streams
+    (GET /v1/jobs/{id}/events) until each is finished, with one progress bar over their segments and an
+    ETA; nothing is synthesized here. Returns {job id: its final summary}. A stream that breaks or ends
+    before its job (the daemon stopping) stops the command; the job goes on in the daemon."""
+    import http.client
 
-    runner = load_runner(cfg, eng["batch_size"])
+    from tqdm import tqdm
+
+    from appliance.client import DaemonError
+
+    latest, ended, broken = {}, {}, {}
+    news = threading.Event()
+
+    def read(job_id: str) -> None:
+        try:
+            for event, data in client.events(job_id):
+                if event == "progress":
+                    latest[job_id] = data["progress"]
+                elif event == "end":
+                    ended[job_id] = data["state"]
+                news.set()
+        except (OSError, DaemonError, http.client.HTTPException, ValueError) as exc:
+            broken[job_id] = f"{type(exc).__name__}: {exc}"
+        finally:
+            news.set()
+
+    readers = [threading.Thread(target=read, args=(j,), name=f"follow-{j}", daemon=True) for j in job_ids]
+    for t in readers:
+        t.start()
     try:
-        check_voice(runner, voice)
-    except VoiceNotFound as exc:  # lists the voices
-        fail(f"{exc} (nothing was queued)")
-    return runner
+        with tqdm(total=0, unit="seg", desc="synthesizing (daemon)", disable=not progress) as bar:
+            while any(t.is_alive() for t in readers) or news.is_set():
+                news.wait(1.0)
+                news.clear()
+                counts = list(latest.values())
+                bar.total = sum(p["total"] for p in counts)
+                bar.update(sum(p["done"] + p["failed"] + p["cancelled"] for p in counts) - bar.n)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped following; the daemon goes on with {', '.join(job_ids)} "
+                   "(tts-appliance status JOB)", err=True)
+        raise
+    lost = [j for j in job_ids if j not in ended]
+    if lost:
+        fail("; ".join(f"job {j}: {broken.get(j, 'the daemon ended its event stream before the job finished')}"
+                       for j in lost) + ". The daemon goes on with the job when it runs: tts-appliance status JOB")
+    return {j: _call(client.job, j) for j in job_ids}
 
 
 @click.command()
@@ -107,7 +141,8 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
 @click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
-@click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
+@click.option("--wait", is_flag=True, help="Wait until done, with a progress bar: follows the daemon's work when "
+                                         "one is configured or running, else works in this process.")
 @engine_options
 @home_option
 @json_option
@@ -118,41 +153,75 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     Options not given come from the config (jobs.voice, jobs.language, jobs.instruct; a CustomVoice
     model without jobs.voice uses its first speaker). Submitting the same file content with the same
     options again gives the same job id. With a daemon configured ($TTS_APPLIANCE_SOCKET, http.socket)
-    or running for the spool folder the file is uploaded to it (type and size checked first); a
-    configured daemon that cannot be reached is an error."""
+    or running for the spool folder the file is uploaded to it (type and size checked first) and
+    `--wait` follows the daemon's work; a configured daemon that cannot be reached is an error.
+    `--model` queues in the spool folder for work in this process (`--wait`) or by `tts-appliance work`."""
     cfg, paths = spool(home, **eng)
-    remote = None if wait or eng["model"] else _remote(cfg, paths, note=True)  # a running daemon takes the files
+    remote = None if eng["model"] else _remote(cfg, paths, note=not wait)  # a running daemon takes the files
     given = {"voice": voice, "language": language, "format": fmt, "title": title, "author": author,
              "priority": priority, "instruct": instruct, "seed": seed, "chapters": chapters, "speed": speed,
              "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
              "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
     given = {k: v for k, v in given.items() if v is not None}
-    checkpoint = (None, []) if remote else checkpoint_voices(cfg.model.path)  # read once, without the weights
-    try:
-        spec = JobSpec.from_dict(given)  # e.g. a bad --chapters stops here, before anything is sent
-        if not remote:  # the defaults of this process's settings, fitted to its checkpoint
-            j = cfg.jobs
-            spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
-                                                                       *checkpoint)))
-    except ValueError as exc:
-        fail(str(exc))
-    queue = None if remote else Queue(paths.ensure().db)
-    runner = _checked_runner(cfg, eng, spec.voice) if wait else None
-    voices = None if remote else runner.voices if runner else known_voices(cfg, *checkpoint)
-    results = _submit_each(files, given if remote else spec, queue, paths, remote, as_json, cfg, voices)
-    ok = [r["job_id"] for r in results if not r["error"]]
-    if wait and ok:
-        finish_in_process(cfg, paths, queue, eng, ok, progress=not as_json, runner=runner)
-        for r in results:
-            if not r["error"]:
-                s = job_summary(queue, r["job_id"])
-                r.update(state=s["state"], error=s["error"], output_dir=s["output_dir"])
-                if not as_json:
-                    click.echo(describe(s))
+    if remote:
+        _spec(given)  # e.g. a bad --chapters stops here, before anything is sent
+        ignored = [f"--{k.replace('_', '-')}" for k, v in eng.items() if v is not None]
+        if wait and ignored:
+            click.echo(f"note: {', '.join(ignored)} apply to work in this process; the daemon works with its "
+                       "own settings", err=True)
+        results = _submit_each(files, lambda f: _call(remote.submit_file, f, given, cfg.http.max_body_bytes),
+                               as_json)
+        ok = [r["job_id"] for r in results if not r["error"]]
+        final = follow(remote, ok, progress=not as_json) if wait and ok else {}
+    else:
+        s = run_settings(cfg, need_model=wait)
+        spec = _spec(with_defaults(given, s.job_defaults))  # the defaults of these settings, fitted to the checkpoint
+        queue = Queue(s.paths.ensure().db)
+        results, final = _submit_here(files, spec, s, queue, wait, as_json)
+    for r in results:
+        if r["job_id"] in final:
+            summary = final[r["job_id"]]
+            r.update(state=summary["state"], error=summary["error"], output_dir=summary["output_dir"])
+            if not as_json:
+                click.echo(describe(summary))
     if as_json:
         emit(True, results, "")
     if any(r["state"] not in ("queued", "done") for r in results):
         raise SystemExit(1)
+
+
+def _spec(data: dict) -> JobSpec:
+    """`data` as a JobSpec; a click error saying what is wrong (e.g. a bad --chapters)."""
+    try:
+        return JobSpec.from_dict(data)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _submit_here(files, spec: JobSpec, s, queue: Queue, wait: bool, as_json: bool) -> tuple[list, dict]:
+    """Queue `files` in the spool folder of the settings `s`; with `wait`, start the engines first (a voice
+    they do not have queues nothing) and work until the jobs are finished. -> (results, {job id: summary})."""
+    from contextlib import nullcontext
+
+    from appliance.compose import engines_here
+    from engines.model.errors import VoiceNotFound
+    from jobs.submit import check_voice, submit_file
+
+    with engines_here(s) if wait else nullcontext() as host:
+        if host is not None:
+            try:
+                check_voice(host.pool, spec.voice)
+            except VoiceNotFound as exc:  # lists the voices
+                fail(f"{exc} (nothing was queued)")
+        where = host.pool if host is not None else s.catalog  # the voices a job may name, when known
+        voices = where.voices if where is not None else None
+        results = _submit_each(files, lambda f: submit_file(queue, s.paths, f, spec, voices, limits=s.ingest),
+                               as_json)
+        ok = [r["job_id"] for r in results if not r["error"]]
+        if not (wait and ok):
+            return results, {}
+        finish_in_process(s, queue, ok, progress=not as_json, host=host)
+    return results, {j: job_summary(queue, j) for j in ok}
 
 
 @click.command()
@@ -199,10 +268,10 @@ def cancel(job_id, home, as_json):
 @json_option
 def retry(job_id, wait, home, as_json, **eng):
     """Requeue the failed/cancelled segments of a job."""
-    cfg, paths, queue = open_queue(home, **eng)
+    cfg, _, queue = open_queue(home, **eng)
     n = _call(queue.retry, job_id)
     if wait:
-        finish_in_process(cfg, paths, queue, eng, [job_id], progress=not as_json)
+        finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
     s = job_summary(queue, job_id)
     emit(as_json, {**s, "requeued": n}, f"{n} segments requeued\n{describe(s)}")
 
@@ -218,10 +287,10 @@ def retry(job_id, wait, home, as_json, **eng):
 @json_option
 def redo(job_id, index, seed, wait, home, as_json, **eng):
     """Re-render one segment of a job with another seed and reassemble the book."""
-    cfg, paths, queue = open_queue(home, **eng)
+    cfg, _, queue = open_queue(home, **eng)
     seed = _call(queue.redo, job_id, index, seed)
     if wait:
-        finish_in_process(cfg, paths, queue, eng, [job_id], progress=not as_json)
+        finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
     s = job_summary(queue, job_id)
     emit(as_json, {**s, "segment": index, "seed": seed}, f"segment {index} seed {seed}\n{describe(s)}")
 

@@ -1,56 +1,48 @@
 """Synthesis in this process for the job commands: `work`, `watch`, and the worker behind
-`submit --wait`, `retry --wait` and `redo`. The engine is the same EngineRunner the daemon uses
-(`appliance.engine_host.load_runner`), with the batch size as its slots, driven by a
-`jobs.worker.Worker` in this thread.
+`submit --wait` (without a daemon), `retry --wait` and `redo`. Engines, worker and watcher are the
+daemon's, built by `appliance.compose` from the same settings (appliance.settings); the command's flags
+only override config keys (`appliance.cli_common.settings`).
 """
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
-from typing import Optional
 
 import click
 
 from jobs.queue import TERMINAL, Queue
 
-from appliance.cli_common import home_option, load_runner, model_options, settings
+from appliance.cli_common import home_option, model_options, run_settings, settings
+
+
+def worker_options(f):
+    """The queue worker's flags: override jobs.batch_size, jobs.lease_s and jobs.guard of the config."""
+    f = click.option("--guard/--no-guard", default=None,
+                     help="Retry/fail segments whose audio is far too long/short for the text or silent "
+                          "(default: jobs.guard of the config, on).")(f)
+    f = click.option("--lease-seconds", type=float,
+                     help="Segment lease; a dead worker's segments return to the queue after this "
+                          "(default: jobs.lease_s of the config, 120).")(f)
+    return click.option("--batch-size", type=click.IntRange(min=0),
+                        help="Segments kept in flight (default: jobs.batch_size of the config; 0: the engines' "
+                             "slots, runtime.max_slots).")(f)
 
 
 def engine_options(f):
-    """The engine flags of in-process work (model, device, dtype, batch size, lease, guard)."""
-    f = click.option("--guard/--no-guard", default=True, show_default=True,
-                     help="Retry/fail segments whose audio is far too long/short for the text or silent.")(f)
-    f = click.option("--lease-seconds", default=120.0, show_default=True,
-                     help="Segment lease; a dead worker's segments return to the queue after this.")(f)
-    f = click.option("--batch-size", default=8, show_default=True,
-                     help="Segments per engine call (also the engine's slots).")(f)
-    return model_options(f)
+    """The flags of in-process work: model, device, dtype and the worker's."""
+    return model_options(worker_options(f))
 
 
 def spool(home, **flags):
-    """(settings, spool paths) of a job command, no folder created; `flags` override the config
-    (model, device, dtype)."""
-    cfg = settings(home=home, **{k: flags.get(k) for k in ("model", "device", "dtype")})
+    """(configuration, spool paths) of a job command, no folder created; `flags` override the config."""
+    cfg = settings(home=home, **flags)
     return cfg, cfg.home()
 
 
 def open_queue(home, **flags):
-    """(settings, spool paths, queue): `spool` with its folders created and the queue opened."""
+    """(configuration, spool paths, queue): `spool` with its folders created and the queue opened."""
     cfg, paths = spool(home, **flags)
     return cfg, paths.ensure(), Queue(paths.db)
-
-
-def make_worker(cfg, paths, queue: Queue, eng: dict, runner=None):
-    """A jobs Worker on `runner` (default: the engine of `cfg` with --batch-size slots). Jobs pinned
-    to a model are claimed only when --model named it (as before: an unpinned worker takes any)."""
-    from jobs.guard import guard_for
-    from jobs.worker import Worker
-
-    runner = runner or load_runner(cfg, eng["batch_size"])
-    pinned = str(Path(eng["model"]).resolve()) if eng.get("model") else None
-    return Worker(queue, runner, paths, batch_size=eng["batch_size"], guard=guard_for(eng["guard"], runner.engine),
-                  lease_s=eng["lease_seconds"], model=pinned)
 
 
 def run_until_finished(queue: Queue, worker, job_ids: list[str], progress: bool = True) -> None:
@@ -88,51 +80,61 @@ def work_until_idle(queue: Queue, worker) -> None:
 @click.option("--until-idle", is_flag=True, help="Exit when nothing is left to do.")
 @engine_options
 @home_option
-def work(until_idle, home, **eng):
+def work(until_idle, home, **flags):
     """Run a worker: synthesize queued segments and assemble finished books (Ctrl-C stops)."""
-    cfg, paths, queue = open_queue(home, **eng)
-    worker = make_worker(cfg, paths, queue, eng)
-    stop = threading.Event()
-    try:
-        if until_idle:
-            work_until_idle(queue, worker)
-        else:
-            worker.run_forever(stop)
-    except KeyboardInterrupt:
-        stop.set()
-        worker.close()
+    from appliance.compose import engines_here, make_worker
+
+    s = run_settings(need_model=True, home=home, **flags)
+    queue = Queue(s.paths.ensure().db)
+    with engines_here(s) as host:
+        worker = make_worker(s, host, queue)
+        stop = threading.Event()
+        try:
+            if until_idle:
+                work_until_idle(queue, worker)
+            else:
+                worker.run_forever(stop)
+        except KeyboardInterrupt:
+            stop.set()
+            worker.close()
 
 
 @click.command()
-@click.option("--poll", is_flag=True, help="Poll the folder (network mounts) instead of inotify events.")
-@click.option("--quiet-seconds", default=5.0, show_default=True, help="A file must be unchanged this long.")
+@click.option("--poll/--no-poll", default=None,
+              help="Poll the folder (network mounts) instead of inotify events (default: jobs.watch_poll).")
+@click.option("--quiet-seconds", type=float,
+              help="A file must be unchanged this long (default: jobs.watch_quiet_s of the config, 5).")
 @click.option("--work/--no-work", "do_work", default=True, show_default=True,
               help="Also run a worker in this process (needs a model).")
 @engine_options
 @home_option
-def watch(poll, quiet_seconds, do_work, home, **eng):
+def watch(do_work, home, **flags):
     """Watch HOME/inbox: new books become jobs; results land in done/<job>/, failures in failed/."""
-    from jobs.submit import checkpoint_voices, job_defaults
-    from jobs.ingest.isolate import IngestLimits
-    from jobs.watch import InboxWatcher
+    from contextlib import nullcontext
 
-    cfg, paths, _ = open_queue(home, **eng)
+    from appliance.compose import engines_here, make_watcher, make_worker
+
+    s = run_settings(need_model=do_work, home=home, **flags)
+    s.paths.ensure()
     stop = threading.Event()
-    if do_work:
-        worker = make_worker(cfg, paths, Queue(paths.db), eng)
-        threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()
-    j = cfg.jobs
-    defaults = job_defaults(j.voice, j.language, j.instruct, *checkpoint_voices(cfg.model.path))
-    watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll, defaults=defaults,
-                           limits=IngestLimits.from_config(cfg.jobs))
-    click.echo(f"watching {paths.inbox} (Ctrl-C stops)")
-    try:
-        watcher.run(stop)
-    except KeyboardInterrupt:
-        stop.set()
+    with engines_here(s) if do_work else nullcontext() as host:
+        if host is not None:
+            worker = make_worker(s, host)
+            threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()
+        watcher = make_watcher(s, host)
+        click.echo(f"watching {s.paths.inbox} (Ctrl-C stops)")
+        try:
+            watcher.run(stop)
+        except KeyboardInterrupt:
+            stop.set()
 
 
-def finish_in_process(cfg, paths, queue: Queue, eng: dict, job_ids: list[str], progress: bool,
-                      runner: Optional[object] = None) -> None:
-    """`--wait`: work on `job_ids` in this process until they are finished."""
-    run_until_finished(queue, make_worker(cfg, paths, queue, eng, runner), job_ids, progress=progress)
+def finish_in_process(s, queue: Queue, job_ids: list[str], progress: bool, host=None) -> None:
+    """`--wait` without a daemon: work on `job_ids` in this process until they are finished, on `host`
+    (engines started already) or on the engines of the settings `s`."""
+    from contextlib import nullcontext
+
+    from appliance.compose import engines_here, make_worker
+
+    with nullcontext(host) if host is not None else engines_here(s) as h:
+        run_until_finished(queue, make_worker(s, h, queue), job_ids, progress=progress)

@@ -59,14 +59,9 @@ class DaemonClient:
         try:
             conn.request(method, path, body=body, headers=headers or {})
             resp = conn.getresponse()
-            raw = resp.read()
+            return _answer(resp, resp.read())
         finally:
             conn.close()
-        data = json.loads(raw) if raw and resp.getheader("Content-Type", "").startswith("application/json") else raw
-        if resp.status >= 400 and resp.status != 422:
-            msg = data.get("error", {}).get("message") if isinstance(data, dict) else None
-            raise DaemonError(resp.status, msg or f"daemon answered HTTP {resp.status}", data)
-        return data
 
     def read_health(self, timeout: float = 5.0) -> dict:
         """/health, also when the daemon answers 503 because a part of it is down (`down` in the answer:
@@ -135,6 +130,42 @@ class DaemonClient:
 
     def cancel(self, job_id: str) -> dict:
         return self.json("DELETE", f"/v1/jobs/{job_id}")
+
+    def events(self, job_id: str):
+        """A job's progress as the daemon sends it (GET /v1/jobs/{id}/events, Server-Sent Events): yields
+        (event, data) with the data decoded from JSON: ("progress", job summary) whenever it changes,
+        ("log", log line), ("end", {"state": ...}) when the job is finished; the stream ends after "end", or
+        earlier when the daemon stops. DaemonError for an unknown job; OSError (a timeout among them) when
+        the daemon goes away or sends nothing, not even its keep-alive, for the client's timeout."""
+        conn = _UnixConnection(self.socket_path, self.timeout)
+        try:
+            conn.request("GET", f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                _answer(resp, resp.read())
+            event, data = "message", []
+            while line := resp.readline():
+                line = line.decode("utf-8").rstrip("\r\n")
+                if not line:  # a blank line ends an event
+                    if data:
+                        yield event, json.loads("\n".join(data))
+                    event, data = "message", []
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+        finally:
+            conn.close()
+
+
+def _answer(resp, raw: bytes):
+    """The body of a daemon's answer (JSON decoded); DaemonError with its message for an error status
+    (422, a submit the daemon refused, is an answer)."""
+    data = json.loads(raw) if raw and resp.getheader("Content-Type", "").startswith("application/json") else raw
+    if resp.status >= 400 and resp.status != 422:
+        msg = data.get("error", {}).get("message") if isinstance(data, dict) else None
+        raise DaemonError(resp.status, msg or f"daemon answered HTTP {resp.status}", data)
+    return data
 
 
 class DaemonUnreachable(Exception):

@@ -11,7 +11,10 @@ Sources, later ones win (section by section, key by key):
 4. environment variables `TTS_APPLIANCE_<SECTION>__<KEY>=value` (value parsed as YAML, so
    `TTS_APPLIANCE_HTTP__TCP=true` is a bool), plus the older `TTS_APPLIANCE_MODEL` and
    `TTS_APPLIANCE_HOME` as fallbacks for `model.path` and `jobs.home`
-5. command-line flags (`--model`, `--device`, `--dtype`, `--home`) given to `resolve()`
+5. command-line flags (`--model`, `--device`, `--dtype`, `--home`, the job commands' worker and inbox
+   flags) given to `resolve()`
+
+What the result stands for on this machine (every `auto`) is decided by `appliance.settings`.
 
 Unknown sections or keys and wrongly typed values raise `ConfigError` naming the source, the key
 and the valid choices (dtype and codec choices come from the engine's own tables).
@@ -45,7 +48,7 @@ class ModelSection:
     device: str = "auto"              # auto, cpu, cuda, cuda:N, npu:N; all or cuda:0,cuda:1: one engine each
     dtype: str = "auto"               # auto (bfloat16 on a GPU/NPU, float32 on the CPU), float32, bfloat16, float16
     voices_dir: Optional[str] = None  # saved cloned voices (default HOME/voices)
-    threads: Optional[str] = "auto"   # torch CPU threads: auto (Config.torch_threads; null too) or a number
+    threads: Optional[str] = "auto"   # torch CPU threads: auto (appliance.settings.torch_threads; null too) or a number
     warmup: bool = True               # synthesize one short sentence before READY=1
     max_frames: Optional[int] = None  # cap on frames per streaming request (None: the model's)
 
@@ -146,18 +149,6 @@ class Config:
                               f"({', '.join(self.sources) or f'none read; default {SYSTEM_CONFIG}'}) "
                               f"or ${ENV_PREFIX}MODEL")
         return self.model.path
-
-    def torch_threads(self) -> int:
-        """model.threads decided (what the engine loader gives torch, what `info` shows): a number as
-        given; auto: the physical cores this process may use less one, at least 1
-        (engines.device.detect.cpu_cores). torch's intra-op threads wait for each other at every op,
-        so one that loses its core (to the daemon's other threads, to other programs) stalls them all:
-        docs/PERFORMANCE.md ("CPU threads") has the measurement."""
-        if self.model.threads not in (None, "auto"):
-            return int(self.model.threads)
-        from engines.device.detect import cpu_cores
-
-        return max(1, cpu_cores() - 1)
 
     # -- derived paths -----------------------------------------------------------------------
     def home(self):
@@ -359,12 +350,17 @@ def load_config(path: Optional[str | os.PathLike] = None, environ=None) -> Confi
 
 
 def resolve(config_path: Optional[str | os.PathLike] = None, *, model=None, device: Optional[str] = None,
-            dtype: Optional[str] = None, home=None, environ=None) -> Config:
-    """The settings every command and the daemon run with: `load_config` (files, drop-ins,
-    environment), then the command line's flags on top (None: not given), validated the same way."""
+            dtype: Optional[str] = None, home=None, flags: Optional[dict] = None, environ=None) -> Config:
+    """The configuration every command and the daemon run with: `load_config` (files, drop-ins,
+    environment), then the command line's flags on top (None: not given), validated the same way:
+    `model`, `device`, `dtype`, `home`, and `flags` {section: {key: value}} for the other keys a
+    command takes a flag for."""
     cfg = load_config(config_path, environ)
-    flags = {"model": {"path": model, "device": device, "dtype": dtype}, "jobs": {"home": home}}
-    given = {sec: {k: str(v) for k, v in keys.items() if v is not None} for sec, keys in flags.items()}
+    given = {"model": {"path": model, "device": device, "dtype": dtype}, "jobs": {"home": home}}
+    for sec, keys in (flags or {}).items():
+        given.setdefault(sec, {}).update(keys)
+    given = {sec: {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in keys.items() if v is not None}
+             for sec, keys in given.items()}
     return merge(cfg, {sec: keys for sec, keys in given.items() if keys}, "command line")
 
 

@@ -21,13 +21,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Optional
 
-from appliance.config import Config, ConfigError, resolve
+from appliance.compose import make_watcher, make_worker
+from appliance.config import ConfigError, resolve
 from appliance.logs import setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
+from appliance.settings import Settings, reloaded, settings
 from appliance.sdnotify import Notifier
 from appliance.supervise import Part, Supervisor
 
@@ -52,22 +53,31 @@ class QueueState:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, config_path: Optional[str] = None, instance: Optional[str] = None):
-        self.cfg, self.config_path, self.instance = cfg, config_path, instance
-        self.paths = cfg.home().ensure()
+    def __init__(self, s: Settings, config_path: Optional[str] = None, instance: Optional[str] = None):
+        self.settings, self.config_path, self.instance = s, config_path, instance
+        self.paths = s.paths.ensure()
         self.pid = os.getpid()
         self.state = "starting"
         self.accepting = False
         self.active_handles: set = set()
         self.metrics = Metrics()
-        self.host = EngineHost(cfg, self.metrics)
+        self.host = EngineHost(s, self.metrics)
         self.notifier = Notifier()
         self.stop_jobs = threading.Event()
         self.workers: list = []  # the queue workers now running (one per jobs-N thread)
         self.supervisor = Supervisor()
         self.exit_code = 0
-        self.job_defaults: dict = {}  # spec values of jobs that name none (jobs.submit.job_defaults)
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
+
+    @property
+    def cfg(self):
+        """The merged configuration (sockets, HTTP limits, service): what the servers read."""
+        return self.settings.config
+
+    @property
+    def job_defaults(self) -> dict:
+        """Spec values of jobs that name none (POST /v1/jobs, the inbox)."""
+        return self.settings.job_defaults
 
     # -- queue side ------------------------------------------------------------------------------
     def queue_counts(self, busy_timeout_s: float = 30.0) -> tuple[dict, dict]:
@@ -102,54 +112,36 @@ class Daemon:
         return state
 
     def _start_workers(self) -> None:
-        from jobs.submit import job_defaults
-
-        j, engine = self.cfg.jobs, self.host.engine
-        self.job_defaults = job_defaults(j.voice, j.language, j.instruct, engine.model_type,
-                                         engine.voices if engine.model_type == "custom_voice" else ())
         for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
             self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running,
                                      restart=getattr(r, "restart_async", None),
                                      detail=lambda r=r: {"status": getattr(r, "status", "ok" if r.running else "stopped")}))
-        if j.enabled:
-            for i in range(max(1, j.workers)):
+        w = self.settings.worker
+        if w.enabled:
+            for i in range(w.threads):
                 self.workers.append(None)
                 self.supervisor.thread(f"jobs-{i}", lambda i=i: self._worker(i),
                                        detail=lambda i=i: {"books": self.workers[i].books() if self.workers[i] else {}})
-        if j.watch:
+        if self.settings.inbox.enabled:
             self.supervisor.thread("inbox", self._watcher)
 
     def _worker(self, i: int):
-        """A new queue worker for thread jobs-i (at start, and when it died) -> what the thread runs. The
-        segments a dead one held go back to the queue first."""
-        from jobs.guard import guard_for
-        from jobs.queue import Queue
-        from jobs.worker import Worker
-
-        j, old = self.cfg.jobs, self.workers[i]
+        """A new queue worker for thread jobs-i (at start, and when it died; appliance.compose.make_worker)
+        -> what the thread runs. The segments a dead one held go back to the queue first."""
+        old = self.workers[i]
         if old is not None:
             try:
                 old.release_held()
             except Exception as exc:  # noqa: BLE001 - they come back when their lease expires
                 log.warning("jobs-%d: could not give back its segments (%s); they return when their leases expire",
                             i, exc)
-        pool = self.host.pool  # every engine; fed continuously: up to batch_size segments in flight per worker
-        slots = sum(r.max_slots for r in pool.runners)
-        worker = Worker(Queue(self.paths.db), pool, self.paths, batch_size=j.batch_size or slots, lease_s=j.lease_s,
-                        guard=guard_for(j.guard, self.host.engine), model=str(Path(self.cfg.model.path).resolve()),
-                        should_yield=self.host.streams_waiting)
+        worker = make_worker(self.settings, self.host)  # fed continuously: every engine, yielding to streams
         self.workers[i] = worker
         return lambda: worker.run_forever(self.stop_jobs, 0.5)
 
     def _watcher(self):
         """A new inbox watcher (at start, and when it died) -> what its thread runs."""
-        from jobs.ingest.isolate import IngestLimits
-        from jobs.watch import InboxWatcher
-
-        j = self.cfg.jobs
-        watcher = InboxWatcher(self.paths, quiet_s=j.watch_quiet_s, polling=j.watch_poll,
-                               defaults=self.job_defaults, limits=IngestLimits.from_config(j))
-        watcher.voices = lambda: self.host.engine.voices
+        watcher = make_watcher(self.settings, self.host)
         return lambda: watcher.run(self.stop_jobs)
 
     def parts(self) -> dict:
@@ -254,9 +246,7 @@ class Daemon:
                 if a != b and (sec in RESTART_ONLY or f"{sec}.{f.name}" in RESTART_ONLY):
                     held.append(f"{sec}.{f.name}")
                     setattr(new_s, f.name, a)
-        new.model.device = self.cfg.model.device
-        self.cfg = new
-        self.host.cfg = new
+        self.settings = reloaded(self.settings, new)
         setup_logging(new.service.log_level)
         log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(held)}" if held else "")
         self.notifier.ready(self.status_line())
@@ -294,26 +284,18 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         return 78  # EX_CONFIG: systemd shows it as a configuration problem
     setup_logging(cfg.service.log_level)
     if instance:
-        from engines.device.detect import resolve_device, resolve_devices
-        from engines.names import is_multi
-
         cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
-        if is_multi(cfg.model.device):  # an instance per device: the instance-th device of the list
-            devices = resolve_devices(cfg.model.device)
-            if not (instance.isdigit() and int(instance) < len(devices)):
-                print(f"config error: instance {instance!r} has no device in model.device = "
-                      f"{cfg.model.device!r} ({', '.join(devices)}); use 0..{len(devices) - 1}", file=sys.stderr)
-                return 78
-            cfg.model.device = devices[int(instance)]
-        else:
-            dev = resolve_device(cfg.model.device)
-            cfg.model.device = dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}"
+    try:
+        s = settings(cfg, instance)  # an instance's device: appliance.settings.devices
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 78
     if check_only:
         print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
         return 0
     log.info("config: %s", ", ".join(cfg.sources) or "built-in defaults")
     try:
-        return Daemon(cfg, config_path, instance).run()
+        return Daemon(s, config_path, instance).run()
     except Exception as exc:
         from engines.model.errors import TTSError
         from jobs.queue import QueueError

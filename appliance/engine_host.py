@@ -1,13 +1,14 @@
-"""Loading the engine from the settings, and the daemon's engines with the scheduler in front of them.
+"""The engines of the settings, with the scheduler in front of them.
 
-`load_runner(cfg)` is the one way every command and the daemon load a model: an `EngineRunner`
-(continuous batching) around the checkpoint of the settings. The daemon runs one runner per device of
-model.device (`all`, or a list such as `cuda:0,cuda:1`; usually one) behind an
-`appliance.engine_pool.EnginePool`, and all synthesis goes through it. Streaming requests (HTTP,
-Wyoming) are submitted with `STREAM_PRIORITY` to the least-loaded engine; the jobs worker hands
-segments to the pool at batch priority (`jobs.worker.Worker`, fed continuously), so batch segments
-only fill capacity streams leave free and one book runs on every engine; it also claims nothing new
-while streams wait on every engine (`streams_waiting`).
+`engine_spec(cfg, device)` turns the settings into one engine's `EngineSpec` (appliance.settings makes
+one per device); `EngineHost` starts those engines for the daemon and the job commands
+(appliance.compose builds it); `load_runner(cfg)` loads one engine in this process for `say`. All of
+them load through engines.load. The host runs one runner per device of model.device (`all`, or a list
+such as `cuda:0,cuda:1`; usually one) behind an `appliance.engine_pool.EnginePool`, and all synthesis
+goes through it. Streaming requests (HTTP, Wyoming) are submitted with `STREAM_PRIORITY` to the
+least-loaded engine; the jobs worker hands segments to the pool at batch priority (`jobs.worker.Worker`,
+fed continuously), so batch segments only fill capacity streams leave free and one book runs on every
+engine; it also claims nothing new while streams wait on every engine (`streams_waiting`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 from engines.api import EngineSpec
-from engines.load import load_runner as load_runner_spec
 from engines.runtime.runner import EngineBusy, EngineRunner  # noqa: F401 - EngineBusy re-exported
 
 from appliance.config import Config
@@ -27,23 +27,6 @@ log = logging.getLogger(__name__)
 WARMUP_TEXT = "Warm-up."
 
 
-def runtime_settings(cfg: Config, device: Optional[str] = None) -> dict:
-    """What `auto` stands for on this machine for the engine on `device` (default model.device's first):
-    device, dtype and slot count with how they were chosen (engines.load.settings: what the engine itself
-    runs with), for `info` and `--print-config`."""
-    from engines.device.detect import resolve_device
-    from engines.load import settings
-
-    return settings(engine_spec(cfg, device or resolve_device(cfg.model.device)))
-
-
-def all_runtime_settings(cfg: Config) -> list[dict]:
-    """`runtime_settings` for each engine the daemon would run (one per device of model.device)."""
-    from engines.device.detect import resolve_devices
-
-    return [runtime_settings(cfg, device=d) for d in resolve_devices(cfg.model.device)]
-
-
 def voices_dir(cfg: Config) -> Path:
     """Where saved cloned voices live: model.voices_dir, else HOME/voices."""
     return Path(cfg.model.voices_dir or cfg.home().home / "voices").expanduser()
@@ -52,13 +35,18 @@ def voices_dir(cfg: Config) -> Path:
 def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[int] = None,
                 max_queue: Optional[int] = None) -> EngineSpec:
     """What the settings `cfg` make of one engine on `device` (one of model.device's): the checkpoint,
-    dtype, voices folder, CPU threads and the runtime section; `max_slots` / `max_queue` override
-    runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
+    dtype, voices folder, CPU threads (appliance.settings.torch_threads), the codec (runtime.codec, auto
+    decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
+    `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
+    from appliance.settings import checkpoint, torch_threads
+    from engines.codec.build import codec_choice, default_cache_dir
+
     m, r = cfg.model, cfg.runtime
-    return EngineSpec(model=str(Path(cfg.require_model()).expanduser().resolve()), device=device, dtype=m.dtype,
-                      voices_dir=str(voices_dir(cfg)), threads=cfg.torch_threads(),
-                      max_slots=max_slots or r.max_slots, max_queue=max_queue or r.max_queue,
-                      max_context=r.max_context, codec=r.codec, codec_fast=r.codec_fast,
+    model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
+    return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
+                      threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
+                      max_queue=max_queue or r.max_queue, max_context=r.max_context,
+                      codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
                       prefill_graphs=r.prefill_graphs, warmup=warmup)
 
 
@@ -68,21 +56,21 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
     `synthesize()` runs it in the calling thread, `start()` in a thread of its own): `engine_spec` on
     `device` (default model.device, its first device when it names several), loaded by
     engines.load.load_runner (the chosen values logged and kept in `runner.settings`). ConfigError when no
-    model is configured."""
-    from engines.device.detect import resolve_device
+    model is configured. `say` loads this way; the daemon and the job commands through `EngineHost`."""
+    from appliance.settings import devices
     from engines.load import load_runner as load
 
-    return load(engine_spec(cfg, device or resolve_device(cfg.model.device), max_slots=max_slots,
-                            max_queue=max_queue))
+    return load(engine_spec(cfg, device or devices(cfg.model.device)[0], max_slots=max_slots, max_queue=max_queue))
 
 
 class EngineHost:
-    """The daemon's engines: one per device of model.device, each in a process of its own
+    """The engines of the settings (appliance.settings.Settings): one per device, each in a process of its own
     (runtime.engine_process, engines.process) or in this one, served as one `EnginePool` (`pool`);
     `engine` is the checkpoint's `Catalog` (voices, languages, sample rate: what every engine shares)."""
 
-    def __init__(self, cfg, metrics=None):
-        self.cfg, self.metrics = cfg, metrics
+    def __init__(self, settings, metrics=None):
+        self.settings, self.metrics = settings, metrics  # appliance.settings.Settings
+        self.cfg = settings.config
         self.engine = None
         self.pool: Optional[EnginePool] = None
         self.progress = 0  # bumped on every chunk of audio seen (watchdog)
@@ -100,29 +88,32 @@ class EngineHost:
     def runners(self) -> list:
         return self.pool.runners if self.pool else []
 
-    def load(self) -> None:
-        """Start an engine on every device (load, capture every device graph: no capture on the request
-        path; speak the warm-up request with model.warmup), all at once with engine processes, one after the
-        other in this process (compiled regions made for the first are loaded from the cache by the next).
-        A device whose engine cannot start ends the start with a one-line error (EngineStartError)."""
-        from engines.catalog import Catalog
-        from engines.device.detect import resolve_devices
-        from engines.load import ready
+    def load(self, in_process: bool = False) -> None:
+        """Start an engine on every device of the settings (load, capture every device graph: no capture on
+        the request path; speak the warm-up request with model.warmup), all at once with engine processes
+        (runtime.engine_process), one after the other in this process (compiled regions made for the first
+        are loaded from the cache by the next). `in_process`: in this process and without the warm-up (the
+        job commands: the command is the process that works). A device whose engine cannot start ends the
+        start with a one-line error (EngineStartError)."""
+        from dataclasses import replace
 
-        cfg = self.cfg
-        self.engine = Catalog.from_dir(Path(cfg.require_model()).expanduser(), voices_dir(cfg))
-        warmup = self.request(WARMUP_TEXT, voice=self.default_voice(), max_frames=4, seed=0) \
-            if cfg.model.warmup else None
-        if cfg.model.warmup and warmup is None:
+        from engines import load as loader
+        from engines.catalog import Catalog
+
+        s, cfg = self.settings, self.cfg
+        self.engine = s.catalog or Catalog.from_dir(s.require_model(), s.voices_dir)  # (raises what is wrong)
+        warm = cfg.model.warmup and not in_process
+        warmup = self.request(WARMUP_TEXT, voice=self.default_voice(), max_frames=4, seed=0) if warm else None
+        if warm and warmup is None:
             log.info("warm-up skipped (a Base checkpoint without saved voices has nothing to say)")
-        specs = [engine_spec(cfg, dev, warmup) for dev in resolve_devices(cfg.model.device)]
-        if cfg.runtime.engine_process:
+        specs = [replace(spec, warmup=warmup) for spec in s.engines]
+        if cfg.runtime.engine_process and not in_process:
             engines = self._start_processes(specs)
         else:
             engines = []
             for spec in specs:
-                runner = load_runner_spec(spec)
-                ready(runner, spec)
+                runner = loader.load_runner(spec)
+                loader.ready(runner, spec)
                 engines.append(runner)
         self.pool = EnginePool(engines, self.engine)
         if len(engines) > 1:
@@ -148,12 +139,6 @@ class EngineHost:
                 e.stop(5.0)
             raise
         return engines
-
-    @property
-    def settings(self) -> list[dict]:
-        """The chosen runtime values of each engine (device, dtype, slots and why)."""
-        return [getattr(r, "settings", None) or {"device": str(r.device), "max_slots": r.max_slots}
-                for r in self.runners]
 
     def default_voice(self) -> Optional[str]:
         voices = self.engine.voices

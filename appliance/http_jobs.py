@@ -17,7 +17,8 @@
     POST   /v1/jobs/{id}/retry      requeue failed/cancelled segments
     GET    /v1/jobs/{id}/events     progress as Server-Sent Events: `event: progress` with the job
                                     summary whenever it changes, `event: log` per log line, and a final
-                                    `event: end` when the job is finished
+                                    `event: end` when the job is finished; a comment line after
+                                    KEEPALIVE_S without news (a client's read timeout: the daemon is gone)
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from jobs.settings import JobSpec, with_defaults
 from appliance.http_common import CTX, ApiError, field, parse_object, read_json
 
 SUBMIT_KEYS = ("path", "spec")  # a JSON submit; multipart: the parts "file" and "spec"
+KEEPALIVE_S = 15.0  # an event stream with nothing new says so this often
 
 
 async def _q(ctx, fn, *args):
@@ -132,12 +134,11 @@ async def submit(request):
     uploaded = path.parent if path.parent.parent == ctx.paths.home / "uploads" else None
 
     def do(q):
-        from jobs.ingest.isolate import IngestLimits
         from jobs.submit import SubmitError, submit_file_once
 
         try:
             job_id, error, new = submit_file_once(q, ctx.paths, path, spec, ctx.host.engine.voices,
-                                                  limits=IngestLimits.from_config(ctx.cfg.jobs))
+                                                  limits=ctx.settings.ingest)
         except SubmitError as exc:
             raise ApiError(400, str(exc)) from None
         try:
@@ -185,19 +186,22 @@ async def job_events(request):
     await _q(ctx, lambda q: q.job(job_id))
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    last, seen = None, 0
+    loop = asyncio.get_running_loop()
+    last, seen, said = None, 0, loop.time()
 
     def poll(q):
         return job_summary(q, job_id), q.events(job_id)
 
     while True:
         s, events = await _q(ctx, poll)
-        for e in events[seen:]:
-            await resp.write(f"event: log\ndata: {json.dumps(e)}\n\n".encode())
+        news = [f"event: log\ndata: {json.dumps(e)}\n\n" for e in events[seen:]]
         seen = len(events)
         if s != last:
-            await resp.write(f"event: progress\ndata: {json.dumps(s, default=str)}\n\n".encode())
+            news.append(f"event: progress\ndata: {json.dumps(s, default=str)}\n\n")
             last = s
+        if news or loop.time() - said >= KEEPALIVE_S:
+            await resp.write("".join(news or [": keep-alive\n\n"]).encode())
+            said = loop.time()
         if s["state"] in TERMINAL:
             await resp.write(f"event: end\ndata: {json.dumps({'state': s['state']})}\n\n".encode())
             break

@@ -1,14 +1,16 @@
 """`tts-appliance info`: one report of this installation for a bug report.
 
-    report = collect(cfg)          # plain data (the --json output)
-    print(render(report))          # the text a user pastes
+    report = collect(settings(cfg))   # plain data (the --json output)
+    print(render(report))             # the text a user pastes
 
 Sections: the program and config files read, the machine's compute (engines.device.detect.
-device_inventory), the model (kind, modes, speakers, languages, from its config.json: no weights
-loaded), the engines the daemon would run (device, dtype, slots and why: engine_host.runtime_settings),
-the codec engines `build-engines` made and what would be used or why not, paths (sockets, queue,
-inbox) and, when a daemon answers on its socket, its /health. Every part is guarded: a broken part is
-reported as an `error` entry, never raised, so the report is always complete.
+device_inventory), the settings as decided (appliance.settings: devices, threads, the queue workers and
+the inbox: what the daemon and the job commands run with), the model (kind, modes, speakers, languages,
+from its config.json: no weights loaded), the engines (device, dtype, slots and why:
+engines.load.settings of each EngineSpec of the settings, what the engine itself decides), the codec
+engines `build-engines` made and what would be used or why not, paths (sockets, queue, inbox) and, when
+a daemon answers on its socket, its /health. Every part is guarded: a broken part is reported as an
+`error` entry, never raised, so the report is always complete.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from appliance.config import CONFIG_ENV, ENV_PREFIX, SHIPPED_DEFAULTS, Config, config_file
+from appliance.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,42 +51,54 @@ def program_info(cfg: Config, config_path: Optional[str]) -> dict:
             "config_read": [str(SHIPPED_DEFAULTS), *cfg.sources], "environment": env}
 
 
-def model_info(cfg: Config) -> dict:
+def settings_info(s: Settings) -> dict:
+    """What the configuration comes to on this machine (appliance.settings): the devices, CPU threads,
+    the queue workers and the inbox the daemon and the job commands run with."""
+    w, i = s.worker, s.inbox
+    return {"devices": list(s.devices), "threads": s.threads,
+            "worker": {"enabled": w.enabled, "threads": w.threads, "batch_size": w.batch_size, "lease_s": w.lease_s,
+                       "guard": w.guard, "model": w.model},
+            "inbox": {"enabled": i.enabled, "quiet_s": i.quiet_s, "polling": i.polling},
+            "job_defaults": dict(s.job_defaults)}
+
+
+def model_info(s: Settings) -> dict:
     from engines.model.config import ModelConfig
 
-    path = cfg.require_model()
+    path = s.require_model()
     mc = ModelConfig.from_dir(path)
-    voices_dir = Path(cfg.model.voices_dir or cfg.home().home / "voices")
-    saved = sorted(p.stem for p in voices_dir.glob("*.voice")) if voices_dir.is_dir() else []
-    return {"path": str(Path(path).resolve()), "kind": mc.tts_model_type, "size": mc.tts_model_size,
+    saved = sorted(p.stem for p in s.voices_dir.glob("*.voice")) if s.voices_dir.is_dir() else []
+    return {"path": path, "kind": mc.tts_model_type, "size": mc.tts_model_size,
             "modes": MODES.get(mc.tts_model_type, "?"), "speakers": sorted(mc.talker.spk_id),
-            "languages": mc.talker.languages, "voices_dir": str(voices_dir), "saved_voices": saved}
+            "languages": mc.talker.languages, "voices_dir": str(s.voices_dir), "saved_voices": saved}
 
 
-def engines_info(cfg: Config) -> list:
-    """The engines the daemon would run: one per device of model.device, with dtype and slots."""
-    from appliance.engine_host import runtime_settings
-    from engines.device.detect import resolve_devices
+def engines_info(s: Settings) -> list:
+    """The engines of the settings: one per device, each with what engines.load.settings decides for it
+    (dtype, slots and why), its codec and CPU threads."""
+    from engines.load import settings as decided
 
-    cfg.require_model()
-    return [_guard(runtime_settings, cfg, dev) for dev in resolve_devices(cfg.model.device)]
+    s.require_model()
+    return [_guard(lambda spec: {**decided(spec), "codec": spec.codec, "threads": spec.threads}, spec)
+            for spec in s.engines]
 
 
-def codec_info(cfg: Config) -> dict:
+def codec_info(s: Settings) -> dict:
     """What build-engines made for this model, whether it still fits this machine, what would be used."""
     from engines.codec.build import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
                                      unusable_reason)
-    from engines.device.detect import detect_platform, resolve_device
+    from engines.device.detect import detect_platform
 
-    model = cfg.require_model()
+    model, cfg = s.require_model(), s.config
+    choice = s.engines[0].codec  # runtime.codec with auto decided (engines.codec.build.codec_choice)
     cache = default_cache_dir(model)
     out = {"runtime_codec": cfg.runtime.codec, "cache": str(cache), "built": [], "skipped": {}}
     manifest = read_manifest(cache)
     if manifest is None:
-        out["uses"] = "torch" if cfg.runtime.codec in ("auto", "built", "torch") else cfg.runtime.codec
+        out["uses"] = "torch" if choice in ("built", "torch") else choice
         out["why"] = f"no {MANIFEST} in the cache: `tts-appliance build-engines` makes the codec engines"
         return out
-    plat = detect_platform(resolve_device(cfg.model.device))
+    plat = detect_platform(s.devices[0])
     stale = stale_reasons(manifest, plat, model_identity(model))
     out.update(ranking=manifest.get("ranking", []), skipped=manifest.get("skipped", {}), stale=stale,
                built_for=manifest.get("platform", {}).get("device_name"))
@@ -92,8 +107,8 @@ def codec_info(cfg: Config) -> dict:
         out["built"].append({"backend": e["backend"], "precision": e.get("precision"),
                              "audio_s_per_s": (e.get("gpu_speed") or e.get("cpu_speed") or {}).get("audio_s_per_s"),
                              "usable": why is None and not stale, "why_not": "; ".join(stale) if stale else why})
-    if cfg.runtime.codec in ("torch", "torch-compiled"):
-        out["uses"], out["why"] = cfg.runtime.codec, "runtime.codec names it"
+    if choice in ("torch", "torch-compiled"):
+        out["uses"], out["why"] = choice, "runtime.codec names it"
     else:
         usable = {e["backend"] for e in out["built"] if e["usable"]}
         first = next((n for n in out["ranking"] if n in usable or n == "torch"), "torch")
@@ -149,16 +164,18 @@ def daemon_info(cfg: Config, timeout: float = 3.0) -> dict:
     return {"reachable": False, "tried": errors or ["no socket configured"]}
 
 
-def collect(cfg: Config, config_path: Optional[str] = None, daemon: bool = True) -> dict:
-    """The whole report as plain data (see the module docstring)."""
+def collect(s: Settings, config_path: Optional[str] = None, daemon: bool = True) -> dict:
+    """The whole report of the settings `s` as plain data (see the module docstring)."""
     from engines.device.detect import device_inventory
 
+    cfg = s.config
     return {"program": _guard(program_info, cfg, config_path), "device": _guard(device_inventory),
             "configured": {"device": cfg.model.device, "dtype": cfg.model.dtype,
                            "max_slots": cfg.runtime.max_slots, "codec": cfg.runtime.codec,
-                           "threads": cfg.model.threads, "torch_threads": cfg.torch_threads()},
-            "model": _guard(model_info, cfg), "engines": _guard(engines_info, cfg),
-            "codec_engines": _guard(codec_info, cfg), "paths": _guard(paths_info, cfg),
+                           "threads": cfg.model.threads, "torch_threads": s.threads},
+            "settings": _guard(settings_info, s),
+            "model": _guard(model_info, s), "engines": _guard(engines_info, s),
+            "codec_engines": _guard(codec_info, s), "paths": _guard(paths_info, cfg),
             "daemon": _guard(daemon_info, cfg) if daemon else {"reachable": False, "tried": ["not asked"]}}
 
 
@@ -187,6 +204,19 @@ def _device_lines(d: dict) -> list[str]:
     return lines
 
 
+def _jobs_lines(j: dict, engines) -> list[str]:
+    """The queue workers and the inbox as `render` shows them (the batch size with 0 decided)."""
+    w, i = j["worker"], j["inbox"]
+    slots = sum(e.get("max_slots", 0) for e in engines) if isinstance(engines, list) else 0
+    batch = w["batch_size"] or (f"{slots} (the engines' slots)" if slots else "the engines' slots")
+    workers = f"{w['threads']} worker(s) in the daemon" if w["enabled"] else "no worker in the daemon (jobs.enabled)"
+    inbox = (f"quiet {i['quiet_s']} s, {'polling' if i['polling'] else 'inotify'}"
+             + ("" if i["enabled"] else "; the daemon does not watch it (jobs.watch)"))
+    defaults = ", ".join(f"{k} {v}" for k, v in j["job_defaults"].items() if v is not None)
+    return [f"  {workers}: {batch} segments in flight each, lease {w['lease_s']} s, "
+            f"guard {'on' if w['guard'] else 'off'}", f"  inbox: {inbox}", f"  jobs that name none: {defaults}"]
+
+
 def render(r: dict) -> str:
     """The report as text (what `tts-appliance info` prints)."""
     out = []
@@ -210,8 +240,9 @@ def render(r: dict) -> str:
                                             f"  saved voices ({m['voices_dir']}): {_join(m['saved_voices'])}"])
     section("engines", r["engines"], lambda es: [
         f"  {e['error']}" if "error" in e else
-        f"  {e['device']}: {e['dtype']}, {e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']})"
-        for e in es])
+        f"  {e['device']}: {e['dtype']}, {e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
+        f"codec {e['codec']}, {e['threads']} CPU threads" for e in es])
+    section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))
     section("codec engines", r["codec_engines"], lambda k: [f"  cache {k['cache']}", *[
         f"  {b['backend']}: {'usable' if b['usable'] else 'not usable: ' + str(b['why_not'])}"
         + (f", {b['audio_s_per_s']} audio-s/s" if b.get("audio_s_per_s") else "") for b in k["built"]],

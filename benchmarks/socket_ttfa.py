@@ -144,6 +144,7 @@ def make_daemon(engine, runner, frames: int, slots: int, tmp: Path):
     from appliance.config import Config
     from appliance.daemon import Daemon
     from appliance.engine_host import EngineHost
+    from appliance.settings import settings
     from benchmarks.bench import request as fixed_request
 
     class FixedLengthHost(EngineHost):
@@ -155,8 +156,9 @@ def make_daemon(engine, runner, frames: int, slots: int, tmp: Path):
     cfg.jobs.home, cfg.jobs.enabled, cfg.wyoming.enabled = str(tmp / "home"), False, False
     cfg.service.runtime_dir = str(tmp)
     cfg.runtime.max_slots, cfg.runtime.max_queue = slots, 4096
-    d = Daemon(cfg)
-    d.host = FixedLengthHost(cfg, d.metrics)
+    s = settings(cfg)
+    d = Daemon(s)
+    d.host = FixedLengthHost(s, d.metrics)
     d.host.engine, d.host.runner = engine, runner
     d.state, d.accepting = "ok", True
     return d

@@ -99,27 +99,10 @@ def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int
                 s.metadata.setdefault("voice", voice)
 
 
-def checkpoint_voices(model_path) -> tuple[Optional[str], list[str]]:
-    """(model type, speakers) of the checkpoint at `model_path`, read from its config.json without
-    loading weights; (None, []) when there is none or it cannot be read (logged)."""
-    if not model_path:
-        return None, []
-    from engines.model.config import ModelConfig
-    from engines.model.errors import CheckpointError
-
-    try:
-        mc = ModelConfig.from_dir(model_path)
-    except (CheckpointError, OSError, ValueError) as exc:
-        log.warning("job defaults: cannot read the checkpoint at %s (%s); jobs.voice is used as configured",
-                    model_path, exc)
-        return None, []
-    return mc.tts_model_type, sorted(mc.talker.spk_id)
-
-
 def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], model_type: Optional[str] = None,
                  speakers: Sequence[str] = ()) -> dict:
     """The spec values a job takes when it names none (the settings' jobs.voice, jobs.language,
-    jobs.instruct), fitted to the checkpoint (`model_type`, its `speakers`; see checkpoint_voices):
+    jobs.instruct), fitted to the checkpoint (`model_type`, its `speakers`: engines.catalog.Catalog):
     a CustomVoice model without jobs.voice speaks with its first speaker (alphabetical), said in the
     log; the instruction goes only to VoiceDesign models, the voice only to the others."""
     out = {"language": language or "auto"}

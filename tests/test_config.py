@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from appliance.config import Config, ConfigError, as_dict, choices, env_overrides, load_config, resolve
+from appliance.settings import settings, torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def test_file_dropins_and_environment_in_order(tmp_path):
     write(tmp_path / "config.d" / "20-b.yaml", "http: {tcp_port: 9002}\nruntime: {max_slots: 8}\n")
     cfg = load_config(main, environ={"TTS_APPLIANCE_HTTP__TCP": "true", "TTS_APPLIANCE_RUNTIME__MAX_SLOTS": "3",
                                      "TTS_APPLIANCE_HOME": "/spool", "TTS_APPLIANCE_MODEL": "/ignored"})
-    assert cfg.model.path == "/m" and cfg.model.threads == "2" and cfg.torch_threads() == 2
+    assert cfg.model.path == "/m" and cfg.model.threads == "2" and torch_threads(cfg.model.threads) == 2
     assert cfg.http.tcp_port == 9002 and cfg.http.tcp is True and cfg.http.mode == "0640"
     assert cfg.runtime.max_slots == "3"  # environment wins over drop-ins
     assert cfg.jobs.home == "/spool"
@@ -78,9 +79,9 @@ def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, core
     import engines.device.detect as detect
 
     monkeypatch.setattr(detect, "cpu_cores", lambda: cores)
-    assert Config().model.threads == "auto" and Config().torch_threads() == auto
-    assert load_config(write(tmp_path / "a.yaml", "model: {threads: null}\n"), environ={}).torch_threads() == auto
-    assert load_config(write(tmp_path / "b.yaml", "model: {threads: 3}\n"), environ={}).torch_threads() == 3
+    assert Config().model.threads == "auto" and settings(Config()).threads == auto
+    assert settings(load_config(write(tmp_path / "a.yaml", "model: {threads: null}\n"), environ={})).threads == auto
+    assert settings(load_config(write(tmp_path / "b.yaml", "model: {threads: 3}\n"), environ={})).threads == 3
 
 
 def test_cpu_cores_follow_the_cgroup_quota(tmp_path, monkeypatch):

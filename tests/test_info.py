@@ -49,9 +49,9 @@ def test_info_without_daemon(tmp_path):
     assert report["paths"]["http_socket"] == str(tmp_path / "run" / "api.sock")
     assert report["daemon"]["reachable"] is False
     assert not (tmp_path / "home" / "queue.db").exists()  # the report creates nothing
-    from appliance.config import Config
+    from appliance.settings import torch_threads
 
-    threads = Config().torch_threads()  # model.threads auto, as decided for this machine
+    threads = torch_threads("auto")  # model.threads auto, as decided for this machine
     assert report["configured"]["threads"] == "auto" and report["configured"]["torch_threads"] == threads
 
     text = run_info("--config", str(cfg), "info", env=env)

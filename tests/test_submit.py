@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from jobs.queue import Queue
 from jobs.queue.submissions import holder
 from jobs.settings import JobSpec, resolve_home, with_defaults
-from jobs.submit import checkpoint_voices, job_defaults, submit_file, submit_key
+from engines.catalog import Catalog
+from jobs.submit import job_defaults, submit_file, submit_key
 
 TINY = Path(__file__).parent / "data" / "tiny"
 BOOK = "Alpha sentence one is read aloud.\n\nBravo sentence two is read aloud.\n"
@@ -42,6 +43,12 @@ def book(tmp_path: Path, name: str = "book.txt", text: str = BOOK) -> Path:
 
 
 # -- defaults --------------------------------------------------------------------------------
+def checkpoint_voices(path) -> tuple:
+    """(model type, voices) of a checkpoint, as the settings read them (appliance.settings.catalog)."""
+    cat = Catalog.from_dir(path)
+    return cat.model_type, cat.voices
+
+
 def test_custom_voice_without_jobs_voice_uses_the_first_speaker(caplog):
     with caplog.at_level(logging.INFO, logger="jobs.submit"):
         d = job_defaults(None, "auto", "ignored here", *checkpoint_voices(TINY / "cv_small"))
@@ -326,3 +333,31 @@ def test_cli_submit_without_voice_takes_the_daemons_default(daemon, tmp_path):
             env={"TTS_APPLIANCE_SOCKET": daemon.socket})
     assert r.exit_code == 0, r.output
     assert daemon.wait_job(json.loads(r.stdout)[0]["job_id"])["state"] == "done"
+
+
+def test_submit_wait_follows_the_daemon_and_synthesizes_nothing_here(daemon, tmp_path, monkeypatch):
+    """`submit --wait` with a daemon running for the spool folder (found through its daemon.json): the job is
+    uploaded and followed through the daemon's event stream; this process loads no engine, every segment's
+    synthesis is logged by a worker of the daemon's process, and the bar counts the segments to 100%."""
+    import engines.load
+    from daemon_util import book_text
+
+    loads, real = [], engines.load.load_runner
+    monkeypatch.setattr(engines.load, "load_runner", lambda spec: loads.append(spec) or real(spec))
+    src = book(tmp_path, "followed.txt", book_text(6))
+    r = cli(["submit", str(src), "--voice", "ryan", "--max-new-tokens", "4", "--wait", "--home", str(daemon.home)],
+            env={"TTS_APPLIANCE_MODEL": str(TINY / "cv_small")})  # a model of its own would let it work here
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.splitlines()[0]
+    assert loads == [], "submit --wait loaded an engine in the CLI process"
+    q = Queue(daemon.home / "queue.db")
+    try:
+        total = sum(q.counts(job_id).values())
+        workers = q.conn.execute("SELECT l.worker_id FROM synth_log l JOIN segments s ON s.id = l.segment_id "
+                                 "WHERE s.job_id = ?", (job_id,)).fetchall()
+        assert q.job(job_id)["state"] == "done" and total >= 3
+    finally:
+        q.close()
+    assert len(workers) == total and all(f"-{daemon.proc.pid}-" in w for (w,) in workers), (daemon.proc.pid, workers)
+    assert "100%" in r.stderr and f"{total}/{total}" in r.stderr, r.stderr
+    assert f"{job_id}  done" in r.stdout and "no daemon is configured" not in r.stderr

@@ -101,10 +101,11 @@ def test_the_daemon_stops_with_status_1_when_an_engine_loop_is_down(tmp_path):
 
     from appliance.config import Config
     from appliance.daemon import Daemon
+    from appliance.settings import settings
 
     cfg = Config()
     cfg.jobs.home = str(tmp_path / "home")
-    d = Daemon(cfg)
+    d = Daemon(settings(cfg))
     alive = [True]
     d.supervisor.add(Part("engine cpu", alive=lambda: alive[0]))
 

@@ -399,6 +399,15 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
 RUNTIME_CHOICES = RUNTIME_CODECS
 
 
+def codec_choice(choice: str, cache: Path | None) -> str:
+    """runtime.codec decided: "auto" -> "built" when `build-engines` left a manifest in the engine cache
+    folder `cache`, else "torch"; any other choice as given. The one place auto is decided: the daemon's
+    settings (appliance.settings) put the result in each EngineSpec, `runtime_codec` applies it."""
+    if choice != "auto":
+        return choice
+    return "built" if cache is not None and (Path(cache) / MANIFEST).is_file() else "torch"
+
+
 def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None,
                   fast: bool | None = None):
     """The codec backend the runner decodes its slot table with (engines.runtime.stream.CodecStreams).
@@ -422,7 +431,7 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
     root = getattr(engine, "root", None)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(root) if root else None
     if choice == "auto":
-        choice = "built" if cache is not None and (cache / MANIFEST).is_file() else "torch"
+        choice = codec_choice(choice, cache)
         log.info("codec backend auto -> %s (%s)", choice, cache / MANIFEST if cache is not None else "no cache folder")
     if choice == "torch":
         return TorchCodec(engine.decoder, n_slots, fast=fast)

@@ -1,0 +1,171 @@
+"""The composition root's settings: what the configuration comes to on this machine, every `auto`
+decided once.
+
+    s = settings(resolve(path))     # frozen; the daemon and every command run with it, `info` prints it
+    s.devices, s.engines[0].codec, s.threads, s.worker.batch_for(slots), s.inbox.quiet_s, s.job_defaults
+
+`appliance.config.resolve` merges files, drop-ins, environment and command-line flags and checks them;
+this module decides what they stand for, and `appliance.compose` builds the engines, queue workers and
+inbox watcher from the result, for the daemon and the job commands alike. What only an engine's device
+can tell (auto dtype and slot count) is decided by `engines.load.settings(spec)` from the `EngineSpec`
+made here, for the loader and `info` alike. docs/ARCHITECTURE.md has the table "Where each setting is
+decided".
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from appliance.config import Config, ConfigError
+from jobs.ingest.isolate import IngestLimits
+from jobs.settings import Paths
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """The queue workers: the daemon's (`jobs.enabled`, `jobs.workers` threads) and the one of `work`,
+    `watch` and `submit --wait` in this process."""
+
+    enabled: bool = True
+    threads: int = 1
+    batch_size: int = 0       # segments a worker keeps in flight; 0: the slots of its engines (batch_for)
+    lease_s: float = 120.0
+    guard: bool = True        # runaway/silence guard (off for a test model: jobs.guard.guard_for)
+    model: Optional[str] = None  # the checkpoint they run: they claim unpinned jobs and those pinned to it
+
+    def batch_for(self, slots: int) -> int:
+        """Segments a worker keeps in flight on engines with `slots` slots in all."""
+        return self.batch_size or slots
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    """The watched folder HOME/inbox (the daemon's when `jobs.watch`; `watch` always)."""
+
+    enabled: bool = True
+    quiet_s: float = 5.0      # a file must be unchanged this long
+    polling: bool = False     # poll instead of inotify (network mounts)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the daemon and every command run with (see the module docstring)."""
+
+    config: Config            # the merged configuration (sockets, HTTP, service ... read from here as they are)
+    paths: Paths              # the spool folder and where its queue lives
+    model: Optional[str]      # the checkpoint folder, absolute (None: none configured)
+    devices: tuple            # one engine per device ("cpu", "cuda", "cuda:1", ...)
+    threads: int              # torch CPU threads of every engine
+    voices_dir: Path          # saved cloned voices
+    catalog: Optional[object]  # what the checkpoint offers, engines.catalog.Catalog (None: none, or unreadable)
+    engines: tuple            # an engines.api.EngineSpec per device (empty without a model)
+    worker: WorkerSettings
+    inbox: InboxSettings
+    ingest: IngestLimits      # reading one document (submit, upload, path, inbox)
+    job_defaults: dict        # spec values of jobs that name none, fitted to the checkpoint (read only)
+
+    def require_model(self) -> str:
+        """The checkpoint; ConfigError saying how to set it when there is none."""
+        return self.model or self.config.require_model()
+
+
+def torch_threads(threads: Optional[str]) -> int:
+    """model.threads decided: a number as given; auto (or null): the physical cores this process may use
+    less one, at least 1 (engines.device.detect.cpu_cores). torch's intra-op threads wait for each other at
+    every op, so one that loses its core (to the daemon's other threads, to other programs) stalls them
+    all: docs/PERFORMANCE.md ("CPU threads") has the measurement."""
+    if threads not in (None, "auto"):
+        return int(threads)
+    from engines.device.detect import cpu_cores
+
+    return max(1, cpu_cores() - 1)
+
+
+def devices(device: str, instance: Optional[str] = None) -> tuple:
+    """model.device decided: the device of each engine (engines.device.detect.resolve_devices). `instance`
+    (the daemon of tts-appliance@INSTANCE.service): with a list (or `all`), its INSTANCE-th device; with
+    one device kind (auto, cuda, npu), that kind's device number INSTANCE."""
+    from engines.device.detect import resolve_device, resolve_devices
+    from engines.names import is_multi
+
+    if instance is None:
+        return tuple(resolve_devices(device))
+    if is_multi(device):
+        listed = resolve_devices(device)
+        if not (instance.isdigit() and int(instance) < len(listed)):
+            raise ConfigError(f"instance {instance!r} has no device in model.device = {device!r} "
+                              f"({', '.join(listed)}); use 0..{len(listed) - 1}")
+        return (listed[int(instance)],)
+    dev = resolve_device(device)
+    return (dev if dev == "cpu" or ":" in dev else f"{dev}:{instance}",)
+
+
+def checkpoint(cfg: Config) -> Optional[str]:
+    """model.path as an absolute folder (None when none is configured)."""
+    return str(Path(cfg.model.path).expanduser().resolve()) if cfg.model.path else None
+
+
+def catalog(model: Optional[str], voices: Path):
+    """What the checkpoint at `model` offers (engines.catalog.Catalog: its config files, no weights) with
+    the saved voices in `voices`; None without a model, or when its files cannot be read (logged: what
+    depends on it keeps the configured values; the engines' start reports the error itself)."""
+    if not model:
+        return None
+    from engines.catalog import Catalog
+    from engines.model.errors import CheckpointError
+
+    try:
+        return Catalog.from_dir(model, voices)
+    except (CheckpointError, OSError, ValueError) as exc:
+        log.warning("cannot read the checkpoint at %s (%s): jobs.voice and jobs.guard are used as configured",
+                    model, exc)
+        return None
+
+
+def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:
+    """The queue workers of `cfg` on the checkpoint of `checkpoint_catalog` (its test-model label turns
+    the guard off: jobs.guard.guard_for, logged)."""
+    from jobs.guard import guard_for
+
+    j = cfg.jobs
+    return WorkerSettings(enabled=j.enabled, threads=max(1, j.workers), batch_size=j.batch_size, lease_s=j.lease_s,
+                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg))
+
+
+def inbox_settings(cfg: Config) -> InboxSettings:
+    j = cfg.jobs
+    return InboxSettings(enabled=j.watch, quiet_s=j.watch_quiet_s, polling=j.watch_poll)
+
+
+def job_defaults(cfg: Config, checkpoint_catalog=None) -> dict:
+    """The spec values of jobs that name none (jobs.voice, jobs.language, jobs.instruct) fitted to the
+    checkpoint of `checkpoint_catalog` (jobs.submit.job_defaults; logged there)."""
+    from jobs.submit import job_defaults as fitted
+
+    j, c = cfg.jobs, checkpoint_catalog
+    kind = c.model_type if c is not None else None
+    return fitted(j.voice, j.language, j.instruct, kind, c.voices if kind == "custom_voice" else ())
+
+
+def settings(cfg: Config, instance: Optional[str] = None) -> Settings:
+    """The settings of `cfg` with every `auto` decided (see the module docstring); `instance`: the daemon
+    instance of tts-appliance@.service (`devices`). ConfigError for an instance without a device."""
+    from appliance.engine_host import engine_spec, voices_dir
+
+    devs, model, voices = devices(cfg.model.device, instance), checkpoint(cfg), voices_dir(cfg)
+    cat = catalog(model, voices)
+    return Settings(config=cfg, paths=cfg.home(), model=model, devices=devs, threads=torch_threads(cfg.model.threads),
+                    voices_dir=voices, catalog=cat, engines=tuple(engine_spec(cfg, d) for d in devs) if model else (),
+                    worker=worker_settings(cfg, cat), inbox=inbox_settings(cfg),
+                    ingest=IngestLimits.from_config(cfg.jobs), job_defaults=job_defaults(cfg, cat))
+
+
+def reloaded(old: Settings, cfg: Config) -> Settings:
+    """The daemon's settings after a reload to `cfg` (restart-only keys already held at their old values):
+    what may change live (workers, inbox, ingest limits) from `cfg`; engines, devices and job defaults kept."""
+    return replace(old, config=cfg, worker=worker_settings(cfg, old.catalog), inbox=inbox_settings(cfg),
+                   ingest=IngestLimits.from_config(cfg.jobs))
