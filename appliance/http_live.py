@@ -5,13 +5,17 @@ Client -> server, JSON text frames:
     {"type": "session.update", "voice", "language", "instructions", "seed", "max_frames", "speed",
      "text_mode"}  (optional, before text)
     {"type": "input_text.append", "text": "..."}
-    {"type": "input_text.end"}
+    {"type": "input_text.end"}                   no more text: what was sent is spoken, then `done`
+    {"type": "session.close"}                     (any time) stop: speech not yet sent is dropped
 Server -> client:
     {"type": "audio.start", "sample_rate": 24000, "format": "pcm_s16le"}
     binary frames: 16-bit little-endian mono PCM, as the engine makes it
     {"type": "text.done", "text": ...} after the audio of each utterance (words mode) or sentence
-    {"type": "done", "audio_seconds": x}, then the server closes
-    {"type": "error", "message": ..., "code": ...}, then the server closes
+    {"type": "done", "audio_seconds": x}, then the server closes (1000)
+    {"type": "error", "message": ..., "code": ...}, then the server closes with the reason and 1008 (bad
+        input, a client too slow or silent), 1013 (busy: try again later) or 1011 (server error)
+The server reads the socket until it closes, also while it speaks the last text, so standard keepalive
+pings (e.g. the `websockets` package's, every 20 s) are answered however long the speech takes.
 
 text_mode "words" (the default): the model's streaming-text mode (engines.runtime.text_feed). Each
 complete word goes to the model as it comes, so audio starts after the first word; when the model has
@@ -45,7 +49,9 @@ from appliance.http_common import CTX, ApiError, field
 from appliance.streams import serve_stream
 
 log = logging.getLogger(__name__)
-END, GONE = object(), object()  # speaker queue sentinel; reader result when the client left
+END, GONE, CLOSE = object(), object(), object()  # speaker queue sentinel; reader results: client left, session.close
+# WebSocket close codes (RFC 6455 7.4): done, bad input or a client breaking the rules, server error, busy
+CLOSE_OK, CLOSE_POLICY, CLOSE_ERROR, CLOSE_AGAIN = 1000, 1008, 1011, 1013
 UTTERANCE_CHARS = 600  # words mode: an utterance ends at a sentence end once it holds this many characters
 UTTERANCE_MAX_CHARS = 2400  # ... or at a word boundary past this many (about 600 tokens: within one request)
 TEXT_MODES = ("words", "sentences")
@@ -70,14 +76,18 @@ class LiveSession:
         self.samples = 0
         self.sample_rate = ctx.host.engine.sample_rate
         self.stretcher: Optional[StreamStretcher] = None
+        self.ended = False  # input_text.end came: only session.close may follow
+        self.close_code, self.close_reason = CLOSE_OK, ""  # how the server closes the socket
 
     async def run(self) -> None:
+        """Serve the session until it ends; `close_code` and `close_reason` say how to close the socket."""
         reader = asyncio.create_task(self._read())
         speaker = asyncio.create_task(self._speak())
         try:
             done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done and reader.result() is GONE:
-                log.info("live client went away; its speech is cancelled")
+            if reader in done:  # the client left or closed the session (an error in its messages raises here)
+                log.info("live client %s; its speech is cancelled",
+                         "went away" if reader.result() is GONE else "closed the session")
                 return
             await speaker  # raises the speaker's error; ends after END
             await self._start_audio()
@@ -85,15 +95,21 @@ class LiveSession:
                 await self._send_audio(await self._stretch(self.stretcher.finish))
             await self._send({"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)})
         except ApiError as exc:
-            await self._fail(exc.message, exc.type)
+            code = CLOSE_AGAIN if exc.type == "busy" else CLOSE_POLICY if exc.status < 500 else CLOSE_ERROR
+            await self._fail(exc.message, exc.type, code)
         except EngineBusy as exc:  # (before TTSError: it is one)
             self.ctx.metrics.error("busy")
-            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy")
+            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy", CLOSE_AGAIN)
         except TTSError as exc:
             self.ctx.metrics.error(type(exc).__name__)
-            await self._fail(str(exc), type(exc).__name__)
+            await self._fail(str(exc), type(exc).__name__, CLOSE_POLICY)
         except (ConnectionResetError, asyncio.TimeoutError):
             log.info("live client stopped reading; its speech is cancelled")
+            self.close_code, self.close_reason = CLOSE_POLICY, "the client stopped reading"
+        except Exception as exc:  # a bug: this session ends with a server error, the daemon goes on
+            log.exception("live session failed")
+            self.ctx.metrics.error(type(exc).__name__)
+            await self._fail(f"internal error: {type(exc).__name__}", "internal_error", CLOSE_ERROR)
         finally:
             if self.feed is not None:
                 self.feed.end()
@@ -103,13 +119,14 @@ class LiveSession:
 
     # -- client messages -------------------------------------------------------------------------
     async def _read(self):
-        """Read messages until input_text.end (-> END queued) or the client leaves (-> GONE)."""
+        """Read messages (answering pings) until the client leaves (-> GONE) or sends session.close
+        (-> CLOSE); input_text.end queues END and reading goes on."""
         idle = self.ctx.cfg.http.read_timeout_s
         while True:
             try:
                 msg = await self.ws.receive(timeout=idle)
             except asyncio.TimeoutError:
-                if (self.speaking or not self.queue.empty()) and self.feed is None:
+                if self.ended or (self.speaking or not self.queue.empty()) and self.feed is None:
                     continue  # waiting for audio is not idling (an utterance waiting for words is)
                 raise ApiError(408, f"no message for {idle:g} s; send input_text.append or input_text.end",
                                "timeout") from None
@@ -120,9 +137,14 @@ class LiveSession:
                                     f"be at most {self.ctx.cfg.http.max_body_bytes} bytes")
             if msg.type != WSMsgType.TEXT:
                 raise ApiError(400, "send JSON text frames, not binary ones")
-            if self._handle(_parse(msg.data)):
+            data = _parse(msg.data)
+            if data.get("type") == "session.close":
+                return CLOSE
+            if self.ended:
+                raise ApiError(400, f"{data.get('type')!r} after input_text.end; only session.close may follow")
+            if self._handle(data):
+                self.ended = True
                 self.queue.put_nowait(END)
-                return END
 
     def _handle(self, data: dict) -> bool:
         """Apply one message; True at input_text.end."""
@@ -155,8 +177,8 @@ class LiveSession:
                 self._queue(rest)
             self.text_came.set()
             return True
-        raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append "
-                            "or input_text.end")
+        raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append, "
+                            "input_text.end or session.close")
 
     def _add(self, text: str) -> None:
         limit = self.ctx.cfg.http.max_text_chars
@@ -268,8 +290,10 @@ class LiveSession:
     async def _send(self, event: dict) -> None:
         await asyncio.wait_for(self.ws.send_json(event), self.ctx.cfg.http.write_timeout_s)
 
-    async def _fail(self, message: str, code: str) -> None:
+    async def _fail(self, message: str, code: str, close_code: int) -> None:
+        """Send an error event; the socket is then closed with `close_code` and the message as reason."""
         log.info("live speech: %s", message)
+        self.close_code, self.close_reason = close_code, message
         try:
             await self._send({"type": "error", "message": message, "code": code})
         except (ConnectionResetError, asyncio.TimeoutError):
@@ -310,11 +334,17 @@ async def live(request: web.Request) -> web.WebSocketResponse:
         raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
     ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes)
     await ws.prepare(request)
+    session = LiveSession(ctx, ws)
     try:
-        await LiveSession(ctx, ws).run()
+        await session.run()
     finally:
-        await ws.close()
+        await ws.close(code=session.close_code, message=close_reason(session.close_reason))
     return ws
+
+
+def close_reason(text: str) -> bytes:
+    """A close frame's reason: at most 123 bytes of UTF-8 (RFC 6455 5.5), cut at a character boundary."""
+    return text.encode("utf-8")[:123].decode("utf-8", "ignore").encode("utf-8")
 
 
 def add_routes(app: web.Application) -> None:
