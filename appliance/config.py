@@ -101,6 +101,7 @@ class HttpSection:
     tcp: bool = False                 # also listen on TCP (loopback only unless tcp_host says otherwise)
     tcp_host: str = "127.0.0.1"
     tcp_port: int = 8732
+    api_key: Optional[str] = None     # TCP requests need `Authorization: Bearer KEY` (the Unix socket: its mode)
     max_body_bytes: int = 64 * 1024 * 1024
     max_text_chars: int = 20000       # longest `input` for /v1/audio/speech
     read_timeout_s: float = 30.0      # a client must send its request within this
@@ -376,4 +377,6 @@ def as_dict(cfg: Config) -> dict:
            for name in SECTIONS if is_dataclass(getattr(cfg, name))}
     if cfg.jobs.queue:
         out["jobs"]["queue"] = redact(cfg.jobs.queue)  # the database password is not shown
+    if cfg.http.api_key:
+        out["http"]["api_key"] = "(set)"  # nor the API key
     return out

@@ -1,6 +1,7 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
-    POST   /v1/audio/speech      OpenAI-compatible speech, streamed (appliance.http_speech)
+    POST   /v1/audio/speech      OpenAI-compatible speech: a whole file, streamed or SSE (appliance.http_speech)
+    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
@@ -11,7 +12,8 @@
     /v1/jobs...                  batch jobs (appliance.http_jobs)
 
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
-must say `Content-Type: application/json` (415 otherwise). Shared pieces: appliance.http_common.
+must say `Content-Type: application/json` (415 otherwise). With http.api_key set, requests over TCP need
+`Authorization: Bearer KEY` (401 otherwise). Shared pieces: appliance.http_common.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from appliance.http_common import CTX, ApiError, decode_b64_audio, field, json_errors, read_json
+from appliance.http_common import CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key
 
 log = logging.getLogger(__name__)
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -104,11 +106,11 @@ async def metrics(request):
 def make_app(ctx) -> web.Application:
     from appliance.http_jobs import add_routes as add_job_routes
     from appliance.http_live import add_routes as add_live_routes
-    from appliance.http_speech import speech
+    from appliance.http_speech import add_routes as add_speech_routes
 
-    app = web.Application(middlewares=[json_errors], client_max_size=ctx.cfg.http.max_body_bytes)
+    app = web.Application(middlewares=[json_errors, require_key], client_max_size=ctx.cfg.http.max_body_bytes)
     app[CTX] = ctx
-    app.router.add_post("/v1/audio/speech", speech)
+    add_speech_routes(app)
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", add_voice)
     app.router.add_delete("/v1/voices/{name}", delete_voice)

@@ -40,11 +40,13 @@ def test_health_and_voices(daemon):
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
-def test_speech_formats_as_complete_files(daemon, fmt):
-    """stream=false: one complete file with exact length headers (streaming: test_daemon_stream_formats)."""
-    status, body, headers = daemon.post("/v1/audio/speech", speech(response_format=fmt, stream=False))
+@pytest.mark.parametrize("stream", [False, None])
+def test_speech_formats_as_complete_files(daemon, fmt, stream):
+    """No stream (the default), or false: one complete file with exact length headers (streaming:
+    test_daemon_stream_formats)."""
+    status, body, headers = daemon.post("/v1/audio/speech", speech(response_format=fmt, stream=stream))
     assert status == 200, body
-    assert int(headers["Content-Length"]) == len(body)
+    assert int(headers["Content-Length"]) == len(body) and "Transfer-Encoding" not in headers
     audio, sr = sf.read(io.BytesIO(body))
     assert sr in (24000, 48000) and len(audio) > 0
 
@@ -75,7 +77,8 @@ def test_same_seed_same_audio(daemon):
     (json.dumps({"input": "Hi.", "voice": "bob"}).encode(), 400, "available: dylan"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "response_format": "aiff"}).encode(), 400, "response_format"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "seed": "x"}).encode(), 400, "'seed' must be"),
-    (json.dumps({"input": "Hi.", "voice": "ryan", "stream_format": "sse"}).encode(), 400, "stream_format 'audio'"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "stream_format": "xml"}).encode(), 400, "choose audio"),
+    (json.dumps({"input": "Hi.", "voice": 3}).encode(), 400, "'voice' must be"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "stream": "yes"}).encode(), 400, "'stream' must be"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "ref_audio": "%%%"}).encode(), 400, "base64"),
     (json.dumps({"input": "x" * 600, "voice": "ryan"}).encode(), 413, "limit is 500"),
