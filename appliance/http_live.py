@@ -2,8 +2,8 @@
 a WebSocket.
 
 Client -> server, JSON text frames:
-    {"type": "session.update", "voice", "language", "instructions", "seed", "max_frames", "speed",
-     "text_mode"}  (optional, before text)
+    {"type": "session.update", "voice", "language" (a name or a BCP-47 tag: en, de-DE), "instructions",
+     "seed", "max_frames", "speed", "text_mode"}  (optional, before text)
     {"type": "input_text.append", "text": "..."}
     {"type": "input_text.end"}                   no more text: what was sent is spoken, then `done`
     {"type": "session.close"}                     (any time) stop: speech not yet sent is dropped
@@ -46,6 +46,7 @@ from jobs.speed import StreamStretcher, check_speed
 from jobs.submit import check_voice
 
 from appliance.http_common import CTX, ApiError, field
+from appliance.languages import model_language
 from appliance.streams import serve_stream
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,8 @@ class LiveSession:
         ctx, o = self.ctx, self.opts
         feed = item if isinstance(item, TextFeed) else None
         req = ctx.host.request("" if feed else item, voice=o["voice"] or ctx.host.default_voice(),
-                               language=o["language"], instruct=o["instructions"], seed=o["seed"],
+                               language=model_language(o["language"], ctx.host.engine.languages),
+                               instruct=o["instructions"], seed=o["seed"],
                                max_frames=o["max_frames"], text_feed=feed)
         if req is None:
             raise ApiError(400, "this Base checkpoint clones voices: name a saved voice in session.update "

@@ -125,6 +125,17 @@ def test_text_in_pieces_is_spoken_sentence_by_sentence(daemon):
     pcm_of(events)
 
 
+def test_a_language_tag_is_the_model_language(daemon):
+    async def steps(ws, events):
+        await ws.send_json({"type": "session.update", "voice": "ryan", "language": "de-DE"})
+        await ws.send_json({"type": "input_text.append", "text": "Guten Tag."})
+        await ws.send_json({"type": "input_text.end"})
+
+    events = asyncio.run(session(daemon, steps))
+    assert kinds_of(events)[-1] == "done", events[-1]
+    pcm_of(events)
+
+
 def test_speed_shortens_the_audio(daemon):
     async def speak(speed):
         async def steps(ws, events):
