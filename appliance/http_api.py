@@ -4,7 +4,8 @@
     GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/voices            voices and languages of the loaded checkpoint
-    POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
+    POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
+                                 "overwrite"}: 409 when the name is taken, unless overwrite
     DELETE /v1/voices/{name}     remove a saved cloned voice
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
                                   "parts": {...}, "down": {...}, ...}: 503 while a part is down
@@ -40,7 +41,8 @@ async def list_voices(request):
 
 
 async def add_voice(request):
-    """POST /v1/voices {"name", "ref_audio" (base64), "ref_text"?} -> 201 (Base checkpoints only)."""
+    """POST /v1/voices {"name", "ref_audio" (base64), "ref_text"?, "overwrite"?} -> 201 (Base checkpoints only);
+    a name already saved: 409, unless "overwrite": true (then 200)."""
     ctx = request.app[CTX]
     data = await read_json(request)
     name = field(data, "name", str, required=True)
@@ -49,6 +51,10 @@ async def add_voice(request):
     if ctx.host.engine.model_type != "base":
         raise ApiError(400, f"reference audio needs a Base checkpoint; this one is {ctx.host.engine.model_type}")
     path = ctx.host.engine.voice_file(name)
+    replaced = path.is_file()
+    if replaced and not field(data, "overwrite", bool):
+        raise ApiError(409, f"a voice {name!r} is already saved; send \"overwrite\": true to replace it, or "
+                            f"DELETE /v1/voices/{name} first", "conflict")
     with tempfile.TemporaryDirectory(prefix="tts-voice-") as tmp:
         ref = decode_b64_audio(data, Path(tmp))
         if not ref:
@@ -57,8 +63,8 @@ async def add_voice(request):
             None, ctx.host.pool.clone_voice, ref, field(data, "ref_text", str))
     path.parent.mkdir(parents=True, exist_ok=True)
     voice.save(str(path))
-    log.info("voice %s added", name)
-    return web.json_response({"name": name}, status=201)
+    log.info("voice %s %s", name, "replaced" if replaced else "added")
+    return web.json_response({"name": name, "replaced": replaced}, status=200 if replaced else 201)
 
 
 async def delete_voice(request):
