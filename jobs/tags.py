@@ -118,15 +118,19 @@ def job_voices(chapters: Sequence[tuple[str, list]], spec) -> set[str]:
     return {n for n in names if n}
 
 
-def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
-    """Raise TagError naming the first voice of the job that is neither among `known` (the engine's voices)
-    nor a voice file. `known` None or empty: nothing to check against (the worker still checks)."""
+def unknown_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> list[str]:
+    """The voices a job names (job_voices) that are neither among `known` (the engine's voices) nor a voice
+    file, sorted. `known` None or empty: nothing to check against, none."""
     if not known:
-        return
-    for name in sorted(job_voices(chapters, spec)):
-        if name not in known and not Path(name).is_file():
-            raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
-                           f"available: {', '.join(sorted(known))}")
+        return []
+    return [name for name in sorted(job_voices(chapters, spec)) if name not in known and not Path(name).is_file()]
+
+
+def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
+    """Raise TagError naming the first unknown voice of the job (unknown_voices); the worker checks again."""
+    for name in unknown_voices(chapters, spec, known)[:1]:
+        raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
+                       f"available: {', '.join(sorted(known))}")
 
 
 def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int], spec) -> None:
