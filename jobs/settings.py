@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 DEFAULT_HOME = Path("~/.local/share/tts-appliance")
-FORMATS = ("wav", "flac", "ogg", "mp3", "m4b")
+FORMATS = ("wav", "flac", "opus", "mp3", "m4b")  # the names the speech API uses too (opus: Ogg Opus)
+FORMAT_ALIASES = {"ogg": "opus"}  # earlier name, still read from stored jobs, sidecars and API specs
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class JobSpec:
 
     def __post_init__(self):
         self.format = (self.format or "flac").lower()
+        self.format = FORMAT_ALIASES.get(self.format, self.format)
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}: choose one of {', '.join(FORMATS)}")
         from jobs.preview import check_chapter_ranges
