@@ -79,6 +79,17 @@ def _submit_each(files, spec, queue, paths, remote, as_json: bool, cfg, voices=N
     return results
 
 
+def _lexicon_file(path):
+    """The entries of `--lexicon FILE` (None without one)."""
+    from jobs.errors import LexiconError
+    from jobs.normalize import Lexicon
+
+    try:
+        return dict(Lexicon.load(path).entries) if path else None
+    except LexiconError as exc:
+        fail(str(exc))
+
+
 def _checked_runner(cfg, eng: dict, voice):
     """The engine for `--wait`, loaded before anything is queued: an unknown voice queues nothing."""
     from engines.model.errors import VoiceNotFound
@@ -107,12 +118,14 @@ def _checked_runner(cfg, eng: dict, voice):
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
 @click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
+@click.option("--lexicon", type=click.Path(dir_okay=False),
+              help="Pronunciation lexicon of this job, a YAML file (word: what to say), over jobs.lexicon's.")
 @click.option("--wait", is_flag=True, help="Work in this process until done, with a progress bar.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
-           home, as_json, **eng):
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters,
+           lexicon, wait, home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids.
 
     Options not given come from the config (jobs.voice, jobs.language, jobs.instruct; a CustomVoice
@@ -125,7 +138,8 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     given = {"voice": voice, "language": language, "format": fmt, "title": title, "author": author,
              "priority": priority, "instruct": instruct, "seed": seed, "chapters": chapters, "speed": speed,
              "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
-             "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
+             "model": str(Path(eng["model"]).resolve()) if eng["model"] else None,
+             "lexicon": _lexicon_file(lexicon)}
     given = {k: v for k, v in given.items() if v is not None}
     checkpoint = (None, []) if remote else checkpoint_voices(cfg.model.path)  # read once, without the weights
     try:
@@ -133,7 +147,7 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
         if not remote:  # the defaults of this process's settings, fitted to its checkpoint
             j = cfg.jobs
             spec = JobSpec.from_dict(with_defaults(given, job_defaults(j.voice, j.language, j.instruct,
-                                                                       *checkpoint)))
+                                                                       *checkpoint, lexicon=j.lexicon)))
     except ValueError as exc:
         fail(str(exc))
     queue = None if remote else Queue(paths.ensure().db)

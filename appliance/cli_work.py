@@ -122,7 +122,7 @@ def watch(poll, quiet_seconds, do_work, home, **eng):
         worker = make_worker(cfg, paths, Queue(paths.db), eng)
         threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()
     j = cfg.jobs
-    defaults = job_defaults(j.voice, j.language, j.instruct, *checkpoint_voices(cfg.model.path))
+    defaults = job_defaults(j.voice, j.language, j.instruct, *checkpoint_voices(cfg.model.path), lexicon=j.lexicon)
     watcher = InboxWatcher(paths, quiet_s=quiet_seconds, polling=poll, defaults=defaults,
                            limits=IngestLimits.from_config(cfg.jobs))
     click.echo(f"watching {paths.inbox} (Ctrl-C stops)")

@@ -89,6 +89,7 @@ class JobsSection:
     ingest_wall_s: float = 300.0
     ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
     max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
+    lexicon: Optional[str] = None     # pronunciation lexicon, a YAML file (word: say this), for jobs and streams
 
 
 @dataclass
@@ -303,6 +304,14 @@ def check(cfg: Config, origin: str = "config") -> Config:
     if mode & ~0o777:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: only permission bits (e.g. 0660)")
     check_queue(cfg.jobs, origin)
+    if cfg.jobs.lexicon:
+        from jobs.errors import LexiconError
+        from jobs.lexicons import file_lexicon
+
+        try:
+            file_lexicon(cfg.jobs.lexicon)
+        except LexiconError as exc:
+            raise ConfigError(f"{origin}: jobs.lexicon: {exc}") from None
     return cfg
 
 

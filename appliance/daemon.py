@@ -106,7 +106,7 @@ class Daemon:
 
         j, engine = self.cfg.jobs, self.host.engine
         self.job_defaults = job_defaults(j.voice, j.language, j.instruct, engine.model_type,
-                                         engine.voices if engine.model_type == "custom_voice" else ())
+                                         engine.voices if engine.model_type == "custom_voice" else (), j.lexicon)
         for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
             self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running,
                                      restart=getattr(r, "restart_async", None),

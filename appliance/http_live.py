@@ -3,7 +3,8 @@ a WebSocket.
 
 Client -> server, JSON text frames:
     {"type": "session.update", "voice", "language" (a name or a BCP-47 tag: en, de-DE), "instructions",
-     "seed", "max_frames", "speed", "text_mode"}  (optional, before text)
+     "seed", "max_frames", "speed", "text_mode", "lexicon" ({"word": "what to say"}, over jobs.lexicon's)}
+     (optional, before text)
     {"type": "input_text.append", "text": "..."}
     {"type": "input_text.end"}                   no more text: what was sent is spoken, then `done`
     {"type": "session.close"}                     (any time) stop: speech not yet sent is dropped
@@ -23,7 +24,8 @@ used every word it has, its row waits for more (it never ends early on slow text
 utterances of one request each: a new one starts at a sentence end after UTTERANCE_CHARS characters.
 text_mode "sentences" (and any voice cloned with its reference text, which needs whole text): each
 sentence is spoken once it is complete (`jobs.segment_split.split_streamed`, as the Wyoming server
-does). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
+does). With a lexicon, text waits for the next space or punctuation mark before it is spoken (a word is
+replaced whole). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
 the other in order. Text not yet spoken is capped at http.max_text_chars; a client that sends nothing
 for http.read_timeout_s while the session waits for its text is dropped.
 """
@@ -40,6 +42,8 @@ from engines.model.errors import TTSError
 from engines.model.errors import EngineBusy
 from engines.runtime.text_feed import TextFeed
 from jobs.encode import pcm16
+from jobs.errors import LexiconError
+from jobs.lexicons import file_lexicon, lexicon_entries, merged
 from jobs.normalize import language_code
 from jobs.segment_split import split_streamed
 from jobs.speed import StreamStretcher, check_speed
@@ -65,9 +69,11 @@ class LiveSession:
     def __init__(self, ctx, ws: web.WebSocketResponse):
         self.ctx, self.ws = ctx, ws
         self.opts = {"voice": None, "language": "auto", "instructions": None, "seed": None, "max_frames": None,
-                     "speed": 1.0, "text_mode": "words"}
+                     "speed": 1.0, "text_mode": "words", "lexicon": None}
         self.words: Optional[bool] = None  # words mode, decided at the first text
         self.rest = ""  # sentences mode: text after the last complete sentence
+        self.lexicon = None  # the session's pronunciation lexicon, set at the first text
+        self.held = ""  # text not yet through the lexicon (after the last space or punctuation mark)
         self.feed: Optional[TextFeed] = None  # words mode: the utterance new text goes to
         self.text_came = asyncio.Event()  # set at every append/end (the speaker waits for a first word)
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -159,7 +165,10 @@ class LiveSession:
                     keep = key in ("language", "speed", "text_mode")
                     self.opts[key] = field(data, key, typ, self.opts[key] if keep else None)
             try:
+                self.opts["lexicon"] = lexicon_entries(data.get("lexicon", self.opts["lexicon"]), "session.update")
                 check_speed(self.opts["speed"])
+            except LexiconError as exc:
+                raise ApiError(400, str(exc)) from None
             except ValueError as exc:
                 raise ApiError(400, f"'speed': {exc}") from None
             if self.opts["text_mode"] not in TEXT_MODES:
@@ -167,9 +176,12 @@ class LiveSession:
             check_voice(self.ctx.host.engine, self.opts["voice"])  # VoiceNotFound, as the speech route says
             return False
         if kind == "input_text.append":
-            self._add(field(data, "text", str, required=True))
+            self._add(self._pronounce(field(data, "text", str, required=True)))
             return False
         if kind == "input_text.end":
+            held = self._pronounce("", final=True)
+            if held:
+                self._add(held)
             if self.feed is not None:
                 self.feed.end()
                 self.feed = None
@@ -180,6 +192,22 @@ class LiveSession:
             return True
         raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append, "
                             "input_text.end or session.close")
+
+    def _pronounce(self, text: str, final: bool = False) -> str:
+        """`text` through the session's lexicon; without `final`, what follows its last space or punctuation
+        mark waits for the next piece (a word is replaced whole)."""
+        if self.lexicon is None:
+            try:
+                self.lexicon = merged(file_lexicon(self.ctx.cfg.jobs.lexicon), self.opts["lexicon"])
+            except LexiconError as exc:
+                raise ApiError(400, str(exc)) from None
+        if not self.lexicon:
+            return text
+        text, self.held = self.held + text, ""
+        if not final:
+            cut = max((i + 1 for i, ch in enumerate(text) if not (ch.isalnum() or ch == "_")), default=0)
+            text, self.held = text[:cut], text[cut:]
+        return self.lexicon.apply(text)
 
     def _add(self, text: str) -> None:
         limit = self.ctx.cfg.http.max_text_chars

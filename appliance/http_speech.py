@@ -21,6 +21,8 @@ import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
+from jobs.errors import LexiconError
+from jobs.lexicons import file_lexicon, lexicon_entries, merged
 from jobs.speed import StreamStretcher, check_speed, stretch
 
 from appliance.audio_stream import EncoderUnavailable, StreamEncoder, encode_whole
@@ -46,7 +48,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     later), stream_format ("audio": the encoded audio; "sse": Server-Sent Events, streamed), and extras:
     stream (default false: one complete file when done; true: encoded chunk by chunk as audio is made),
     language (a name or a BCP-47 tag: en, de-DE), ref_audio (base64), ref_text, seed, max_frames (cap on
-    generated frames, 12.5 per second; model.max_frames caps it too).
+    generated frames, 12.5 per second; model.max_frames caps it too), lexicon ({"word": "what to say"},
+    over the entries of jobs.lexicon's file).
     """
     ctx = request.app[CTX]
     data = await read_json(request)
@@ -65,6 +68,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
                             "sse (Server-Sent Events with base64 audio)")
     sse = stream_format == "sse"
     stream = sse or field(data, "stream", bool) is True  # absent or null: one complete file
+    try:
+        lexicon = merged(file_lexicon(ctx.cfg.jobs.lexicon), lexicon_entries(data.get("lexicon"), "request"))
+    except LexiconError as exc:
+        raise ApiError(400, str(exc)) from None
+    text = lexicon.apply(text) if lexicon else text
     voice = data.get("voice")
     if isinstance(voice, dict):  # the SDK's custom voice reference {"id": ...}
         voice = voice.get("id")

@@ -14,7 +14,7 @@ Events handled (JSON header line + optional payload, see the `wyoming` package):
     synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
 Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
 while a text stream is open. Failures are answered with an `error` event (text, code). The protocol
-carries no speaking speed.
+carries no speaking speed. Text is spoken with the pronunciation lexicon of jobs.lexicon.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engines.model.errors import EngineBusy, TTSError
 from jobs.encode import pcm16
+from jobs.errors import LexiconError
+from jobs.lexicons import file_lexicon
 from jobs.normalize import language_code
 from jobs.segment_split import split_streamed
 
@@ -122,6 +124,11 @@ class TtsHandler(AsyncEventHandler):
         voice = voice or d.cfg.wyoming.default_voice or d.host.default_voice()
         if voice == "default" and not d.host.engine.voices:
             voice = None
+        try:
+            text = file_lexicon(d.cfg.jobs.lexicon).apply(text)
+        except LexiconError as exc:
+            await self.write_event(Error(str(exc), "lexicon").event())
+            return FAILED
         req = d.host.request(text, voice=voice, language=language)
         if req is None:
             await self.write_event(Error("no voice: this Base checkpoint needs a saved voice", "no_voice").event())

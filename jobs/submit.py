@@ -83,12 +83,17 @@ def checkpoint_voices(model_path) -> tuple[Optional[str], list[str]]:
 
 
 def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], model_type: Optional[str] = None,
-                 speakers: Sequence[str] = ()) -> dict:
+                 speakers: Sequence[str] = (), lexicon: Optional[str] = None) -> dict:
     """The spec values a job takes when it names none (the settings' jobs.voice, jobs.language,
-    jobs.instruct), fitted to the checkpoint (`model_type`, its `speakers`; see checkpoint_voices):
-    a CustomVoice model without jobs.voice speaks with its first speaker (alphabetical), said in the
-    log; the instruction goes only to VoiceDesign models, the voice only to the others."""
+    jobs.instruct, and the entries of jobs.lexicon's file `lexicon`), fitted to the checkpoint
+    (`model_type`, its `speakers`; see checkpoint_voices): a CustomVoice model without jobs.voice speaks
+    with its first speaker (alphabetical), said in the log; the instruction goes only to VoiceDesign
+    models, the voice only to the others."""
+    from jobs.lexicons import file_lexicon
+
     out = {"language": language or "auto"}
+    if lexicon:
+        out["lexicon"] = dict(file_lexicon(lexicon).entries)
     if model_type == "voice_design":
         out["instruct"] = instruct
         if voice:
@@ -108,12 +113,13 @@ def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], m
 def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
     """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
     (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from jobs.normalize import Lexicon
     from jobs.preview import select_chapters
     from jobs.tags import apply_chapter_voices
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
-    per_chapter = segment_document(doc, language, SegmentOptions(), None)
+    per_chapter = segment_document(doc, language, SegmentOptions(), Lexicon(spec.lexicon) if spec.lexicon else None)
     found = [(ch.title or f"Chapter {i + 1}", segs)
              for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
     if not select:

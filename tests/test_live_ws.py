@@ -136,6 +136,27 @@ def test_a_language_tag_is_the_model_language(daemon):
     pcm_of(events)
 
 
+def test_the_session_lexicon_replaces_whole_words(daemon):
+    """session.update's lexicon: a word split over appends is replaced whole; the same seed speaks the replaced
+    text (sentences mode: one request per sentence, so the audio compares)."""
+    async def speak(pieces, **update):
+        async def steps(ws, events):
+            await ws.send_json({"type": "session.update", "voice": "ryan", "seed": 1, **update})
+            for piece in pieces:
+                await ws.send_json({"type": "input_text.append", "text": piece})
+            await ws.send_json({"type": "input_text.end"})
+        return await session(daemon, steps)
+
+    lex = {"lexicon": {"Alpha": "Bravo"}}
+    words = asyncio.run(speak(["Alp", "ha the", "re"], **lex))
+    spoken = [e["text"] for e in words if isinstance(e, dict) and e["type"] == "text.done"]
+    assert " ".join(spoken).split() == ["Bravo", "there"], spoken
+    sentences = {"text_mode": "sentences"}
+    replaced = pcm_of(asyncio.run(speak(["Alpha there."], **sentences, **lex)))
+    assert replaced == pcm_of(asyncio.run(speak(["Bravo there."], **sentences)))
+    assert replaced != pcm_of(asyncio.run(speak(["Alpha there."], **sentences)))
+
+
 def test_speed_shortens_the_audio(daemon):
     async def speak(speed):
         async def steps(ws, events):
@@ -176,7 +197,8 @@ def test_flood_is_an_error_event(daemon):
 @pytest.mark.parametrize("message,needle", [
     ("{nope", "not valid JSON"), (json.dumps({"type": "speak"}), "unknown message type 'speak'"),
     (json.dumps({"type": "session.update", "speed": 3}), "'speed'"),
-    (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences")])
+    (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences"),
+    (json.dumps({"type": "session.update", "lexicon": {"a": 1}}), "'lexicon' must map words")])
 def test_bad_messages_are_error_events(daemon, message, needle):
     assert needle in run_bad(daemon, [message])
 
@@ -331,7 +353,8 @@ def test_a_server_error_closes_with_1011():
         async def _speak_one(self, item):
             raise RuntimeError("a bug")
 
-    cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0, read_timeout_s=5.0))
+    cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0, read_timeout_s=5.0),
+                          jobs=SimpleNamespace(lexicon=None))
     host = SimpleNamespace(engine=SimpleNamespace(sample_rate=24000, streams_text=lambda voice: False),
                            default_voice=lambda: "vivian")
     ws = FakeSocket([{"type": "input_text.append", "text": "Hello there."}, {"type": "input_text.end"}])

@@ -162,3 +162,25 @@ def test_a_client_closing_mid_event_is_one_info_line(daemon):
     assert "INFO appliance.wyoming_server: wyoming client closed the connection mid-event (5 of" in log, log[-2000:]
     assert "wyoming connection failed" not in log and "IncompleteReadError" not in log
     test_describe_lists_voices_and_languages(daemon)  # still serving
+
+
+def test_text_is_spoken_with_the_config_lexicon(tmp_path):
+    """jobs.lexicon's file applies to Wyoming's text too (what reaches the engine is the replaced text)."""
+    from types import SimpleNamespace
+
+    from appliance.wyoming_server import TtsHandler
+
+    (tmp_path / "words.yaml").write_text("Qwen: chwen\n")
+    asked, sent = [], []
+    host = SimpleNamespace(engine=SimpleNamespace(voices=["ryan"], languages=["auto", "english"]),
+                           default_voice=lambda: "ryan", request=lambda text, **kw: asked.append(text))  # None: refused
+    cfg = SimpleNamespace(wyoming=SimpleNamespace(default_voice=None, default_language="auto"),
+                          jobs=SimpleNamespace(lexicon=str(tmp_path / "words.yaml")))
+    handler = TtsHandler(SimpleNamespace(cfg=cfg, host=host), None, None)
+
+    async def write_event(event):
+        sent.append(event)
+
+    handler.write_event = write_event
+    assert run(handler.speak("Qwen speaks.", "ryan", "english")) == "failed"
+    assert asked == ["chwen speaks."] and sent[0].type == "error"
