@@ -207,6 +207,9 @@ class LiveSession:
         if not final:
             cut = max((i + 1 for i, ch in enumerate(text) if not (ch.isalnum() or ch == "_")), default=0)
             text, self.held = text[:cut], text[cut:]
+            if len(self.held) > self.ctx.cfg.http.max_text_chars:
+                raise ApiError(413, f"{len(self.held)} characters without a space or punctuation mark; the limit is "
+                                    f"{self.ctx.cfg.http.max_text_chars}", "too_large")
         return self.lexicon.apply(text)
 
     def _add(self, text: str) -> None:

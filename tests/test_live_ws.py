@@ -203,6 +203,12 @@ def test_bad_messages_are_error_events(daemon, message, needle):
     assert needle in run_bad(daemon, [message])
 
 
+def test_text_held_for_the_lexicon_is_capped(daemon):
+    msg = run_bad(daemon, [{"type": "session.update", "lexicon": {"a": "b"}},
+                           {"type": "input_text.append", "text": "x" * (LIMIT + 1)}])
+    assert f"{LIMIT + 1} characters without a space or punctuation mark; the limit is {LIMIT}" in msg
+
+
 def test_text_after_the_end_is_an_error_event(daemon):
     msg = run_bad(daemon, [{"type": "input_text.append", "text": "Hi."}, {"type": "input_text.end"},
                            {"type": "input_text.append", "text": "More."}])
