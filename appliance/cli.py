@@ -1,10 +1,13 @@
 """`tts-appliance` command line: the group, `say`, and the commands of the cli_* modules.
 
 Every command runs with the settings of `appliance.config.resolve`: the group's `--config PATH`
-($TTS_APPLIANCE_CONFIG), its drop-ins and environment, then the command's own flags.
+($TTS_APPLIANCE_CONFIG), its drop-ins and environment, then the command's own flags. A command that
+fails prints one line on stderr (`error: ...`, exit status 2 for bad input, 1 for the queue); given
+`--json`, it prints `{"error": {"message", "type", "exit_code"}}` on stdout instead.
 """
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from contextlib import contextmanager
@@ -25,7 +28,50 @@ def setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class CommandError(click.ClickException):
+    """A command's failure as the CLI reports it: `error: MESSAGE` on stderr, or JSON on stdout (--json)."""
+
+    def __init__(self, message: str, kind: str, exit_code: int, as_json: bool):
+        super().__init__(message)
+        self.kind, self.exit_code, self.as_json = kind, exit_code, as_json
+
+    def show(self, file=None) -> None:
+        if self.as_json:
+            click.echo(json.dumps({"error": {"message": self.message, "type": self.kind, "exit_code": self.exit_code}}))
+        else:
+            click.echo(f"error: {self.message}", err=True)
+
+
+def _wants_json(args) -> bool:
+    """Whether a command's arguments ask for --json (options end at "--")."""
+    args = list(args)
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+class Cli(click.Group):
+    """The group: every failure of a command (its usage, bad input, the queue, files) becomes a CommandError."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["json_errors"] = _wants_json(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        as_json = ctx.meta.get("json_errors", False)
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, CommandError):
+            raise
+        except click.ClickException as exc:
+            if not as_json:
+                raise
+            raise CommandError(exc.format_message(), type(exc).__name__, exc.exit_code, True) from exc
+        except QueueError as exc:  # e.g. jobs.queue names a database that cannot be reached or is newer
+            raise CommandError(str(exc), type(exc).__name__, 1, as_json) from exc
+        except (TTSError, OSError) as exc:
+            raise CommandError(str(exc), type(exc).__name__, 2, as_json) from exc
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="Config file for every command (default $TTS_APPLIANCE_CONFIG, else the user's "
                    "~/.config/tts-appliance/config.yaml if present, else /etc/tts-appliance/config.yaml).")
@@ -130,15 +176,6 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except TTSError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except QueueError as exc:  # e.g. jobs.queue names a database that cannot be reached or is newer
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except OSError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

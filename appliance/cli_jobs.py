@@ -77,6 +77,16 @@ def _submit_each(files, send, as_json: bool) -> list[dict]:
     return results
 
 
+def _lexicon_file(path):
+    """The entries of `--lexicon FILE` (None without one)."""
+    from text.normalize.lexicon import Lexicon, LexiconError
+
+    try:
+        return dict(Lexicon.load(path).entries) if path else None
+    except LexiconError as exc:
+        fail(str(exc))
+
+
 def follow(client, job_ids: list[str], progress: bool = True) -> dict:
     """`submit --wait` with a daemon: follow the daemon's work on `job_ids` through their event streams
     (GET /v1/jobs/{id}/events) until each is finished, with one progress bar over their segments and an
@@ -141,13 +151,15 @@ def follow(client, job_ids: list[str], progress: bool = True) -> dict:
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
 @click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
+@click.option("--lexicon", type=click.Path(dir_okay=False),
+              help="Pronunciation lexicon of this job, a YAML file (word: what to say), over jobs.lexicon's.")
 @click.option("--wait", is_flag=True, help="Wait until done, with a progress bar: follows the daemon's work when "
                                          "one is configured or running, else works in this process.")
 @engine_options
 @home_option
 @json_option
-def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters, wait,
-           home, as_json, **eng):
+def submit(files, voice, language, fmt, title, author, priority, instruct, seed, max_new_tokens, speed, chapters,
+           lexicon, wait, home, as_json, **eng):
     """Queue FILES (one job per file) and print the job ids.
 
     Options not given come from the config (jobs.voice, jobs.language, jobs.instruct; a CustomVoice
@@ -161,7 +173,8 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     given = {"voice": voice, "language": language, "format": fmt, "title": title, "author": author,
              "priority": priority, "instruct": instruct, "seed": seed, "chapters": chapters, "speed": speed,
              "sampling": {"max_new_tokens": max_new_tokens} if max_new_tokens else None,
-             "model": str(Path(eng["model"]).resolve()) if eng["model"] else None}
+             "model": str(Path(eng["model"]).resolve()) if eng["model"] else None,
+             "lexicon": _lexicon_file(lexicon)}
     given = {k: v for k, v in given.items() if v is not None}
     if remote:
         _spec(given)  # e.g. a bad --chapters stops here, before anything is sent

@@ -10,14 +10,16 @@ from jobs.settings import JobSpec
 from appliance.cli_common import emit, fail, home_option, json_option, settings
 
 
-def preview_file(path: str, spec: JobSpec, configured_rate, db_path, max_bytes: int) -> dict:
+def preview_file(path: str, spec: JobSpec, configured_rate, db_path, max_bytes: int, voices=None) -> dict:
     """Ingest and segment one file as `submit` would (up to `max_bytes`: jobs.max_file_mb); its chapters
-    (all, marked when selected) and totals."""
+    (all, marked when selected), totals, and the voices its [voice=...] tags name that are not among
+    `voices` (the checkpoint's; None: not known, not checked) with the chapters naming them."""
     from jobs.errors import JobError
     from jobs.ingest import IngestOptions, load_document
     from jobs.preview import estimate, preview_chapters
     from jobs.segment import resolve_language
     from jobs.submit import SubmitError, document_chapters, precheck_file
+    from jobs.submit import unknown_voices
 
     try:
         precheck_file(Path(path))
@@ -27,8 +29,11 @@ def preview_file(path: str, spec: JobSpec, configured_rate, db_path, max_bytes: 
         chapters = preview_chapters(found, spec.speed, spec.chapters)
     except (SubmitError, JobError, ValueError) as exc:
         fail(str(exc))
+    unknown = {name: [i + 1 for i, (_, segs) in enumerate(found) if any(s.metadata.get("voice") == name for s in segs)]
+               for name in unknown_voices(found, spec, voices)}  # -> the chapters naming each
     return {"file": path, "title": spec.title or doc.title or Path(path).stem, "language": language or "auto",
-            "chapters": chapters, "total": estimate(chapters, configured_rate, db_path)}
+            "chapters": chapters, "total": estimate(chapters, configured_rate, db_path),
+            "unknown_voices": unknown, "voices": voices}
 
 
 def _minutes(seconds) -> str:
@@ -49,6 +54,9 @@ def describe_preview(p: dict) -> str:
     t = p["total"]
     if t["chapters"] < len(p["chapters"]):
         lines.append("  (-: not in --chapters)")
+    for name, numbers in p["unknown_voices"].items():
+        lines.append(f"  unknown voice {name!r} in [voice=...] tags (chapter {', '.join(map(str, numbers))}): "
+                     f"submit refuses it; available: {', '.join(p['voices'])}")
     lines.append(f"  {t['chapters']} chapters, {t['segments']} segments, {t['characters']} characters, "
                  f"about {_minutes(t['audio_s'])} of audio")
     if t["rate_source"] == "configured":
@@ -71,16 +79,22 @@ def describe_preview(p: dict) -> str:
 @json_option
 def preview(files, language, chapters, speed, home, as_json):
     """Show FILES' chapters (numbers for --chapters), segments, characters, estimated audio length and
-    synthesis time on this machine, without queueing anything.
+    synthesis time on this machine, and voices of [voice=...] tags the configured model lacks, without
+    queueing anything.
 
     Audio length assumes 15 characters a second (5 for Chinese, Japanese, Korean: the speaking rates of
     engines.model.text) plus the pauses between segments; the synthesis time uses jobs.synth_rate of the config, else the rate measured
     from the segments this spool folder has synthesized."""
+    from appliance.engine_host import voices_dir
+    from appliance.settings import catalog, checkpoint
+
     cfg = settings(home=home)
     try:
         spec = JobSpec(language=language, chapters=chapters, speed=speed)
     except ValueError as exc:
         fail(str(exc))
     db = cfg.home().db
-    out = [preview_file(f, spec, cfg.jobs.synth_rate, db, cfg.jobs.max_file_mb << 20) for f in files]
+    cat = catalog(checkpoint(cfg), voices_dir(cfg))  # the configured checkpoint's, if any
+    voices = cat.voices if cat is not None else None
+    out = [preview_file(f, spec, cfg.jobs.synth_rate, db, cfg.jobs.max_file_mb << 20, voices) for f in files]
     emit(as_json, out if len(out) > 1 else out[0], "\n\n".join(describe_preview(p) for p in out))

@@ -92,6 +92,7 @@ class JobsSection:
     ingest_wall_s: float = 300.0
     ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
     max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
+    lexicon: Optional[str] = None     # pronunciation lexicon, a YAML file (word: say this), for jobs and streams
 
 
 @dataclass
@@ -104,6 +105,7 @@ class HttpSection:
     tcp: bool = False                 # also listen on TCP (loopback only unless tcp_host says otherwise)
     tcp_host: str = "127.0.0.1"
     tcp_port: int = 8732
+    api_key: Optional[str] = None     # TCP requests need `Authorization: Bearer KEY` (the Unix socket: its mode)
     max_body_bytes: int = 64 * 1024 * 1024
     max_text_chars: int = 20000       # longest `input` for /v1/audio/speech
     read_timeout_s: float = 30.0      # a client must send its request within this
@@ -293,6 +295,14 @@ def check(cfg: Config, origin: str = "config") -> Config:
     if mode & ~0o777:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: only permission bits (e.g. 0660)")
     check_queue(cfg.jobs, origin)
+    if cfg.jobs.lexicon:
+        from text.normalize.lexicon import LexiconError
+        from text.lexicons import file_lexicon
+
+        try:
+            file_lexicon(cfg.jobs.lexicon)
+        except LexiconError as exc:
+            raise ConfigError(f"{origin}: jobs.lexicon: {exc}") from None
     return cfg
 
 
@@ -372,4 +382,6 @@ def as_dict(cfg: Config) -> dict:
            for name in SECTIONS if is_dataclass(getattr(cfg, name))}
     if cfg.jobs.queue:
         out["jobs"]["queue"] = redact(cfg.jobs.queue)  # the database password is not shown
+    if cfg.http.api_key:
+        out["http"]["api_key"] = "(set)"  # nor the API key
     return out

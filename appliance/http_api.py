@@ -1,9 +1,11 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
-    POST   /v1/audio/speech      OpenAI-compatible speech, streamed (appliance.http_speech)
+    POST   /v1/audio/speech      OpenAI-compatible speech: a whole file, streamed or SSE (appliance.http_speech)
+    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/voices            voices and languages of the loaded checkpoint
-    POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text"}
+    POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
+                                 "overwrite"}: 409 when the name is taken, unless overwrite
     DELETE /v1/voices/{name}     remove a saved cloned voice
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
                                   "parts": {...}, "down": {...}, ...}: 503 while a part is down
@@ -11,7 +13,8 @@
     /v1/jobs...                  batch jobs (appliance.http_jobs)
 
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
-must say `Content-Type: application/json` (415 otherwise). Shared pieces: appliance.http_common.
+must say `Content-Type: application/json` (415 otherwise). With http.api_key set, requests over TCP need
+`Authorization: Bearer KEY` (401 otherwise). Shared pieces: appliance.http_common.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from appliance.http_common import CTX, ApiError, decode_b64_audio, field, json_errors, read_json
+from appliance.http_common import CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key
 
 log = logging.getLogger(__name__)
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -38,7 +41,8 @@ async def list_voices(request):
 
 
 async def add_voice(request):
-    """POST /v1/voices {"name", "ref_audio" (base64), "ref_text"?} -> 201 (Base checkpoints only)."""
+    """POST /v1/voices {"name", "ref_audio" (base64), "ref_text"?, "overwrite"?} -> 201 (Base checkpoints only);
+    a name already saved: 409, unless "overwrite": true (then 200)."""
     ctx = request.app[CTX]
     data = await read_json(request)
     name = field(data, "name", str, required=True)
@@ -47,6 +51,10 @@ async def add_voice(request):
     if ctx.host.engine.model_type != "base":
         raise ApiError(400, f"reference audio needs a Base checkpoint; this one is {ctx.host.engine.model_type}")
     path = ctx.host.engine.voice_file(name)
+    replaced = path.is_file()
+    if replaced and not field(data, "overwrite", bool):
+        raise ApiError(409, f"a voice {name!r} is already saved; send \"overwrite\": true to replace it, or "
+                            f"DELETE /v1/voices/{name} first", "conflict")
     with tempfile.TemporaryDirectory(prefix="tts-voice-") as tmp:
         ref = decode_b64_audio(data, Path(tmp))
         if not ref:
@@ -55,8 +63,8 @@ async def add_voice(request):
             None, ctx.host.pool.clone_voice, ref, field(data, "ref_text", str))
     path.parent.mkdir(parents=True, exist_ok=True)
     voice.save(str(path))
-    log.info("voice %s added", name)
-    return web.json_response({"name": name}, status=201)
+    log.info("voice %s %s", name, "replaced" if replaced else "added")
+    return web.json_response({"name": name, "replaced": replaced}, status=200 if replaced else 201)
 
 
 async def delete_voice(request):
@@ -104,11 +112,11 @@ async def metrics(request):
 def make_app(ctx) -> web.Application:
     from appliance.http_jobs import add_routes as add_job_routes
     from appliance.http_live import add_routes as add_live_routes
-    from appliance.http_speech import speech
+    from appliance.http_speech import add_routes as add_speech_routes
 
-    app = web.Application(middlewares=[json_errors], client_max_size=ctx.cfg.http.max_body_bytes)
+    app = web.Application(middlewares=[json_errors, require_key], client_max_size=ctx.cfg.http.max_body_bytes)
     app[CTX] = ctx
-    app.router.add_post("/v1/audio/speech", speech)
+    add_speech_routes(app)
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", add_voice)
     app.router.add_delete("/v1/voices/{name}", delete_voice)

@@ -1,14 +1,16 @@
 """What every route of the local HTTP API shares: the app's context key, JSON errors (ApiError and
-the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), reading a
-JSON body, typed fields and base64 reference audio.
+the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), the bearer
+token of TCP requests (http.api_key), reading a JSON body, typed fields and base64 reference audio.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import hmac
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import Optional
 
@@ -62,6 +64,26 @@ async def json_errors(request: web.Request, handler):
         log.exception("%s %s failed", request.method, request.path)
         ctx.metrics.error(type(exc).__name__)
         return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
+
+
+def over_tcp(request: web.Request) -> bool:
+    """Whether the request came over a TCP listener (http.tcp), not the Unix socket."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    return sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
+
+
+@web.middleware
+async def require_key(request: web.Request, handler):
+    """http.api_key set: a request over TCP needs `Authorization: Bearer KEY` (401 otherwise). The Unix
+    socket is guarded by its file mode and group (http.mode, http.group) and needs no key."""
+    key = request.app[CTX].cfg.http.api_key
+    if key and over_tcp(request):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise ApiError(401, "this daemon wants an API key over TCP: send 'Authorization: Bearer KEY' with the "
+                                "key of http.api_key (OpenAI SDK: api_key=KEY)", "unauthorized",
+                           {"WWW-Authenticate": 'Bearer realm="tts-appliance"'})
+    return await handler(request)
 
 
 def is_json(content_type: str) -> bool:

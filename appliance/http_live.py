@@ -2,16 +2,21 @@
 a WebSocket.
 
 Client -> server, JSON text frames:
-    {"type": "session.update", "voice", "language", "instructions", "seed", "max_frames", "speed",
-     "text_mode"}  (optional, before text)
+    {"type": "session.update", "voice", "language" (a name or a BCP-47 tag: en, de-DE), "instructions",
+     "seed", "max_frames", "speed", "text_mode", "lexicon" ({"word": "what to say"}, over jobs.lexicon's)}
+     (optional, before text)
     {"type": "input_text.append", "text": "..."}
-    {"type": "input_text.end"}
+    {"type": "input_text.end"}                   no more text: what was sent is spoken, then `done`
+    {"type": "session.close"}                     (any time) stop: speech not yet sent is dropped
 Server -> client:
     {"type": "audio.start", "sample_rate": 24000, "format": "pcm_s16le"}
     binary frames: 16-bit little-endian mono PCM, as the engine makes it
     {"type": "text.done", "text": ...} after the audio of each utterance (words mode) or sentence
-    {"type": "done", "audio_seconds": x}, then the server closes
-    {"type": "error", "message": ..., "code": ...}, then the server closes
+    {"type": "done", "audio_seconds": x}, then the server closes (1000)
+    {"type": "error", "message": ..., "code": ...}, then the server closes with the reason and 1008 (bad
+        input, a client too slow or silent), 1013 (busy: try again later) or 1011 (server error)
+The server reads the socket until it closes, also while it speaks the last text, so standard keepalive
+pings (e.g. the `websockets` package's, every 20 s) are answered however long the speech takes.
 
 text_mode "words" (the default): the model's streaming-text mode (engines.runtime.text_feed). Each
 complete word goes to the model as it comes, so audio starts after the first word; when the model has
@@ -19,7 +24,8 @@ used every word it has, its row waits for more (it never ends early on slow text
 utterances of one request each: a new one starts at a sentence end after UTTERANCE_CHARS characters.
 text_mode "sentences" (and any voice cloned with its reference text, which needs whole text): each
 sentence is spoken once it is complete (`text.split.split_streamed`, as the Wyoming server
-does). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
+does). With a lexicon, text waits for the next space or punctuation mark before it is spoken (a word is
+replaced whole). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
 the other in order. Text not yet spoken is capped at http.max_text_chars; a client that sends nothing
 for http.read_timeout_s while the session waits for its text is dropped.
 """
@@ -36,16 +42,21 @@ from engines.model.errors import TTSError
 from engines.model.errors import EngineBusy
 from engines.runtime.text_feed import TextFeed
 from audio.encode import pcm16
-from audio.speed import StreamStretcher, check_speed
+from text.normalize.lexicon import LexiconError
+from text.lexicons import file_lexicon, lexicon_entries, merged
 from text.normalize import language_code
 from text.split import split_streamed
+from audio.speed import StreamStretcher, check_speed
 from jobs.submit import check_voice
 
 from appliance.http_common import CTX, ApiError, field
+from appliance.languages import model_language
 from appliance.streams import serve_stream
 
 log = logging.getLogger(__name__)
-END, GONE = object(), object()  # speaker queue sentinel; reader result when the client left
+END, GONE, CLOSE = object(), object(), object()  # speaker queue sentinel; reader results: client left, session.close
+# WebSocket close codes (RFC 6455 7.4): done, bad input or a client breaking the rules, server error, busy
+CLOSE_OK, CLOSE_POLICY, CLOSE_ERROR, CLOSE_AGAIN = 1000, 1008, 1011, 1013
 UTTERANCE_CHARS = 600  # words mode: an utterance ends at a sentence end once it holds this many characters
 UTTERANCE_MAX_CHARS = 2400  # ... or at a word boundary past this many (about 600 tokens: within one request)
 TEXT_MODES = ("words", "sentences")
@@ -58,9 +69,11 @@ class LiveSession:
     def __init__(self, ctx, ws: web.WebSocketResponse):
         self.ctx, self.ws = ctx, ws
         self.opts = {"voice": None, "language": "auto", "instructions": None, "seed": None, "max_frames": None,
-                     "speed": 1.0, "text_mode": "words"}
+                     "speed": 1.0, "text_mode": "words", "lexicon": None}
         self.words: Optional[bool] = None  # words mode, decided at the first text
         self.rest = ""  # sentences mode: text after the last complete sentence
+        self.lexicon = None  # the session's pronunciation lexicon, set at the first text
+        self.held = ""  # text not yet through the lexicon (after the last space or punctuation mark)
         self.feed: Optional[TextFeed] = None  # words mode: the utterance new text goes to
         self.text_came = asyncio.Event()  # set at every append/end (the speaker waits for a first word)
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -70,14 +83,18 @@ class LiveSession:
         self.samples = 0
         self.sample_rate = ctx.host.engine.sample_rate
         self.stretcher: Optional[StreamStretcher] = None
+        self.ended = False  # input_text.end came: only session.close may follow
+        self.close_code, self.close_reason = CLOSE_OK, ""  # how the server closes the socket
 
     async def run(self) -> None:
+        """Serve the session until it ends; `close_code` and `close_reason` say how to close the socket."""
         reader = asyncio.create_task(self._read())
         speaker = asyncio.create_task(self._speak())
         try:
             done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done and reader.result() is GONE:
-                log.info("live client went away; its speech is cancelled")
+            if reader in done:  # the client left or closed the session (an error in its messages raises here)
+                log.info("live client %s; its speech is cancelled",
+                         "went away" if reader.result() is GONE else "closed the session")
                 return
             await speaker  # raises the speaker's error; ends after END
             await self._start_audio()
@@ -85,15 +102,21 @@ class LiveSession:
                 await self._send_audio(await self._stretch(self.stretcher.finish))
             await self._send({"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)})
         except ApiError as exc:
-            await self._fail(exc.message, exc.type)
+            code = CLOSE_AGAIN if exc.type == "busy" else CLOSE_POLICY if exc.status < 500 else CLOSE_ERROR
+            await self._fail(exc.message, exc.type, code)
         except EngineBusy as exc:  # (before TTSError: it is one)
             self.ctx.metrics.error("busy")
-            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy")
+            await self._fail(f"{exc}; try again in {self.ctx.cfg.runtime.retry_after_s} s", "busy", CLOSE_AGAIN)
         except TTSError as exc:
             self.ctx.metrics.error(type(exc).__name__)
-            await self._fail(str(exc), type(exc).__name__)
+            await self._fail(str(exc), type(exc).__name__, CLOSE_POLICY)
         except (ConnectionResetError, asyncio.TimeoutError):
             log.info("live client stopped reading; its speech is cancelled")
+            self.close_code, self.close_reason = CLOSE_POLICY, "the client stopped reading"
+        except Exception as exc:  # a bug: this session ends with a server error, the daemon goes on
+            log.exception("live session failed")
+            self.ctx.metrics.error(type(exc).__name__)
+            await self._fail(f"internal error: {type(exc).__name__}", "internal_error", CLOSE_ERROR)
         finally:
             if self.feed is not None:
                 self.feed.end()
@@ -103,13 +126,14 @@ class LiveSession:
 
     # -- client messages -------------------------------------------------------------------------
     async def _read(self):
-        """Read messages until input_text.end (-> END queued) or the client leaves (-> GONE)."""
+        """Read messages (answering pings) until the client leaves (-> GONE) or sends session.close
+        (-> CLOSE); input_text.end queues END and reading goes on."""
         idle = self.ctx.cfg.http.read_timeout_s
         while True:
             try:
                 msg = await self.ws.receive(timeout=idle)
             except asyncio.TimeoutError:
-                if (self.speaking or not self.queue.empty()) and self.feed is None:
+                if self.ended or (self.speaking or not self.queue.empty()) and self.feed is None:
                     continue  # waiting for audio is not idling (an utterance waiting for words is)
                 raise ApiError(408, f"no message for {idle:g} s; send input_text.append or input_text.end",
                                "timeout") from None
@@ -120,9 +144,14 @@ class LiveSession:
                                     f"be at most {self.ctx.cfg.http.max_body_bytes} bytes")
             if msg.type != WSMsgType.TEXT:
                 raise ApiError(400, "send JSON text frames, not binary ones")
-            if self._handle(_parse(msg.data)):
+            data = _parse(msg.data)
+            if data.get("type") == "session.close":
+                return CLOSE
+            if self.ended:
+                raise ApiError(400, f"{data.get('type')!r} after input_text.end; only session.close may follow")
+            if self._handle(data):
+                self.ended = True
                 self.queue.put_nowait(END)
-                return END
 
     def _handle(self, data: dict) -> bool:
         """Apply one message; True at input_text.end."""
@@ -136,7 +165,10 @@ class LiveSession:
                     keep = key in ("language", "speed", "text_mode")
                     self.opts[key] = field(data, key, typ, self.opts[key] if keep else None)
             try:
+                self.opts["lexicon"] = lexicon_entries(data.get("lexicon", self.opts["lexicon"]), "session.update")
                 check_speed(self.opts["speed"])
+            except LexiconError as exc:
+                raise ApiError(400, str(exc)) from None
             except ValueError as exc:
                 raise ApiError(400, f"'speed': {exc}") from None
             if self.opts["text_mode"] not in TEXT_MODES:
@@ -144,9 +176,12 @@ class LiveSession:
             check_voice(self.ctx.host.engine, self.opts["voice"])  # VoiceNotFound, as the speech route says
             return False
         if kind == "input_text.append":
-            self._add(field(data, "text", str, required=True))
+            self._add(self._pronounce(field(data, "text", str, required=True)))
             return False
         if kind == "input_text.end":
+            held = self._pronounce("", final=True)
+            if held:
+                self._add(held)
             if self.feed is not None:
                 self.feed.end()
                 self.feed = None
@@ -155,8 +190,27 @@ class LiveSession:
                 self._queue(rest)
             self.text_came.set()
             return True
-        raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append "
-                            "or input_text.end")
+        raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append, "
+                            "input_text.end or session.close")
+
+    def _pronounce(self, text: str, final: bool = False) -> str:
+        """`text` through the session's lexicon; without `final`, what follows its last space or punctuation
+        mark waits for the next piece (a word is replaced whole)."""
+        if self.lexicon is None:
+            try:
+                self.lexicon = merged(file_lexicon(self.ctx.cfg.jobs.lexicon), self.opts["lexicon"])
+            except LexiconError as exc:
+                raise ApiError(400, str(exc)) from None
+        if not self.lexicon:
+            return text
+        text, self.held = self.held + text, ""
+        if not final:
+            cut = max((i + 1 for i, ch in enumerate(text) if not (ch.isalnum() or ch == "_")), default=0)
+            text, self.held = text[:cut], text[cut:]
+            if len(self.held) > self.ctx.cfg.http.max_text_chars:
+                raise ApiError(413, f"{len(self.held)} characters without a space or punctuation mark; the limit is "
+                                    f"{self.ctx.cfg.http.max_text_chars}", "too_large")
+        return self.lexicon.apply(text)
 
     def _add(self, text: str) -> None:
         limit = self.ctx.cfg.http.max_text_chars
@@ -235,7 +289,8 @@ class LiveSession:
         ctx, o = self.ctx, self.opts
         feed = item if isinstance(item, TextFeed) else None
         req = ctx.host.request("" if feed else item, voice=o["voice"] or ctx.host.default_voice(),
-                               language=o["language"], instruct=o["instructions"], seed=o["seed"],
+                               language=model_language(o["language"], ctx.host.engine.languages),
+                               instruct=o["instructions"], seed=o["seed"],
                                max_frames=o["max_frames"], text_feed=feed)
         if req is None:
             raise ApiError(400, "this Base checkpoint clones voices: name a saved voice in session.update "
@@ -268,8 +323,10 @@ class LiveSession:
     async def _send(self, event: dict) -> None:
         await asyncio.wait_for(self.ws.send_json(event), self.ctx.cfg.http.write_timeout_s)
 
-    async def _fail(self, message: str, code: str) -> None:
+    async def _fail(self, message: str, code: str, close_code: int) -> None:
+        """Send an error event; the socket is then closed with `close_code` and the message as reason."""
         log.info("live speech: %s", message)
+        self.close_code, self.close_reason = close_code, message
         try:
             await self._send({"type": "error", "message": message, "code": code})
         except (ConnectionResetError, asyncio.TimeoutError):
@@ -310,11 +367,17 @@ async def live(request: web.Request) -> web.WebSocketResponse:
         raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
     ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes)
     await ws.prepare(request)
+    session = LiveSession(ctx, ws)
     try:
-        await LiveSession(ctx, ws).run()
+        await session.run()
     finally:
-        await ws.close()
+        await ws.close(code=session.close_code, message=close_reason(session.close_reason))
     return ws
+
+
+def close_reason(text: str) -> bytes:
+    """A close frame's reason: at most 123 bytes of UTF-8 (RFC 6455 5.5), cut at a character boundary."""
+    return text.encode("utf-8")[:123].decode("utf-8", "ignore").encode("utf-8")
 
 
 def add_routes(app: web.Application) -> None:

@@ -142,13 +142,13 @@ def inbox_settings(cfg: Config) -> InboxSettings:
 
 
 def job_defaults(cfg: Config, checkpoint_catalog=None) -> dict:
-    """The spec values of jobs that name none (jobs.voice, jobs.language, jobs.instruct) fitted to the
-    checkpoint of `checkpoint_catalog` (jobs.submit.job_defaults; logged there)."""
+    """The spec values of jobs that name none (jobs.voice, jobs.language, jobs.instruct, jobs.lexicon's
+    entries) fitted to the checkpoint of `checkpoint_catalog` (jobs.submit.job_defaults; logged there)."""
     from jobs.submit import job_defaults as fitted
 
     j, c = cfg.jobs, checkpoint_catalog
     kind = c.model_type if c is not None else None
-    return fitted(j.voice, j.language, j.instruct, kind, c.voices if kind == "custom_voice" else ())
+    return fitted(j.voice, j.language, j.instruct, kind, c.voices if kind == "custom_voice" else (), j.lexicon)
 
 
 def settings(cfg: Config, instance: Optional[str] = None) -> Settings:

@@ -2,15 +2,19 @@
 
 Events handled (JSON header line + optional payload, see the `wyoming` package):
     describe                 -> info (one TtsProgram "tts-appliance", a TtsVoice per voice, with the
-                                checkpoint's languages; supports_synthesize_streaming=true)
+                                checkpoint's languages as BCP-47 tags, e.g. en, de, zh, as Home Assistant
+                                matches them; supports_synthesize_streaming=true)
     synthesize {text, voice} -> audio-start, audio-chunk... (16-bit mono PCM as made), audio-stop
+                                voice: {name, language}: a tag (en, en-US, de-DE) or a language name,
+                                else wyoming.default_language; no name: wyoming.default_voice
     synthesize-start {voice} -> begins a text stream; then
     synthesize-chunk {text}  -> text is buffered; each complete sentence is spoken at once
                                 (sentences as text.split.split_streamed finds them)
                                 (audio-start before the first audio, audio-chunk per chunk)
     synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
 Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
-while a text stream is open. Failures are answered with an `error` event (text, code).
+while a text stream is open. Failures are answered with an `error` event (text, code). The protocol
+carries no speaking speed. Text is spoken with the pronunciation lexicon of jobs.lexicon.
 """
 from __future__ import annotations
 
@@ -27,9 +31,12 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engines.model.errors import EngineBusy, TTSError
 from audio.encode import pcm16
+from text.normalize.lexicon import LexiconError
+from text.lexicons import file_lexicon
 from text.normalize import language_code
 from text.split import split_streamed
 
+from appliance.languages import language_tags, model_language
 from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
@@ -44,12 +51,13 @@ class TtsHandler(AsyncEventHandler):
         super().__init__(reader, writer)
         self.d = daemon
         self.stream_voice: Optional[str] = None
+        self.stream_language = "auto"
         self.stream_text: Optional[str] = None  # None: no text stream open
         self.audio_started = False
 
     def info(self) -> Info:
         e = self.d.host.engine
-        langs = [lang for lang in e.languages if lang != "auto"]
+        langs = language_tags(e.languages)
         names = e.voices or ["default"]
         voices = [TtsVoice(name=v, description=f"{e.model_type} voice {v}", attribution=ATTRIBUTION, installed=True,
                            version=None, languages=langs) for v in names]
@@ -61,22 +69,21 @@ class TtsHandler(AsyncEventHandler):
         if Describe.is_type(event.type):
             await self.write_event(self.info().event())
         elif SynthesizeStart.is_type(event.type):
-            start = SynthesizeStart.from_event(event)
-            self.stream_voice = start.voice.name if start.voice else None
+            self.stream_voice, self.stream_language = self.voice_of(event)
             self.stream_text, self.audio_started = "", False
         elif SynthesizeChunk.is_type(event.type):
             if self.stream_text is None:
                 await self.write_event(Error("synthesize-chunk without synthesize-start", "protocol").event())
                 return True
-            lang = language_code(self.d.cfg.wyoming.default_language) or "en"
+            lang = language_code(self.stream_language) or "en"
             text = self.stream_text + SynthesizeChunk.from_event(event).text
             sentences, self.stream_text = split_streamed(text, lang)
             for s in sentences:
-                if await self.speak(s, self.stream_voice) == DROP:
+                if await self.speak(s, self.stream_voice, self.stream_language) == DROP:
                     return False
         elif SynthesizeStop.is_type(event.type):
             rest, self.stream_text = (self.stream_text or "").strip(), None
-            result = await self.speak(rest, self.stream_voice) if rest else OK
+            result = await self.speak(rest, self.stream_voice, self.stream_language) if rest else OK
             if result == DROP:
                 return False
             await self.end_audio()
@@ -86,7 +93,7 @@ class TtsHandler(AsyncEventHandler):
                 return True  # the non-streaming copy of an open text stream
             syn = Synthesize.from_event(event)
             self.audio_started = False
-            result = await self.speak(syn.text, syn.voice.name if syn.voice else None)
+            result = await self.speak(syn.text, *self.voice_of(event))
             if result == DROP:
                 return False
             if result == OK:
@@ -95,6 +102,14 @@ class TtsHandler(AsyncEventHandler):
             log.debug("wyoming: ignoring %s", event.type)
         return True
 
+    def voice_of(self, event: Event) -> tuple[Optional[str], str]:
+        """(voice name or None, the model's language) of a synthesize or synthesize-start event. Read from
+        the event's data: the package's SynthesizeVoice drops the language when a name is given."""
+        voice = event.data.get("voice") or {}
+        voice = voice if isinstance(voice, dict) else {}
+        language = voice.get("language") or self.d.cfg.wyoming.default_language
+        return voice.get("name") or None, model_language(language, self.d.host.engine.languages)
+
     async def end_audio(self) -> None:
         e = self.d.host.engine
         if not self.audio_started:
@@ -102,14 +117,19 @@ class TtsHandler(AsyncEventHandler):
         await self.write_event(AudioStop().event())
         self.audio_started = False
 
-    async def speak(self, text: str, voice: Optional[str]) -> str:
+    async def speak(self, text: str, voice: Optional[str], language: str) -> str:
         """Stream one piece of text as audio chunks -> OK, FAILED (an error event was sent) or DROP
         (the client is gone or the daemon stops)."""
         d = self.d
         voice = voice or d.cfg.wyoming.default_voice or d.host.default_voice()
         if voice == "default" and not d.host.engine.voices:
             voice = None
-        req = d.host.request(text, voice=voice, language=d.cfg.wyoming.default_language)
+        try:
+            text = file_lexicon(d.cfg.jobs.lexicon).apply(text)
+        except LexiconError as exc:
+            await self.write_event(Error(str(exc), "lexicon").event())
+            return FAILED
+        req = d.host.request(text, voice=voice, language=language)
         if req is None:
             await self.write_event(Error("no voice: this Base checkpoint needs a saved voice", "no_voice").event())
             return FAILED

@@ -15,15 +15,24 @@ flac, mp3, opus (Ogg)
       Xing/LAME tag (decoders keep the encoder delay and padding, about 1100 samples at 24 kHz).
       libsndfile emits FLAC in 4096-sample blocks (the first audio frame after ~0.17 s of audio at
       24 kHz), MP3 frame by frame, and Ogg pages every OGG_PAGE_MS.
+aac   AAC in ADTS frames (what OpenAI's `aac` is), from an ffmpeg child fed 16-bit PCM (`FfmpegPipe`);
+      ADTS has no length header, so a stream and a whole file are the same bytes.
+
+`encode_whole(audio, sample_rate, fmt)`: one complete file with exact length headers (WAV sizes, FLAC
+totals, MP3 Xing/LAME tag: `audio.encode.encode_bytes`; aac through the same ffmpeg child).
 """
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import tempfile
 import threading
 
 import numpy as np
 
-from audio.encode import OPUS_RATES, SOUNDFILE, pcm16, wav_header
+from audio.encode import OPUS_RATES, SOUNDFILE, encode_bytes, pcm16, wav_header
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,84 @@ class ForwardSink:
         return out
 
 
+class FfmpegPipe:
+    """AAC (ADTS) from an ffmpeg child: 16-bit PCM goes to its stdin, a thread gathers what it writes to
+    stdout (so a full stdout pipe never blocks a write), `take()` hands it out."""
+
+    BITRATE = "64k"
+
+    def __init__(self, sample_rate: int):
+        ffmpeg = shutil.which("ffmpeg")
+        if not ffmpeg:
+            raise EncoderUnavailable("aac is encoded by ffmpeg, which is not installed: apt install ffmpeg, "
+                                     "or choose mp3, opus, flac, wav or pcm")
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [ffmpeg, "-hide_banner", "-v", "error", "-probesize", "32", "-analyzeduration", "0", "-f", "s16le", "-ar", str(sample_rate), "-ac", "1", "-i", "pipe:0",
+             "-c:a", "aac", "-b:a", self.BITRATE, "-f", "adts", "-flush_packets", "1", "pipe:1"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._out = bytearray()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._gather, name="ffmpeg-aac", daemon=True)
+        self._reader.start()
+
+    def _gather(self) -> None:
+        fd = self.proc.stdout.fileno()
+        while data := os.read(fd, 65536):
+            with self._lock:
+                self._out += data
+
+    def write(self, pcm: bytes) -> None:
+        try:
+            self.proc.stdin.write(pcm)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"ffmpeg (aac) stopped: {self._error()}") from None
+
+    def take(self) -> bytes:
+        with self._lock:
+            out = bytes(self._out)
+            self._out.clear()
+        return out
+
+    def finish(self) -> bytes:
+        """End of input: wait for ffmpeg to flush and exit; the last bytes."""
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self._reader.join()
+        if self.proc.wait() != 0:
+            raise RuntimeError(f"ffmpeg (aac) failed: {self._error()}")
+        self._err.close()
+        return self.take()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join()
+        for f in (self.proc.stdin, self._err):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def _error(self) -> str:
+        self._err.seek(0)
+        return self._err.read().decode(errors="replace").strip()[-500:] or f"exit status {self.proc.poll()}"
+
+
+def encode_whole(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """`audio` as one complete file in `fmt` (any format of StreamEncoder)."""
+    if fmt != "aac":
+        return encode_bytes(audio, sample_rate, fmt)
+    enc = StreamEncoder(fmt, sample_rate)
+    try:
+        return enc.push(audio) + enc.finish()
+    finally:
+        enc.close()
+
+
 def _is_placeholder_frame(frame: bytes) -> bool:
     """LAME's first frame before its Xing/LAME tag is filled in: an MPEG header then only zeros."""
     return len(frame) > 4 and frame[0] == 0xFF and frame[1] & 0xE0 == 0xE0 and not any(frame[4:])
@@ -97,16 +184,18 @@ def _is_placeholder_frame(frame: bytes) -> bool:
 
 class StreamEncoder:
     def __init__(self, fmt: str, sample_rate: int):
-        if fmt not in ("pcm", "wav") and fmt not in CODED:
-            raise ValueError(f"cannot stream {fmt!r}; formats: pcm, wav, {', '.join(CODED)}")
+        if fmt not in ("pcm", "wav", "aac") and fmt not in CODED:
+            raise ValueError(f"cannot stream {fmt!r}; formats: pcm, wav, aac, {', '.join(CODED)}")
         self.fmt, self.sample_rate = fmt, sample_rate
-        self.blocking = fmt in CODED
+        self.blocking = fmt in CODED or fmt == "aac"
         self.samples = 0
         self._lock = threading.Lock()
         self._started = self._done = False
-        self._sink = self._file = None
+        self._sink = self._file = self._pipe = None
         if fmt in CODED:
             self._open()
+        elif fmt == "aac":
+            self._pipe = FfmpegPipe(sample_rate)
 
     def _open(self) -> None:
         import soundfile as sf
@@ -141,6 +230,9 @@ class StreamEncoder:
             if self._done:
                 raise RuntimeError("push after finish/close")
             self.samples += len(audio)
+            if self._pipe is not None:
+                self._pipe.write(pcm16(audio))
+                return self._pipe.take()
             if self._file is None:
                 head = b"" if self._started or self.fmt == "pcm" else wav_header(self.sample_rate)
                 self._started = True
@@ -155,6 +247,8 @@ class StreamEncoder:
             if self._done:
                 return b""
             self._done = True
+            if self._pipe is not None:
+                return self._pipe.finish()
             if self._file is None:
                 head = b"" if self._started or self.fmt == "pcm" else wav_header(self.sample_rate)
                 self._started = True
@@ -171,6 +265,8 @@ class StreamEncoder:
             if self._done:
                 return
             self._done = True
+            if self._pipe is not None:
+                self._pipe.kill()
             if self._file is not None:
                 try:
                     self._file.close()

@@ -1,6 +1,6 @@
 """Audio files: atomic writes, click-free joins, loudness levelling, chapter and book files.
 
-Encoding by format (wav, flac, ogg, mp3, m4b) lives in `audio.encode`; `StreamedFile` writes it block by
+Encoding by format (wav, flac, opus, mp3, m4b) lives in `audio.encode`, chapter marks in `jobs.chapter_tags`; `StreamedFile` writes it block by
 block and atomically. `assemble_book` writes one file per chapter and one for the whole book. Memory
 does not grow with the book: segments are read, joined and encoded one at a time (`join_blocks`), and
 a chapter reaches the book file through an unnamed spool file on disk.
@@ -20,6 +20,7 @@ from typing import IO, Iterable, Iterator, Optional, Sequence
 import numpy as np
 import soundfile as sf
 
+from jobs.chapter_tags import write_chapter_tags
 from audio.encode import BookMeta, EncodeError, open_encoder
 
 log = logging.getLogger(__name__)
@@ -197,13 +198,14 @@ class StreamedFile:
         self._enc.write(audio)
 
     def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
-        """Finish the file (m4b: with these chapter marks) and rename it into place -> the codec
-        ("" when no audio came: no file)."""
+        """Finish the file with these chapter marks (m4b: by ffmpeg; mp3, flac, opus: tags written by
+        `jobs.chapter_tags`) and rename it into place -> the codec ("" when no audio came: no file)."""
         if self._enc is None:
             return ""
         enc, self._enc = self._enc, None
         try:
             codec = enc.close(chapters)
+            write_chapter_tags(self.tmp, self.fmt, chapters)
             put_in_place(self.tmp, self.path)
             return codec
         finally:

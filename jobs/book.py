@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -202,7 +203,7 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         state, error = "failed", (f"assembly failed: {type(exc).__name__}: {exc}; fix the cause (output folder "
                                   f"{paths.output}, free disk and memory), then `tts-appliance retry {job_id}` "
                                   "(a restart of the daemon also tries once more)")
-    job["state"], job["error"] = state, error
+    job["state"], job["error"], job["finished_at"] = state, error, time.time()
     manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate,
                               subtitles)
     try:
@@ -211,7 +212,7 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         if state != "failed":
             state, error = "failed", f"cannot write the manifest: {exc}; `tts-appliance retry {job_id}` after fixing it"
         log.warning("job %s: cannot write its manifest: %s", job_id, exc)
-    queue.finish_job(job_id, state, str(paths.output / job_id), error)
+    queue.finish_job(job_id, state, str(paths.output / job_id), error, at=job["finished_at"])
     if state != "failed":
         queue.assembly_finished(job_id)
     log.info("job %s %s%s", job_id, state, f": {error}" if error else "")

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 DEFAULT_HOME = Path("~/.local/share/tts-appliance")
-FORMATS = ("wav", "flac", "ogg", "mp3", "m4b")
+FORMATS = ("wav", "flac", "opus", "mp3", "m4b")  # the names the speech API uses too (opus: Ogg Opus)
+FORMAT_ALIASES = {"ogg": "opus"}  # earlier name, still read from stored jobs, sidecars and API specs
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ class JobSpec:
     `{"max_new_tokens": 200}`); `seed` is the base seed of every segment (a redo may give one
     segment its own seed). `chapters` selects chapters by number as `tts-appliance preview` lists
     them ("1,3-5"; None: all); `chapter_voices` maps a chapter number to its voice (e.g. {"2": "ryan"});
-    `speed` (0.5-2.0) time-stretches the book's audio, pitch kept.
+    `speed` (0.5-2.0) time-stretches the book's audio, pitch kept. `lexicon`: pronunciation entries
+    (word or phrase -> what to say, `jobs.normalize.lexicon`), the jobs.lexicon file's under the job's own.
     """
 
     voice: Optional[str] = None
@@ -141,9 +143,11 @@ class JobSpec:
     chapters: Optional[str] = None
     chapter_voices: dict = field(default_factory=dict)
     speed: float = 1.0
+    lexicon: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.format = (self.format or "flac").lower()
+        self.format = FORMAT_ALIASES.get(self.format, self.format)
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}: choose one of {', '.join(FORMATS)}")
         from audio.speed import check_speed
@@ -153,6 +157,13 @@ class JobSpec:
             self.chapters = check_chapter_ranges(str(self.chapters))
         self.chapter_voices = {str(k): str(v) for k, v in (self.chapter_voices or {}).items()}
         self.speed = check_speed(self.speed)
+        from text.normalize.lexicon import LexiconError
+        from text.lexicons import lexicon_entries
+
+        try:
+            self.lexicon = lexicon_entries(self.lexicon or None, "spec")
+        except LexiconError as exc:
+            raise ValueError(str(exc)) from None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -183,9 +194,13 @@ class JobSpec:
 
 def with_defaults(given: Optional[dict], defaults: Optional[dict]) -> dict:
     """`given` (a spec mapping as sent or read from a sidecar) with every key that is absent or None
-    taken from `defaults` (e.g. the jobs.voice / jobs.language / jobs.instruct of the settings)."""
+    taken from `defaults` (e.g. the jobs.voice / jobs.language / jobs.instruct of the settings); the
+    lexicons are merged, the given entries on top."""
     out = {k: v for k, v in (defaults or {}).items() if v is not None}
     out.update({k: v for k, v in (given or {}).items() if v is not None})
+    lexicons = [d.get("lexicon") for d in (defaults, given) if d and isinstance(d.get("lexicon"), dict)]
+    if len(lexicons) == 2:
+        out["lexicon"] = {**lexicons[0], **lexicons[1]}
     return out
 
 

@@ -74,15 +74,19 @@ def job_voices(chapters: Sequence[tuple[str, list]], spec) -> set[str]:
     return {n for n in names if n}
 
 
-def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
-    """Raise TagError naming the first voice of the job that is neither among `known` (the engine's voices)
-    nor a voice file. `known` None or empty: nothing to check against (the worker still checks)."""
+def unknown_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> list[str]:
+    """The voices a job names (job_voices) that are neither among `known` (the engine's voices) nor a voice
+    file, sorted. `known` None or empty: nothing to check against, none."""
     if not known:
-        return
-    for name in sorted(job_voices(chapters, spec)):
-        if name not in known and not Path(name).is_file():
-            raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
-                           f"available: {', '.join(sorted(known))}")
+        return []
+    return [name for name in sorted(job_voices(chapters, spec)) if name not in known and not Path(name).is_file()]
+
+
+def check_job_voices(chapters: Sequence[tuple[str, list]], spec, known: Optional[Sequence[str]]) -> None:
+    """Raise TagError naming the first unknown voice of the job (unknown_voices); the worker checks again."""
+    for name in unknown_voices(chapters, spec, known)[:1]:
+        raise TagError(f"unknown voice {name!r} (in the text's [voice=...] tags, chapter_voices or --voice); "
+                       f"available: {', '.join(sorted(known))}")
 
 
 def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int], spec) -> None:
@@ -100,12 +104,17 @@ def apply_chapter_voices(chapters: list[tuple[str, list]], numbers: Sequence[int
 
 
 def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], model_type: Optional[str] = None,
-                 speakers: Sequence[str] = ()) -> dict:
+                 speakers: Sequence[str] = (), lexicon: Optional[str] = None) -> dict:
     """The spec values a job takes when it names none (the settings' jobs.voice, jobs.language,
-    jobs.instruct), fitted to the checkpoint (`model_type`, its `speakers`: engines.catalog.Catalog):
-    a CustomVoice model without jobs.voice speaks with its first speaker (alphabetical), said in the
-    log; the instruction goes only to VoiceDesign models, the voice only to the others."""
+    jobs.instruct, and the entries of jobs.lexicon's file `lexicon`), fitted to the checkpoint (`model_type`,
+    its `speakers`: engines.catalog.Catalog): a CustomVoice model without jobs.voice speaks with its first
+    speaker (alphabetical), said in the log; the instruction goes only to VoiceDesign models, the voice only
+    to the others."""
+    from text.lexicons import file_lexicon
+
     out = {"language": language or "auto"}
+    if lexicon:
+        out["lexicon"] = dict(file_lexicon(lexicon).entries)
     if model_type == "voice_design":
         out["instruct"] = instruct
         if voice:
@@ -125,11 +134,12 @@ def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], m
 def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
     """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
     (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
+    from text.normalize.lexicon import Lexicon
     from jobs.preview import select_chapters
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
-    per_chapter = segment_document(doc, language, SegmentOptions(), None)
+    per_chapter = segment_document(doc, language, SegmentOptions(), Lexicon(spec.lexicon) if spec.lexicon else None)
     found = [(ch.title or f"Chapter {i + 1}", segs)
              for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
     if not select:

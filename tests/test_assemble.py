@@ -59,15 +59,15 @@ def test_failed_segment_is_skipped():
     assert spans[1] is None and audio.size == 2 * int(SR * 0.5)
 
 
-@pytest.mark.parametrize("fmt", ["wav", "flac", "ogg", "mp3"])
+@pytest.mark.parametrize("fmt", ["wav", "flac", "opus", "mp3"])
 def test_formats_readable_with_right_duration(tmp_path, fmt):
     if fmt == "mp3" and "MP3" not in sf.available_formats():
         pytest.skip("this libsndfile cannot write MP3")
     chapters = [("Opening", PIECES), ("The End", PIECES[:2])]
     book, outs, codec = assemble_book(tmp_path, chapters, SR, fmt, BookMeta(title="My Book", author="A. Writer"))
     assert book.name == f"My Book.{fmt}" and book.is_file()
-    if fmt == "ogg":
-        assert codec in ("OPUS", "VORBIS")
+    if fmt == "opus":
+        assert codec == "OPUS"
     data, sr = sf.read(str(book))
     tol = 0.001 if fmt in ("wav", "flac") else 0.12  # lossy codecs pad a little
     assert data.shape[0] / sr == pytest.approx(outs[-1].end_s, abs=tol)
@@ -92,6 +92,43 @@ def test_m4b_has_chapters_and_metadata(tmp_path):
     assert info["format"]["tags"]["title"] == "My Book" and info["format"]["tags"]["artist"] == "A. Writer"
     assert float(info["format"]["duration"]) == pytest.approx(outs[-1].end_s, abs=0.1)
     assert any(s.get("disposition", {}).get("attached_pic") for s in info["streams"])
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "flac", "opus"])
+def test_book_files_carry_chapter_marks(tmp_path, fmt):
+    """mp3: ID3 CHAP frames under a CTOC; flac and opus: CHAPTERnnn / CHAPTERnnnNAME comments (mutagen)."""
+    import mutagen
+
+    if fmt == "mp3" and "MP3" not in sf.available_formats():
+        pytest.skip("this libsndfile cannot write MP3")
+    chapters = [("Opening", PIECES), ("The End", PIECES[:2])]
+    book, outs, _ = assemble_book(tmp_path, chapters, SR, fmt, BookMeta(title="My Book", author="A. Writer"))
+    tags = mutagen.File(book).tags
+    if fmt == "mp3":
+        chaps = sorted(tags.getall("CHAP"), key=lambda c: c.start_time)
+        assert [c.sub_frames["TIT2"].text[0] for c in chaps] == ["Opening", "The End"]
+        assert [(c.start_time, c.end_time) for c in chaps] == [(round(o.start_s * 1000), round(o.end_s * 1000))
+                                                               for o in outs]
+        [toc] = tags.getall("CTOC")
+        assert toc.child_element_ids == [c.element_id for c in chaps]
+    else:
+        assert tags["CHAPTER001NAME"] == ["Opening"] and tags["CHAPTER002NAME"] == ["The End"]
+        assert tags["CHAPTER001"] == ["00:00:00.000"]
+        start = round(outs[1].start_s * 1000)
+        assert tags["CHAPTER002"] == [f"00:00:{start // 1000:02d}.{start % 1000:03d}"]
+        assert tags["TITLE"] == ["My Book"]  # the tags libsndfile wrote stay
+    data, sr = sf.read(str(book))  # still a playable file of the same length
+    assert data.shape[0] / sr == pytest.approx(outs[-1].end_s, abs=0.12)
+    chapter_file = mutagen.File(outs[0].path).tags  # a chapter's own file has no marks
+    assert not (chapter_file and (chapter_file.getall("CHAP") if fmt == "mp3" else "CHAPTER001" in chapter_file))
+
+
+def test_job_format_names_match_the_speech_api():
+    from appliance.http_speech import FORMATS as API
+    from jobs.settings import FORMATS, JobSpec
+
+    assert set(FORMATS) - {"m4b"} <= set(API)  # one name per format: opus is Ogg Opus in both
+    assert JobSpec(format="ogg").format == "opus"  # the earlier name, in stored jobs and sidecars
 
 
 def test_m4b_without_ffmpeg_says_what_to_do(tmp_path, monkeypatch):

@@ -180,3 +180,9 @@ def test_group_config_reaches_every_command(tmp_path):
     assert r.exit_code == 1 and "no such config file" in r.output, r.output
     r = CliRunner().invoke(cli, ["--config", str(cfg), "daemon", "--print-config"], env=env)
     assert r.exit_code == 0 and json.loads(r.output)["jobs"]["home"] == str(home), r.output
+
+
+def test_the_api_key_is_not_shown():
+    cfg = resolve(environ={"TTS_APPLIANCE_HTTP__API_KEY": "s3cret"})
+    assert cfg.http.api_key == "s3cret"
+    assert as_dict(cfg)["http"]["api_key"] == "(set)" and "s3cret" not in json.dumps(as_dict(cfg))

@@ -21,7 +21,9 @@ pytestmark = needs_daemon
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
     (tmp / "allowed").mkdir()
-    cfg = base_config(tmp, jobs={"allowed_dirs": [str(tmp / "allowed")], "watch": False},
+    (tmp / "words.yaml").write_text("Charlie: Delta\n")
+    cfg = base_config(tmp, jobs={"allowed_dirs": [str(tmp / "allowed")], "watch": False,
+                                 "lexicon": str(tmp / "words.yaml")},
                       http={"max_body_bytes": 65536, "max_text_chars": 500})
     d = Daemon(tmp, cfg).start()
     yield d
@@ -40,11 +42,13 @@ def test_health_and_voices(daemon):
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
-def test_speech_formats_as_complete_files(daemon, fmt):
-    """stream=false: one complete file with exact length headers (streaming: test_daemon_stream_formats)."""
-    status, body, headers = daemon.post("/v1/audio/speech", speech(response_format=fmt, stream=False))
+@pytest.mark.parametrize("stream", [False, None])
+def test_speech_formats_as_complete_files(daemon, fmt, stream):
+    """No stream (the default), or false: one complete file with exact length headers (streaming:
+    test_daemon_stream_formats)."""
+    status, body, headers = daemon.post("/v1/audio/speech", speech(response_format=fmt, stream=stream))
     assert status == 200, body
-    assert int(headers["Content-Length"]) == len(body)
+    assert int(headers["Content-Length"]) == len(body) and "Transfer-Encoding" not in headers
     audio, sr = sf.read(io.BytesIO(body))
     assert sr in (24000, 48000) and len(audio) > 0
 
@@ -67,6 +71,18 @@ def test_same_seed_same_audio(daemon):
     assert a == b
 
 
+def test_speech_is_spoken_with_the_lexicon(daemon):
+    """jobs.lexicon's file (Charlie: Delta), and a request's own entries over it: with the same seed, the
+    audio of the replaced text."""
+    def pcm(text, **kw):
+        status, body, _ = daemon.post("/v1/audio/speech", speech(input=text, response_format="pcm", **kw))
+        assert status == 200, body
+        return body
+
+    assert pcm("Charlie.") == pcm("Delta.") != pcm("Echo.")
+    assert pcm("Charlie.", lexicon={"Charlie": "Echo"}) == pcm("Echo.")
+
+
 @pytest.mark.parametrize("body,status,needle", [
     (b"{not json", 400, "not valid JSON"),
     (b"[1, 2]", 400, "JSON object"),
@@ -75,7 +91,9 @@ def test_same_seed_same_audio(daemon):
     (json.dumps({"input": "Hi.", "voice": "bob"}).encode(), 400, "available: dylan"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "response_format": "aiff"}).encode(), 400, "response_format"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "seed": "x"}).encode(), 400, "'seed' must be"),
-    (json.dumps({"input": "Hi.", "voice": "ryan", "stream_format": "sse"}).encode(), 400, "stream_format 'audio'"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "stream_format": "xml"}).encode(), 400, "choose audio"),
+    (json.dumps({"input": "Hi.", "voice": 3}).encode(), 400, "'voice' must be"),
+    (json.dumps({"input": "Hi.", "voice": "ryan", "lexicon": ["Hi"]}).encode(), 400, "'lexicon' must map words"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "stream": "yes"}).encode(), 400, "'stream' must be"),
     (json.dumps({"input": "Hi.", "voice": "ryan", "ref_audio": "%%%"}).encode(), 400, "base64"),
     (json.dumps({"input": "x" * 600, "voice": "ryan"}).encode(), 413, "limit is 500"),

@@ -1,5 +1,5 @@
-"""Streamed speech in every format over the daemon's real Unix socket: by default the encoded audio
-arrives chunk by chunk while the engine is still synthesizing, the joined bytes decode to the same
+"""Streamed speech in every format over the daemon's real Unix socket: with "stream": true the encoded
+audio arrives chunk by chunk while the engine is still synthesizing, the joined bytes decode to the same
 length as the PCM answer (within codec padding), and a client leaving mid-stream frees its slot."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def daemon(tmp_path_factory):
 
 def body(**kw) -> dict:
     return {"model": "tts-1", "input": "Streaming speech, piece by piece.", "voice": "ryan", "seed": 3,
-            "max_frames": FRAMES, **kw}
+            "max_frames": FRAMES, "stream": True, **kw}
 
 
 def engine(d):
@@ -89,7 +89,7 @@ def reference(daemon):
                                  pytest.param("mp3", marks=needs_ffmpeg), pytest.param("opus", marks=needs_ffmpeg)])
 def test_format_streams_while_synthesizing_and_decodes(daemon, reference, fmt):
     busy = []
-    r, pieces = timed_stream(daemon, body(response_format=fmt),  # no "stream": streaming is the default
+    r, pieces = timed_stream(daemon, body(response_format=fmt),
                              on_first=lambda: busy.append(engine(daemon)["active_slots"]))
     assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked"
     assert busy == [1], "the first encoded bytes must arrive while the engine is still synthesizing"
@@ -136,6 +136,8 @@ def test_disconnect_mid_stream_frees_the_slot(daemon, fmt):
 
 
 def test_null_fields_mean_the_defaults(daemon):
+    """No stream (as the OpenAI SDK sends): one complete mp3 with its length."""
     r, pieces = timed_stream(daemon, body(response_format=None, stream=None, stream_format=None, max_frames=4))
     assert r.status == 200 and r.getheader("Content-Type") == "audio/mpeg"
-    assert r.getheader("Transfer-Encoding") == "chunked" and pieces
+    assert r.getheader("Transfer-Encoding") is None
+    assert int(r.getheader("Content-Length")) == sum(len(b) for _, b in pieces) > 0

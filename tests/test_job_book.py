@@ -81,6 +81,8 @@ def test_chapters_are_written_as_they_complete_and_equal_a_fresh_assembly(tmp_pa
     _store(paths, q, rest)
     assert assemble_job(q, paths, job_id, book=book) == "done"
     followed = _book_audio(paths, job_id)
+    finished = followed[2]["job"]["finished_at"]  # the manifest says when the job finished, as the queue does
+    assert finished is not None and finished == q.job(job_id)["finished_at"]
     assert assemble_job(q, paths, job_id) == "done"  # from scratch, over the same files
     fresh = _book_audio(paths, job_id)
     assert np.array_equal(followed[0], fresh[0]) and followed[0].size > SR

@@ -25,9 +25,9 @@ def daemon(tmp_path_factory):
     assert d.stop() == 0
 
 
-async def session(daemon, steps, timeout=60.0):
+async def session(daemon, steps, timeout=60.0, closed=None):
     """Run `steps(ws, events)` against the live route; returns the list of events (dicts, and bytes for
-    audio) the server sent until it closed."""
+    audio) the server sent until it closed (`closed`, a dict: gets the close `code` and `reason`)."""
     import aiohttp
 
     events: list = []
@@ -35,11 +35,16 @@ async def session(daemon, steps, timeout=60.0):
         async with http.ws_connect("http://localhost/v1/audio/speech/live") as ws:
 
             async def collect():
-                async for msg in ws:
+                while True:
+                    msg = await ws.receive()
                     if msg.type == aiohttp.WSMsgType.BINARY:
                         events.append(msg.data)
                     elif msg.type == aiohttp.WSMsgType.TEXT:
                         events.append(json.loads(msg.data))
+                    else:  # the server's close frame (then CLOSED), or the connection's end
+                        if msg.type == aiohttp.WSMsgType.CLOSE and closed is not None:
+                            closed.update(code=msg.data, reason=msg.extra)
+                        return
 
             reader = asyncio.create_task(collect())
             await steps(ws, events)
@@ -120,6 +125,38 @@ def test_text_in_pieces_is_spoken_sentence_by_sentence(daemon):
     pcm_of(events)
 
 
+def test_a_language_tag_is_the_model_language(daemon):
+    async def steps(ws, events):
+        await ws.send_json({"type": "session.update", "voice": "ryan", "language": "de-DE"})
+        await ws.send_json({"type": "input_text.append", "text": "Guten Tag."})
+        await ws.send_json({"type": "input_text.end"})
+
+    events = asyncio.run(session(daemon, steps))
+    assert kinds_of(events)[-1] == "done", events[-1]
+    pcm_of(events)
+
+
+def test_the_session_lexicon_replaces_whole_words(daemon):
+    """session.update's lexicon: a word split over appends is replaced whole; the same seed speaks the replaced
+    text (sentences mode: one request per sentence, so the audio compares)."""
+    async def speak(pieces, **update):
+        async def steps(ws, events):
+            await ws.send_json({"type": "session.update", "voice": "ryan", "seed": 1, **update})
+            for piece in pieces:
+                await ws.send_json({"type": "input_text.append", "text": piece})
+            await ws.send_json({"type": "input_text.end"})
+        return await session(daemon, steps)
+
+    lex = {"lexicon": {"Alpha": "Bravo"}}
+    words = asyncio.run(speak(["Alp", "ha the", "re"], **lex))
+    spoken = [e["text"] for e in words if isinstance(e, dict) and e["type"] == "text.done"]
+    assert " ".join(spoken).split() == ["Bravo", "there"], spoken
+    sentences = {"text_mode": "sentences"}
+    replaced = pcm_of(asyncio.run(speak(["Alpha there."], **sentences, **lex)))
+    assert replaced == pcm_of(asyncio.run(speak(["Bravo there."], **sentences)))
+    assert replaced != pcm_of(asyncio.run(speak(["Alpha there."], **sentences)))
+
+
 def test_speed_shortens_the_audio(daemon):
     async def speak(speed):
         async def steps(ws, events):
@@ -133,13 +170,17 @@ def test_speed_shortens_the_audio(daemon):
     assert fast == pytest.approx(normal / 2, rel=0.15)
 
 
-def run_bad(daemon, messages):
+def run_bad(daemon, messages, close_code=1008):
+    """Send `messages`: the session must end with an error event, then a close with `close_code` and the
+    error's message as its reason; returns the message."""
     async def steps(ws, events):
         for m in messages:
             await (ws.send_str(m) if isinstance(m, str) else ws.send_json(m))
 
-    events = asyncio.run(session(daemon, steps, timeout=20.0))
+    closed = {}
+    events = asyncio.run(session(daemon, steps, timeout=20.0, closed=closed))
     assert events and events[-1]["type"] == "error", events
+    assert closed["code"] == close_code and closed["reason"] == events[-1]["message"][:123], closed
     return events[-1]["message"]
 
 
@@ -156,9 +197,77 @@ def test_flood_is_an_error_event(daemon):
 @pytest.mark.parametrize("message,needle", [
     ("{nope", "not valid JSON"), (json.dumps({"type": "speak"}), "unknown message type 'speak'"),
     (json.dumps({"type": "session.update", "speed": 3}), "'speed'"),
-    (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences")])
+    (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences"),
+    (json.dumps({"type": "session.update", "lexicon": {"a": 1}}), "'lexicon' must map words")])
 def test_bad_messages_are_error_events(daemon, message, needle):
     assert needle in run_bad(daemon, [message])
+
+
+def test_text_held_for_the_lexicon_is_capped(daemon):
+    msg = run_bad(daemon, [{"type": "session.update", "lexicon": {"a": "b"}},
+                           {"type": "input_text.append", "text": "x" * (LIMIT + 1)}])
+    assert f"{LIMIT + 1} characters without a space or punctuation mark; the limit is {LIMIT}" in msg
+
+
+def test_text_after_the_end_is_an_error_event(daemon):
+    msg = run_bad(daemon, [{"type": "input_text.append", "text": "Hi."}, {"type": "input_text.end"},
+                           {"type": "input_text.append", "text": "More."}])
+    assert "'input_text.append' after input_text.end" in msg
+
+
+def test_default_keepalive_survives_a_long_session(daemon):
+    """The `websockets` client pings (every 20 s by default; 0.25 s here, so that the speech outlasts it):
+    the server answers while it speaks the text sent before input_text.end, and the session ends with `done`
+    and 1000. (The server used to stop reading at input_text.end: the client then closed with 1011.)"""
+    from websockets.asyncio.client import unix_connect
+
+    sentences = " ".join(f"Part {i}." for i in range(30))  # one request each, capped at model.max_frames (4)
+
+    async def go():
+        events = []
+        async with unix_connect(daemon.socket, "ws://localhost/v1/audio/speech/live", ping_interval=0.25,
+                                ping_timeout=2.0) as ws:
+            await ws.send(json.dumps({"type": "session.update", "voice": "ryan", "seed": 1, "text_mode": "sentences"}))
+            await ws.send(json.dumps({"type": "input_text.append", "text": sentences}))
+            await ws.send(json.dumps({"type": "input_text.end"}))
+
+            async def collect():  # ends at the server's close; ConnectionClosedError if it was not 1000
+                async for msg in ws:
+                    events.append(json.loads(msg) if isinstance(msg, str) else msg)
+
+            reader = asyncio.create_task(collect())
+            await asyncio.wait_for(await ws.ping(), 30)  # answered while the server still speaks
+            spoken_at_pong = kinds_of(events).count("text.done")
+            await asyncio.wait_for(reader, 60)
+            return events, spoken_at_pong, ws.close_code
+
+    events, spoken_at_pong, code = asyncio.run(go())
+    assert kinds_of(events)[-1] == "done" and code == 1000, (kinds_of(events), code)
+    assert kinds_of(events).count("text.done") == 30
+    assert spoken_at_pong < 30, "the pong must come while the server speaks, not after it"
+    pcm_of(events)
+
+
+def test_session_close_stops_the_speech(daemon):
+    """session.close, also while the last text is spoken: the server stops (its request is cancelled) and
+    closes with 1000, without `done`."""
+    closed = {}
+
+    async def steps(ws, events):
+        await ws.send_json({"type": "session.update", "voice": "ryan", "seed": 1})
+        await ws.send_json({"type": "input_text.append", "text": "word " * 50})
+        await ws.send_json({"type": "input_text.end"})
+        await wait_for(events, lambda e: isinstance(e, bytes))
+        await ws.send_json({"type": "session.close"})
+
+    events = asyncio.run(session(daemon, steps, closed=closed))
+    assert closed["code"] == 1000 and "done" not in kinds_of(events), (closed, kinds_of(events))
+    for _ in range(100):
+        health = daemon.get("/health")[1]
+        if health["engine"]["active_slots"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["engine"]["active_slots"] == 0, health
 
 
 def test_silent_client_is_dropped_and_others_go_on(daemon):
@@ -224,3 +333,38 @@ def test_words_arriving_while_an_utterance_ends_go_to_the_next_one():
     assert first.ended and first.text == "one two three "
     assert more is live.feed and not more.ended and more.text == "two three four "
     assert sent == [{"type": "text.done", "text": "one"}]
+
+
+def test_a_server_error_closes_with_1011():
+    """A bug while speaking ends that session with an error event and close code 1011 (not 1000)."""
+    from types import SimpleNamespace
+
+    from aiohttp import WSMsgType
+
+    from appliance.http_live import LiveSession
+
+    class FakeSocket:
+        def __init__(self, messages):
+            self.messages, self.sent = list(messages), []
+
+        async def receive(self, timeout=None):
+            if self.messages:
+                return SimpleNamespace(type=WSMsgType.TEXT, data=json.dumps(self.messages.pop(0)))
+            await asyncio.sleep(3600)
+
+        async def send_json(self, event):
+            self.sent.append(event)
+
+    class Session(LiveSession):
+        async def _speak_one(self, item):
+            raise RuntimeError("a bug")
+
+    cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0, read_timeout_s=5.0),
+                          jobs=SimpleNamespace(lexicon=None))
+    host = SimpleNamespace(engine=SimpleNamespace(sample_rate=24000, streams_text=lambda voice: False),
+                           default_voice=lambda: "vivian")
+    ws = FakeSocket([{"type": "input_text.append", "text": "Hello there."}, {"type": "input_text.end"}])
+    live = Session(SimpleNamespace(cfg=cfg, host=host, metrics=SimpleNamespace(error=lambda kind: None)), ws)
+    asyncio.run(live.run())
+    assert ws.sent == [{"type": "error", "message": "internal error: RuntimeError", "code": "internal_error"}]
+    assert (live.close_code, live.close_reason) == (1011, "internal error: RuntimeError")

@@ -20,7 +20,7 @@ def engines(d: Daemon) -> list[dict]:
 
 def open_stream(d: Daemon, frames: int) -> socket.socket:
     """A pcm stream on a raw socket, returned once its first audio arrived (so it holds a slot)."""
-    body = json.dumps({"input": "A long text to read aloud. " * 4, "voice": "ryan", "response_format": "pcm",
+    body = json.dumps({"input": "A long text to read aloud. " * 4, "voice": "ryan", "response_format": "pcm", "stream": True,
                        "max_frames": frames}).encode()
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(30)

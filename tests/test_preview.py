@@ -3,6 +3,7 @@ the sidecar's and the API spec's `chapters`)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +16,8 @@ from jobs.preview import measured_rate, select_chapters
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths
 from jobs.submit import document_chapters, submit_file
+
+TINY = Path(__file__).parent / "data" / "tiny"
 
 BOOK = """# The Start
 
@@ -41,6 +44,21 @@ def book(tmp_path):
 
 def run(*args, env=None):
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_preview_flags_voices_the_model_lacks(tmp_path):
+    """[voice=...] tags naming a voice the configured checkpoint lacks are flagged (submit would refuse them)."""
+    path = tmp_path / "tags.md"
+    path.write_text(BOOK.replace("The middle chapter", "[voice=bob]The middle chapter").replace(
+        "The end comes", "[voice=ryan]The end[/voice] [voice=bob]comes"))
+    env = {"TTS_APPLIANCE_MODEL": str(TINY / "cv_small")}
+    p = json.loads(run("preview", str(path), "--home", str(tmp_path / "home"), "--json", env=env).output)
+    assert p["unknown_voices"] == {"bob": [2, 3]} and "ryan" in p["voices"]
+    text = run("preview", str(path), "--home", str(tmp_path / "home"), env=env).output
+    assert "unknown voice 'bob' in [voice=...] tags (chapter 2, 3): submit refuses it; available: dylan" in text
+    clean = json.loads(run("preview", str(path), "--home", str(tmp_path / "home"), "--json",
+                           env={"TTS_APPLIANCE_MODEL": None}).output)
+    assert clean["unknown_voices"] == {} and clean["voices"] is None  # no model configured: not checked
 
 
 def test_preview_lists_chapters_with_sizes_and_estimates(tmp_path, book):

@@ -85,7 +85,7 @@ def daemon(tmp_path_factory):
 
 def _stream(daemon, **kw):
     body = {"model": "tts-1", "input": "Hello there.", "voice": "ryan", "max_frames": 24, "seed": 1,
-            "response_format": "pcm", **kw}
+            "response_format": "pcm", "stream": True, **kw}
     c = daemon.conn()
     c.request("POST", "/v1/audio/speech", body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()

@@ -167,6 +167,22 @@ def test_configured_socket_that_is_missing_or_refused_is_an_error(tmp_path):
     assert not (home / "queue.db").exists(), "nothing may be queued in the user's own spool folder"
 
 
+@pytest.mark.parametrize("args,env,code,kind,needle", [
+    (["status", "nope"], {}, 1, "ClickException", "no job 'nope'"),  # a command's own failure
+    (["list"], {"TTS_APPLIANCE_SOCKET": "/nonexistent/api.sock"}, 1, "ClickException", "no such socket"),
+    (["submit"], {}, 2, "MissingParameter", "Missing argument 'FILES"),  # click's usage errors too
+    (["logs", "x"], {"TTS_APPLIANCE_JOBS__QUEUE": "postgresql://nobody@127.0.0.1:1/none"}, 1, "QueueError", "127.0.0.1"),
+])
+def test_json_errors_are_json(tmp_path, args, env, code, kind, needle):
+    """With --json, a failure is a JSON object on stdout (and the exit status), not a line of text."""
+    r = cli([*args, "--home", str(tmp_path / "home"), "--json"], env=env)
+    assert r.exit_code == code, r.output
+    err = json.loads(r.stdout)["error"]
+    assert err["type"] == kind and needle in err["message"] and err["exit_code"] == code, err
+    text = cli([*args, "--home", str(tmp_path / "home")], env=env)  # without: the message as text on stderr
+    assert text.exit_code == code and needle in text.stderr and not text.stdout.strip(), text.output
+
+
 def test_announced_daemon_alive_but_unreachable_is_an_error(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

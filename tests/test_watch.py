@@ -87,7 +87,8 @@ def test_sidecar_yaml_honoured(env):
     _ticks(w, 1.0)
     [job] = q.jobs()
     spec = json.loads(job["spec"])
-    assert (spec["voice"], spec["language"], spec["format"], spec["title"]) == ("vivian", "english", "ogg", "Side Car")
+    # format: the earlier name ogg is stored as opus, as the speech API names Ogg Opus
+    assert (spec["voice"], spec["language"], spec["format"], spec["title"]) == ("vivian", "english", "opus", "Side Car")
     assert job["title"] == "Side Car"
     assert (paths.processing / "novel.yaml").exists() and not (paths.inbox / "novel.yaml").exists()
 

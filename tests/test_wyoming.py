@@ -48,7 +48,41 @@ def test_describe_lists_voices_and_languages(daemon):
     assert prog.supports_synthesize_streaming
     names = {v.name for v in prog.voices}
     assert {"ryan", "vivian"} <= names
-    assert "english" in prog.voices[0].languages
+    # BCP-47 tags, as Home Assistant matches a pipeline's language (en-US) against them; names score no match
+    for voice in prog.voices:
+        assert {"en", "de", "zh", "fr"} <= set(voice.languages) and "english" not in voice.languages, voice
+
+
+@pytest.mark.parametrize("language", ["en", "en-US", "de-DE", "German"])
+def test_synthesize_takes_the_language_tags_home_assistant_sends(daemon, language):
+    """Home Assistant names a language (no voice): the tag is the model's language, spoken by the default voice."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(language=language)).event())
+            return await collect(c, "audio-stop")
+
+    types = [e.type for e in run(go())]
+    assert types[0] == "audio-start" and "audio-chunk" in types
+
+
+def test_a_language_the_model_lacks_is_an_error_event(daemon):
+    """The language is used, not ignored: one the checkpoint lacks is refused, naming those it has."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.error import Error
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(SynthesizeStart(voice=SynthesizeVoice(language="sw-KE")).event())
+            await c.write_event(SynthesizeChunk(text="Habari. ").event())
+            await c.write_event(SynthesizeStop().event())
+            return await collect(c, "error")
+
+    err = Error.from_event(run(go())[-1])
+    assert err.code == "LanguageNotSupported" and "'sw-KE'" in err.text and "english" in err.text, err
 
 
 def test_synthesize_gives_audio_start_chunks_stop(daemon):
@@ -128,3 +162,25 @@ def test_a_client_closing_mid_event_is_one_info_line(daemon):
     assert "INFO appliance.wyoming_server: wyoming client closed the connection mid-event (5 of" in log, log[-2000:]
     assert "wyoming connection failed" not in log and "IncompleteReadError" not in log
     test_describe_lists_voices_and_languages(daemon)  # still serving
+
+
+def test_text_is_spoken_with_the_config_lexicon(tmp_path):
+    """jobs.lexicon's file applies to Wyoming's text too (what reaches the engine is the replaced text)."""
+    from types import SimpleNamespace
+
+    from appliance.wyoming_server import TtsHandler
+
+    (tmp_path / "words.yaml").write_text("Qwen: chwen\n")
+    asked, sent = [], []
+    host = SimpleNamespace(engine=SimpleNamespace(voices=["ryan"], languages=["auto", "english"]),
+                           default_voice=lambda: "ryan", request=lambda text, **kw: asked.append(text))  # None: refused
+    cfg = SimpleNamespace(wyoming=SimpleNamespace(default_voice=None, default_language="auto"),
+                          jobs=SimpleNamespace(lexicon=str(tmp_path / "words.yaml")))
+    handler = TtsHandler(SimpleNamespace(cfg=cfg, host=host), None, None)
+
+    async def write_event(event):
+        sent.append(event)
+
+    handler.write_event = write_event
+    assert run(handler.speak("Qwen speaks.", "ryan", "english")) == "failed"
+    assert asked == ["chwen speaks."] and sent[0].type == "error"

@@ -115,9 +115,11 @@ class Records:
                AND (j.assembly_worker IS NULL OR j.assembly_expires < ?)
                ORDER BY j.priority DESC, j.created_at""", [_now()])]
 
-    def finish_job(self, job_id: str, state: str, output_dir: Optional[str] = None, error: Optional[str] = None):
+    def finish_job(self, job_id: str, state: str, output_dir: Optional[str] = None, error: Optional[str] = None,
+                   at: Optional[float] = None):
+        """End a job in `state` (its finished_at: `at`, e.g. the time its manifest says; default now)."""
         assert state in TERMINAL, state
-        now = _now()
+        now = _now() if at is None else at
         with self.tx() as c:
             c.execute("""UPDATE jobs SET state = ?, output_dir = COALESCE(?, output_dir), error = ?,
                          assembly_worker = NULL, assembly_expires = NULL, updated_at = ?, finished_at = ?
