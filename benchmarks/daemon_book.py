@@ -64,7 +64,7 @@ async def measure(args, res: dict) -> None:
                  "wall_s": round(wall, 2), "first_segment_s": None if first is None else round(first, 2),
                  "audio_s_per_s": None if not audio else round(audio / wall, 1),
                  "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps")}
-                             for e in (health or {}).get("engines", [])] if isinstance(health, dict) else None}
+                             for e in health.get("engine", {}).get("engines", [])] if isinstance(health, dict) else None}
         if job["state"] != "done":
             res["error"] = f"the book ended {job['state']} ({job['done']}/{job['total']} segments)"
         res["levels"].append(level)

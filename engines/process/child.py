@@ -11,6 +11,7 @@ stats every STATS_S), so the loop only appends to a list.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -218,6 +219,7 @@ def main(argv: list[str]) -> int:
         log.debug("start-up failure", exc_info=True)
         conn.send_bytes(wire.pack("start_failed", one_line(exc)))
         return 1
+    gc.freeze()  # what start-up made (modules, graphs, weights' wrappers) is never scanned again: no long GC pauses
     conn.send_bytes(wire.pack("ready", {"settings": runner.settings, "sample_rate": runner.sample_rate,
                                         "model_id": runner.model_id, "max_slots": runner.cfg.max_slots,
                                         "max_queue": runner.cfg.max_queue, "pid": os.getpid(),
