@@ -5,7 +5,9 @@
             ...                                   # encode and send it
         stream.outcome = "ok"
 
-Admission (refused while the daemon stops, `ShuttingDown`; `EngineBusy` when every engine's queue is
+Any text is spoken whole: text longer than one request speaks goes as pieces at sentence ends, one after
+the other into the same stream, the next prefilled while the one before plays. Admission (refused while the
+daemon stops, `ShuttingDown`; `EngineBusy` when every engine's queue is
 full, also when the engine refuses it before its first audio), the request tracked while it runs (the
 daemon cancels what is left at shutdown), cancelled when the route leaves early (client gone, error), and
 counted once in the metrics under its route with its outcome: ok, busy, bad_request, slow_client,
@@ -27,34 +29,81 @@ class ShuttingDown(EngineBusy):
     """The daemon is stopping: it takes no new streams."""
 
 
-class Stream:
-    """A streamed request being served: its engine handle, and the outcome the route reports."""
+PIECE_CHARS = 400  # the most text one request speaks: longer input goes as pieces, one after the other
+NEXT_PIECE_WAIT_S = 30.0  # how long a started stream waits for room for its next piece (busy engines)
 
-    def __init__(self, daemon, handle):
-        self.daemon, self.handle = daemon, handle
+
+def split_request(request) -> list:
+    """`request` as the requests that speak it whole: its text in pieces of at most PIECE_CHARS ending at
+    sentence ends (text.split.pieces), each within one request's context; a short text or text still
+    arriving (a feed) stays one request."""
+    from dataclasses import replace
+
+    from text.normalize import language_code
+    from text.split import pieces
+
+    if request.text_feed is not None or len(request.text) <= PIECE_CHARS:
+        return [request]
+    parts = pieces(request.text, language_code(request.language) or "en", PIECE_CHARS)
+    return [replace(request, text=p) for p in parts] or [request]
+
+
+class Stream:
+    """A streamed request being served: its pieces' engine handles (the first, then each next one submitted
+    while the one before plays, so it is prefilled by the time it is heard), and the outcome the route
+    reports."""
+
+    def __init__(self, daemon, requests: list, first):
+        self.daemon, self.requests, self.handles = daemon, requests, [first]
         self.outcome = "cancelled"  # until the route says otherwise
+
+    @property
+    def handle(self):
+        return self.handles[0]
 
     @property
     def sample_rate(self) -> int:
         return self.handle.sample_rate
 
-    def chunks(self):
-        """The request's PCM chunks (float32), from asyncio; raises its error at the end."""
-        return self.daemon.host.aiter_chunks(self.handle)
+    async def chunks(self):
+        """The PCM chunks (float32) of every piece in order, from asyncio; raises a piece's error."""
+        for i in range(len(self.requests)):
+            if i == len(self.handles):  # the piece before made no audio at all
+                await self._next()
+            async for chunk in self.daemon.host.aiter_chunks(self.handles[i]):
+                if i + 1 < len(self.requests) and len(self.handles) == i + 1:
+                    await self._next()  # seamless: the next piece is prefilled while this one plays
+                yield chunk
+
+    async def _next(self) -> None:
+        req = self.requests[len(self.handles)]
+        deadline = time.monotonic() + NEXT_PIECE_WAIT_S
+        while True:  # the stream has started: wait for room rather than cut it short
+            try:
+                handle = self.daemon.host.submit_stream(req)
+                break
+            except EngineBusy:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.02)
+        self.handles.append(handle)
+        self.daemon.active_handles.add(handle)
 
 
 @asynccontextmanager
 async def serve_stream(daemon, api: str, request) -> AsyncIterator[Stream]:
-    """Admit `request` at stream priority on the least-loaded engine and serve it (see the module doc)."""
+    """Admit `request` at stream priority on the least-loaded engine and serve it (see the module doc);
+    text longer than one request speaks goes as pieces (split_request) into the same stream."""
     if not daemon.accepting:
         daemon.metrics.request(api, "busy")
         raise ShuttingDown("the daemon is shutting down")
+    requests = split_request(request)
     try:
-        handle = daemon.host.submit_stream(request)
+        handle = daemon.host.submit_stream(requests[0])
     except EngineBusy:
         daemon.metrics.request(api, "busy")
         raise
-    stream = Stream(daemon, handle)
+    stream = Stream(daemon, requests, handle)
     started = time.monotonic()
     daemon.active_handles.add(handle)
     try:
@@ -75,7 +124,10 @@ async def serve_stream(daemon, api: str, request) -> AsyncIterator[Stream]:
         stream.outcome = "error"
         raise
     finally:
-        handle.cancel()  # no-op when it finished; frees its slot at once otherwise
-        daemon.active_handles.discard(handle)
+        for h in stream.handles:
+            h.cancel()  # no-op when it finished; frees its slot at once otherwise
+            daemon.active_handles.discard(h)
         daemon.metrics.request(api, stream.outcome)
         daemon.host.stream_finished(handle, None if stream.outcome in OUTCOMES_OK else stream.outcome, started)
+        for h in stream.handles[1:]:
+            daemon.host.pool.finished(h)

@@ -107,3 +107,49 @@ def hard_split(token: str, size: int) -> list[str]:
     return [token[i : i + size] for i in range(0, len(token), size)]
 
 
+
+
+def pieces(text: str, lang: str = "en", max_chars: int = 400) -> list[str]:
+    """`text` in pieces of at most `max_chars` characters that end at sentence ends (a sentence longer than
+    that at clause ends, then between words): what one request can speak whole, whatever the input's length.
+    Paragraph breaks end a piece too."""
+    units: list[str] = []
+    for para in (p for p in re.split(r"\n\s*\n", text) if p.strip()):
+        for sentence in split_sentences(para.strip(), lang):
+            units.extend(_fit(sentence, max_chars))
+        units.append("\n")  # a piece ends with its paragraph
+    out: list[str] = []
+    cur = ""
+    joiner = "" if lang in ("zh", "ja") else " "
+    for u in units:
+        if u == "\n":
+            if cur:
+                out.append(cur)
+            cur = ""
+        elif cur and len(cur) + len(joiner) + len(u) > max_chars:
+            out.append(cur)
+            cur = u
+        else:
+            cur = f"{cur}{joiner}{u}" if cur else u
+    return out + [cur] if cur else out
+
+
+def _fit(sentence: str, max_chars: int) -> list[str]:
+    """One sentence as units of at most `max_chars`: itself, its clauses, runs of its words, cut words."""
+    if len(sentence) <= max_chars:
+        return [sentence]
+    clauses = split_clauses(sentence)
+    if len(clauses) > 1:
+        return [u for c in clauses for u in _fit(c, max_chars)]
+    out, cur = [], ""
+    for w in split_words(sentence):
+        w = w.strip()
+        if len(w) > max_chars:
+            out.extend(([cur] if cur else []) + hard_split(w, max_chars))
+            cur = ""
+        elif cur and len(cur) + 1 + len(w) > max_chars:
+            out.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return out + [cur] if cur else out
