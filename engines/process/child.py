@@ -101,13 +101,7 @@ def relay_handle_class():
             super().__init__(runner, runner.sample_rate)
             self.rid, self.relay, self.feed = rid, relay, feed
 
-        def add_audio(self, audio: np.ndarray) -> None:
-            if audio.size == 0:
-                return
-            if self.ttfa_s is None:
-                self.marks["audio"] = time.perf_counter()
-                self.ttfa_s = self.marks["audio"] - self.created
-            self.samples += audio.size
+        def _put(self, audio: np.ndarray) -> None:  # (add_audio's hand-over; finish below sends the end)
             self.relay.chunk(self.rid, audio)
 
         def restart(self) -> None:
