@@ -4,7 +4,9 @@
 #                             present); nothing outside this folder is touched
 #   sudo ./install.sh         the service: the venv plus the systemd units, service user and spool folders
 #                             (see systemd/); without --model the TINY TEST MODEL (random weights, noise)
-#   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given)
+#   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given): the
+#                             test extras, the test oracle (.venv-oracle: tests/fixtures/oracle_venv.sh) and,
+#                             as root, Debian's postgresql and ffmpeg
 #   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
 #                             huggingface_hub is installed and the network allows (else: a clear message)
 #   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     --model=*) MODEL=${1#--model=} ;;
     --uninstall) UNINSTALL=1 ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -47,7 +49,7 @@ fi
 if [ "$DRY" = 1 ]; then  # the decisions above, and what they would change
   say() { echo "install.sh --dry-run: $*"; }
   if [ "$UNINSTALL" = 1 ]; then say "would remove the units and $VENV (systemd/setup.sh uninstall)"; exit 0; fi
-  say "venv $VENV: $([ -x "$VENV/bin/python" ] && echo "exists, updated in place" || echo "new ($PY -m venv)"), $TORCH_SPEC when torch is missing, the package$([ "$DEV" = 1 ] && echo " with the test tools" || true)"
+  say "venv $VENV: $([ -x "$VENV/bin/python" ] && echo "exists, updated in place" || echo "new ($PY -m venv)"), $TORCH_SPEC when torch is missing, the package$([ "$DEV" = 1 ] && echo " with the test tools; the test oracle in .venv-oracle" || true)"
   [ -z "$MODEL" ] || say "model: $MODEL, in the $TTS_APPLIANCE_INSTALL_MODE config (systemd/setup.sh)"
   if [ "$SYSTEMD" = 0 ]; then say "systemd: skipped ($WHY)"
   elif [ "$TTS_APPLIANCE_INSTALL_MODE" = system ]; then
@@ -83,14 +85,21 @@ fi
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-pin.txt"
 "$VENV/bin/python" -c "import torch; print(torch.__version__)" | sed 's/^/install.sh: torch /'
 if [ "$DEV" = 1 ]; then
-  # the PostgreSQL queue tests start a throwaway server from Debian's postgresql package (best effort:
-  # without it those tests skip with the reason)
-  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get -q -y install postgresql >/dev/null 2>&1 \
-      || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y install postgresql >/dev/null 2>&1; } \
-      || echo "install.sh: apt-get install postgresql failed; the PostgreSQL queue tests will skip"
+  # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
+  # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats)
+  missing=()
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
+  if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get -q -y install "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y install "${missing[@]}" >/dev/null 2>&1; } \
+      || echo "install.sh: apt-get install ${missing[*]} failed; their tests will skip"
+  elif [ ${#missing[@]} -gt 0 ]; then
+    echo "install.sh: ${missing[*]} missing; their tests will skip (sudo apt-get install ${missing[*]})"
   fi
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e ".[test]"
+  # the official qwen-tts package, the oracle of the parity tests, in a venv of its own (it pins transformers)
+  tests/fixtures/oracle_venv.sh || echo "install.sh: warning: building the test oracle failed (above); the oracle tests will skip" >&2
 else
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e .
 fi

@@ -1,6 +1,7 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun."""
+`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun;
+likewise an `oracle` test (the official qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,13 @@ import pytest
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny"
 REQUIRE_SYSTEM = "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS"
+REQUIRE_ORACLE = "TTS_APPLIANCE_REQUIRE_ORACLE_TESTS"
+# marker -> (the variable that turns a skip of such a test into a failure, what to do about it); .ci/run sets both
+REQUIRED = {
+    "system": (REQUIRE_SYSTEM, "install what .ci/run installs as root, or unset the variable where it cannot run"),
+    "oracle": (REQUIRE_ORACLE, "build the oracle with tests/fixtures/oracle_venv.sh (./install.sh --dev does), "
+                               "or unset the variable where it cannot run"),
+}
 # the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;
 # set before engines is imported (it is read once), inherited by the daemons the tests start
 os.environ["TTS_APPLIANCE_CHECK_CODES"] = "1"
@@ -35,15 +43,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A skipped `system` test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS is set (not 0)."""
+    """A skipped `system` (`oracle`) test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
+    ($TTS_APPLIANCE_REQUIRE_ORACLE_TESTS) is set (not 0)."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and "system" in item.keywords and os.environ.get(REQUIRE_SYSTEM, "0") not in ("", "0"):
-        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        why = why.removeprefix("Skipped: ")
-        report.outcome = "failed"
-        report.longrepr = (f"{REQUIRE_SYSTEM}=1: this system test must run here, but it skipped: {why}\n"
-                           "(install what .ci/run installs as root, or unset the variable where it cannot run)")
+    if not report.skipped:
+        return
+    for marker, (var, todo) in REQUIRED.items():
+        if item.get_closest_marker(marker) and os.environ.get(var, "0") not in ("", "0"):
+            why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            why = why.removeprefix("Skipped: ")
+            report.outcome = "failed"
+            report.longrepr = f"{var}=1: this {marker} test must run here, but it skipped: {why}\n({todo})"
+            return
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,6 +1,7 @@
 """The live systemd test cannot pass by skipping: the container's systemd is waited for until its bus
 answers (a state other than running/degraded is a failure), and with $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
-set (as .ci/run does) a skipped `system` test fails the run."""
+set (as .ci/run does) a skipped `system` test fails the run; so does a skipped `oracle` test with
+$TTS_APPLIANCE_REQUIRE_ORACLE_TESTS set."""
 from __future__ import annotations
 
 import os
@@ -56,20 +57,31 @@ import pytest
 def test_needs_systemd():
     pytest.skip("no systemd-nspawn here")
 
+@pytest.mark.oracle
+def test_needs_the_oracle():
+    pytest.skip("qwen_tts not importable")
+
 def test_other_skip():
     pytest.skip("not a system test")
 """
+SYSTEM, ORACLE = "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS", "TTS_APPLIANCE_REQUIRE_ORACLE_TESTS"
 
 
-@pytest.mark.parametrize("require", ["", "0", "1"])
-def test_a_skipped_system_test_fails_where_they_are_required(tmp_path, require):
+@pytest.mark.parametrize("required", [{}, {SYSTEM: "0", ORACLE: ""}, {SYSTEM: "1"}, {ORACLE: "1"}],
+                         ids=["unset", "off", "system", "oracle"])
+def test_a_skipped_system_or_oracle_test_fails_where_they_are_required(tmp_path, required):
     (tmp_path / "test_gated.py").write_text(GATED)
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS": require}
+    env = {**os.environ, "PYTHONPATH": str(TESTS), SYSTEM: "", ORACLE: "", **required}  # not CI's settings
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
                         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_gated.py")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    if require == "1":
+    if required.get(SYSTEM) == "1":
         assert r.returncode == 1, r.stdout + r.stderr
-        assert "1 failed, 1 skipped" in r.stdout and "must run here, but it skipped: no systemd-nspawn here" in r.stdout
+        assert "1 failed, 2 skipped" in r.stdout and "must run here, but it skipped: no systemd-nspawn here" in r.stdout
+    elif required.get(ORACLE) == "1":
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "1 failed, 2 skipped" in r.stdout
+        assert f"{ORACLE}=1: this oracle test must run here, but it skipped: qwen_tts not importable" in r.stdout
+        assert "tests/fixtures/oracle_venv.sh" in r.stdout
     else:
-        assert r.returncode == 0 and "2 skipped" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "3 skipped" in r.stdout, r.stdout + r.stderr
