@@ -1,7 +1,8 @@
 """The layout holds: each floor imports only the floors below it (docs/ARCHITECTURE.md; imports inside
 functions count too), no module imports itself through others (no import circle), and what `pip install .`
-(or `pip install -e .`) installs holds every package the installed code imports: pyproject.toml's package list keeps up with the folders (a room left out works
-from the checkout, then fails where the package is installed)."""
+(or `pip install -e .`) installs holds every package the installed code imports: pyproject.toml's package
+list keeps up with the folders (a room left out works from the checkout, then fails where the package is
+installed)."""
 from __future__ import annotations
 
 import ast
