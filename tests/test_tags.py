@@ -104,7 +104,7 @@ def test_submit_checks_voices_and_applies_chapter_voices(tmp_path):
 @pytest.mark.skipif(not (MODEL / "model.safetensors").is_file(), reason="tiny checkpoint missing")
 def test_tagged_segments_are_spoken_with_their_voice(tmp_path):
     """The real tiny engine: the same words with the same seed differ only by the tag's voice."""
-    from engines.api import TTSEngine
+    from engines.engine import TTSEngine
     from engines.runtime.runner import EngineRunner
 
     text = "# One\n\nSame words here.\n\n[voice=eric]Same words here.[/voice]\n\n[voice=ryan]Same words here.\n"
