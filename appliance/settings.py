@@ -141,7 +141,8 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
     decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
     `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
     from engines.api import EngineSpec
-    from engines.codec.build import codec_choice, default_cache_dir
+    from engines.codec.build import codec_choice
+    from engines.codec.manifest import default_cache_dir
 
     m, r = cfg.model, cfg.runtime
     model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)

@@ -179,7 +179,7 @@ class VoiceRecorder:
 def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, running):
     """A segment's metadata (its tag or chapter voice) is read once per claim, for its audio key and
     its request alike; the voices spoken stay those of the tags, chapters and job."""
-    import jobs.worker
+    import jobs.requests
     from collections import Counter
 
     paths, q, src = _book(tmp_path, BOOK)
@@ -191,7 +191,7 @@ def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, runnin
 
     parsed: Counter = Counter()
 
-    class CountingJson:  # the worker's json module, counting what it parses
+    class CountingJson:  # the json module that reads claimed segment rows (jobs.requests), counting what it parses
         def __getattr__(self, name):
             return getattr(json, name)
 
@@ -199,7 +199,7 @@ def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, runnin
             parsed[s] += 1
             return json.loads(s, *a, **kw)
 
-    monkeypatch.setattr(jobs.worker, "json", CountingJson())
+    monkeypatch.setattr(jobs.requests, "json", CountingJson())
     engine = VoiceRecorder(running)
     _work_through(q, engine, paths, job_id, 16)
     assert {m: parsed[m] for m in metadata} == dict(metadata)  # once per segment, not again for its request
