@@ -210,7 +210,8 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                 log.warning("compiled torch codec failed to build (%s): the eager torch codec will be used", exc)
                 skipped[COMPILED] = f"build failed: {exc}"
     if dev.startswith("npu"):
-        skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.device.npu)"
+        skipped["npu"] = ("no prebuilt Ascend engine yet: the torch codec runs on the NPU "
+                          "(graphs: engines.device.graphs.NPUGraph)")
     for e in engines:  # parity of every engine against the fp32 torch codec, and CPU speed
         if e["backend"] in ("torch", COMPILED):  # the compiled codec was checked against eager above
             continue
