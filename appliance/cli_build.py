@@ -53,7 +53,8 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
     """Build the codec engines this machine can run (ONNX Runtime on CPU; TensorRT and the compiled
     torch codec on NVIDIA GPUs)."""
     from appliance.config import ConfigError
-    from engines.codec.build import build_engines, default_cache_dir
+    from engines.codec.build import build_engines
+    from engines.codec.manifest import default_cache_dir
 
     cfg = settings(model=model, device=device)
     try:

@@ -85,8 +85,7 @@ def preview(files, language, chapters, speed, home, as_json):
     Audio length assumes 15 characters a second (5 for Chinese, Japanese, Korean: the speaking rates of
     engines.model.text) plus the pauses between segments; the synthesis time uses jobs.synth_rate of the config, else the rate measured
     from the segments this spool folder has synthesized."""
-    from appliance.engine_host import voices_dir
-    from appliance.settings import catalog, checkpoint
+    from appliance.settings import catalog, checkpoint, voices_dir
 
     cfg = settings(home=home)
     try:

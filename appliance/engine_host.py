@@ -1,10 +1,9 @@
 """The engines of the settings, with the scheduler in front of them.
 
-`engine_spec(cfg, device)` turns the settings into one engine's `EngineSpec` (appliance.settings makes
-one per device); `EngineHost` starts those engines for the daemon and the job commands
-(appliance.compose builds it); `load_runner(cfg)` loads one engine in this process for `say`. All of
-them load through engines.load. The host runs one runner per device of model.device (`all`, or a list
-such as `cuda:0,cuda:1`; usually one) behind an `appliance.engine_pool.EnginePool`, and all synthesis
+`EngineHost` starts the engines of the settings' `EngineSpec`s (appliance.settings.engine_spec, one per
+device) for the daemon and the job commands (appliance.compose builds it); `load_runner(cfg)` loads one
+engine in this process for `say`. All of them load through engines.load. The host runs one runner per
+device of model.device (`all`, or a list such as `cuda:0,cuda:1`; usually one) behind an `appliance.engine_pool.EnginePool`, and all synthesis
 goes through it. Streaming requests (HTTP, Wyoming) are submitted with `STREAM_PRIORITY` to the
 least-loaded engine; the jobs worker hands segments to the pool at batch priority (`jobs.worker.Worker`,
 fed continuously), so batch segments only fill capacity streams leave free and one book runs on every
@@ -13,41 +12,17 @@ engine; it also claims nothing new while streams wait on every engine (`streams_
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Optional
 
-from engines.api import EngineSpec
 from engines.runtime.runner import EngineBusy, EngineRunner  # noqa: F401 - EngineBusy re-exported
 
 from appliance.config import Config
 from appliance.engine_pool import BATCH_PRIORITY, STREAM_PRIORITY, EnginePool  # noqa: F401 - re-exported
+from appliance.settings import devices, engine_spec
 
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up."
-
-
-def voices_dir(cfg: Config) -> Path:
-    """Where saved cloned voices live: model.voices_dir, else HOME/voices."""
-    return Path(cfg.model.voices_dir or cfg.home().home / "voices").expanduser()
-
-
-def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[int] = None,
-                max_queue: Optional[int] = None) -> EngineSpec:
-    """What the settings `cfg` make of one engine on `device` (one of model.device's): the checkpoint,
-    dtype, voices folder, CPU threads (appliance.settings.torch_threads), the codec (runtime.codec, auto
-    decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
-    `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
-    from appliance.settings import checkpoint, torch_threads
-    from engines.codec.build import codec_choice, default_cache_dir
-
-    m, r = cfg.model, cfg.runtime
-    model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
-    return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
-                      threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
-                      max_queue=max_queue or r.max_queue, max_context=r.max_context,
-                      codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
-                      prefill_graphs=r.prefill_graphs, warmup=warmup)
 
 
 def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Optional[int] = None,
@@ -57,7 +32,6 @@ def load_runner(cfg: Config, *, max_slots: Optional[int] = None, max_queue: Opti
     `device` (default model.device, its first device when it names several), loaded by
     engines.load.load_runner (the chosen values logged and kept in `runner.settings`). ConfigError when no
     model is configured. `say` loads this way; the daemon and the job commands through `EngineHost`."""
-    from appliance.settings import devices
     from engines.load import load_runner as load
 
     return load(engine_spec(cfg, device or devices(cfg.model.device)[0], max_slots=max_slots, max_queue=max_queue))

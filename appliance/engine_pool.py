@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Optional
 
-from engines.runtime.runner import EngineBusy, submit_waiting
-from engines.runtime.stream import collect
+from engines.runtime.runner import EngineBusy
+from engines.runtime.stream import collect, submit_waiting
 
 log = logging.getLogger(__name__)
 

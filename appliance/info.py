@@ -85,8 +85,8 @@ def engines_info(s: Settings) -> list:
 
 def codec_info(s: Settings) -> dict:
     """What build-engines made for this model, whether it still fits this machine, what would be used."""
-    from engines.codec.build import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
-                                     unusable_reason)
+    from engines.codec.manifest import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
+                                        unusable_reason)
     from engines.device.detect import detect_platform
 
     model, cfg = s.require_model(), s.config

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from appliance.config import Config, ConfigError
 from jobs.ingest.isolate import IngestLimits
 from jobs.settings import Paths
+
+if TYPE_CHECKING:
+    from engines.api import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,30 @@ def catalog(model: Optional[str], voices: Path):
         return None
 
 
+def voices_dir(cfg: Config) -> Path:
+    """Where saved cloned voices live: model.voices_dir, else HOME/voices."""
+    return Path(cfg.model.voices_dir or cfg.home().home / "voices").expanduser()
+
+
+def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[int] = None,
+                max_queue: Optional[int] = None) -> EngineSpec:
+    """What the settings `cfg` make of one engine on `device` (one of model.device's): the checkpoint,
+    dtype, voices folder, CPU threads (`torch_threads`), the codec (runtime.codec, auto
+    decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
+    `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
+    from engines.api import EngineSpec
+    from engines.codec.build import codec_choice
+    from engines.codec.manifest import default_cache_dir
+
+    m, r = cfg.model, cfg.runtime
+    model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
+    return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
+                      threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
+                      max_queue=max_queue or r.max_queue, max_context=r.max_context,
+                      codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
+                      prefill_graphs=r.prefill_graphs, warmup=warmup)
+
+
 def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:
     """The queue workers of `cfg` on the checkpoint of `checkpoint_catalog` (its test-model label turns
     the guard off: jobs.guard.guard_for, logged)."""
@@ -154,8 +181,6 @@ def job_defaults(cfg: Config, checkpoint_catalog=None) -> dict:
 def settings(cfg: Config, instance: Optional[str] = None) -> Settings:
     """The settings of `cfg` with every `auto` decided (see the module docstring); `instance`: the daemon
     instance of tts-appliance@.service (`devices`). ConfigError for an instance without a device."""
-    from appliance.engine_host import engine_spec, voices_dir
-
     devs, model, voices = devices(cfg.model.device, instance), checkpoint(cfg), voices_dir(cfg)
     cat = catalog(model, voices)
     return Settings(config=cfg, paths=cfg.home(), model=model, devices=devs, threads=torch_threads(cfg.model.threads),

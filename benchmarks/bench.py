@@ -149,7 +149,7 @@ def main() -> None:
 
     t_load = time.perf_counter()
     if args.model:
-        from engines.api import TTSEngine
+        from engines.engine import TTSEngine
 
         eng = TTSEngine.load(args.model, device=args.device, dtype=args.dtype)
     else:

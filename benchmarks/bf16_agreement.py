@@ -52,7 +52,7 @@ def teacher_forced_picks(eng, req: SynthesisRequest, codes: torch.Tensor) -> tor
 
 def load(args, dtype):
     if args.model:
-        from engines.api import TTSEngine
+        from engines.engine import TTSEngine
 
         return TTSEngine.load(args.model, device=args.device, dtype=dtype)
     from benchmarks.dummy_engine import dummy_engine

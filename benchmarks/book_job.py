@@ -127,7 +127,7 @@ def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
     """One started engine on `device` (auto slots unless --slots) and its start-up figures."""
     t_load = time.perf_counter()
     if args.model:
-        from engines.api import TTSEngine
+        from engines.engine import TTSEngine
 
         eng = TTSEngine.load(args.model, device=device, dtype=args.dtype)
     else:

@@ -126,7 +126,7 @@ def build_runner(args, slots: int):
 
         engine = dummy_engine(args.dummy, args.device, args.dtype)
     else:
-        from engines.api import TTSEngine
+        from engines.engine import TTSEngine
 
         engine = TTSEngine.load(args.model, device=args.device, dtype=args.dtype)
     if args.device.startswith("cuda"):

@@ -1,5 +1,6 @@
-"""Public engine API: load a checkpoint, turn text into 24 kHz audio.
+"""Public engine API: the request and result types (importable without loading the engine).
 
+    from engines.engine import TTSEngine   # a loaded checkpoint (the eager reference path)
     engine = TTSEngine.load("path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu", dtype="float32")
     [result] = engine.synthesize([SynthesisRequest(text="Hello.", voice="vivian", language="english")])
     result.audio  # float32 numpy array, mono, engine.sample_rate Hz
@@ -69,11 +70,3 @@ class EngineSpec:
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving
     warmup: Optional[SynthesisRequest] = None
-
-
-def __getattr__(name):  # `from engines.api import TTSEngine` without an import cycle
-    if name == "TTSEngine":
-        from engines.engine import TTSEngine
-
-        return TTSEngine
-    raise AttributeError(name)

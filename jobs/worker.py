@@ -3,7 +3,9 @@
     worker = Worker(Queue(paths.db), engine, paths, batch_size=8)
     worker.run_forever(stop_event)        # or worker.run_once() in a loop of your own
 
-The engine is anything with the `Synthesizer` shape (`engines.runtime.runner.EngineRunner`).
+The engine is anything with the `Synthesizer` shape (`engines.runtime.runner.EngineRunner`); what a
+segment asks of it is worked out in jobs.requests, and the leases of the segments held are renewed by
+jobs.heartbeat.
 Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
 counts as done, so a worker killed at any moment loses only the segments it had in flight. While the
 queue database is away, what finishes is kept (with its leases, which the heartbeat renews) and
@@ -11,7 +13,6 @@ recorded when it is back (`Worker.flush`), not synthesized again.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -19,7 +20,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -28,10 +28,12 @@ from engines.model.errors import EngineBusy
 
 from jobs.assemble import JoinSettings, write_segment_audio
 from jobs.book import JobBook, assemble_job
-from jobs.guard import GuardSettings, attempt_seed, check_audio
-from jobs.queue import Queue, QueueError, QueueUnavailable
+from jobs.guard import GuardSettings, check_audio
+from jobs.heartbeat import Heartbeat
+from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
-from jobs.settings import JobSpec, Paths, file_digest, segment_key
+from jobs.requests import JobContext, audio_key, job_context, segment_voice, synthesis_request
+from jobs.settings import Paths
 
 log = logging.getLogger(__name__)
 
@@ -52,61 +54,6 @@ class Synthesizer(Protocol):
     model_id: str
 
     def synthesize(self, requests: list) -> list: ...
-
-
-@dataclass
-class JobContext:
-    """What every segment of one job shares, worked out once per job by the worker."""
-
-    spec: JobSpec
-    ref_digest: Optional[str] = None  # sha256 of the reference audio (part of each segment's audio key)
-    voice: Any = None  # the voice cloned from the reference audio
-    error: Optional[Exception] = None  # the job cannot be synthesized (e.g. unusable reference audio)
-
-
-class Heartbeat(threading.Thread):
-    """Renews this worker's leases every `interval_s` on its own connection."""
-
-    def __init__(self, db_path: Path, worker_id: str, lease_s: float, interval_s: float):
-        super().__init__(name=f"heartbeat-{worker_id}", daemon=True)
-        self.db_path, self.worker_id, self.lease_s, self.interval_s = db_path, worker_id, lease_s, interval_s
-        self._held: set[int] = set()
-        self._lock = threading.Lock()
-        self._halt = threading.Event()
-
-    def hold(self, ids) -> None:
-        with self._lock:
-            self._held.update(ids)
-
-    def drop(self, ids) -> None:
-        with self._lock:
-            self._held.difference_update(ids)
-
-    def stop(self) -> None:
-        self._halt.set()
-
-    def run(self) -> None:
-        q = None
-        try:
-            while not self._halt.wait(self.interval_s):
-                with self._lock:
-                    ids = sorted(self._held)
-                try:
-                    q = q or Queue(self.db_path)
-                    q.renew(self.worker_id, ids, self.lease_s)
-                except (QueueError, QueueUnavailable) as exc:  # database away: keep trying (the worker says so)
-                    log.debug("heartbeat: cannot renew leases (%s); will retry", exc)
-                except Exception:  # a busy database must not kill the heartbeat
-                    log.exception("heartbeat: renewing leases failed; will retry")
-        finally:
-            if q is not None:
-                q.close()
-
-
-def segment_voice(row: dict) -> Optional[str]:
-    """The voice a segment row names for itself (inline tag or chapter voice), else None: the job's."""
-    meta = row.get("metadata")
-    return (json.loads(meta) if isinstance(meta, str) else meta or {}).get("voice")
 
 
 JOB_LEVEL_ERRORS = ("VoiceNotFound", "LanguageNotSupported", "UnsupportedMode")
@@ -260,7 +207,7 @@ class Worker:
         firsts = [groups[k][0] for k in keys]
         log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
         for key, first, log_id in zip(keys, firsts, log_ids):
-            handle = self.engine.submit(self._request(first), 1)
+            handle = self.engine.submit(synthesis_request(first), 1)
             self._inflight[handle] = (key, groups[key], log_id)
             handle.on_done = lambda h: self._wake.set()
             if handle.done:
@@ -308,19 +255,12 @@ class Worker:
     def _audio_path(self, key: str) -> Path:
         return self.paths.audio / key[:2] / f"{key}.wav"
 
-    def _job(self, row: dict) -> "JobContext":
-        """The job of a claimed segment, resolved once per job: spec parsed, reference audio hashed and
-        its voice cloned (when the engine can clone: `clone_voice`)."""
+    def _job(self, row: dict) -> JobContext:
+        """The job of a claimed segment, resolved once per job (jobs.requests.job_context; the voice cloned
+        when the engine can clone: `clone_voice`)."""
         ctx = self._jobs.get(row["job_id"])
         if ctx is None:
-            spec = JobSpec.from_dict(json.loads(row["spec"]))
-            ctx = JobContext(spec, ref_digest=file_digest(spec.ref_audio))
-            clone = getattr(self.engine, "clone_voice", None)
-            if spec.ref_audio and clone is not None:
-                try:
-                    ctx.voice = clone(spec.ref_audio, spec.ref_text)
-                except Exception as exc:  # unreadable / unusable reference audio: the whole job fails
-                    ctx.error = exc
+            ctx = job_context(row, getattr(self.engine, "clone_voice", None))
             if len(self._jobs) >= 64:
                 self._jobs.pop(next(iter(self._jobs)))
             self._jobs[row["job_id"]] = ctx
@@ -335,12 +275,8 @@ class Worker:
                 self.queue.fail_job(row["job_id"], f"the reference audio cannot be used: {ctx.error}")
                 self.heartbeat.drop([row["id"]])
                 continue
-            voice = row["_voice"] = segment_voice(row)  # read once: the request (_request) takes it from here
-            if voice:  # a [voice=...] tag or the chapter's voice: this segment's own speaker, nothing cloned
-                key = segment_key(row["text"], replace(ctx.spec, voice=voice, ref_audio=None, ref_text=None),
-                                  row["seed"], self.engine.model_id)
-            else:
-                key = segment_key(row["text"], ctx.spec, row["seed"], self.engine.model_id, ctx.ref_digest)
+            row["_voice"] = segment_voice(row)  # read once: the request takes it from here
+            key = audio_key(row, self.engine.model_id)
             hit = self.queue.cached(key)
             if hit:
                 self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
@@ -356,26 +292,9 @@ class Worker:
         keys = list(groups)
         firsts = [groups[k][0] for k in keys]
         log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
-        results = self._synthesize([self._request(r) for r in firsts])
+        results = self._synthesize([synthesis_request(r) for r in firsts])
         for key, log_id, res in zip(keys, log_ids, results):
             self._finish(key, groups[key], res, log_id)
-
-    def _request(self, row: dict):
-        from engines.api import SamplingParams, SynthesisRequest
-
-        ctx: JobContext = row["_job"]
-        spec = ctx.spec
-        row["_seed"] = attempt_seed(row["seed"], row["guard_failures"])
-        sampling = SamplingParams(**{**spec.sampling, "seed": row["_seed"]})
-        voice = row["_voice"]  # the segment's own voice, read from its metadata in _group
-        if voice:
-            return SynthesisRequest(text=row["text"], voice=voice, language=spec.language, instruct=spec.instruct,
-                                    sampling=sampling)
-        if ctx.voice is not None:  # cloned once for the job
-            return SynthesisRequest(text=row["text"], voice=ctx.voice, language=spec.language,
-                                    instruct=spec.instruct, sampling=sampling)
-        return SynthesisRequest(text=row["text"], voice=spec.voice, language=spec.language, instruct=spec.instruct,
-                                ref_audio=spec.ref_audio, ref_text=spec.ref_text, sampling=sampling)
 
     def _synthesize(self, requests: list) -> list:
         """One batched call; if it raises, each request alone so one bad segment fails alone."""

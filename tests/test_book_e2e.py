@@ -31,7 +31,7 @@ def _engine_missing() -> str | None:
     if not (MODEL / "model.safetensors").is_file():
         return f"tiny checkpoint missing: {MODEL} (build it with tests/fixtures/build_fixtures.py)"
     try:
-        from engines.api import TTSEngine  # noqa: F401
+        from engines.engine import TTSEngine  # noqa: F401
     except ImportError as exc:
         return f"engine not importable yet: {exc}"
     return None

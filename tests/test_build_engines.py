@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from engines.codec import build as B
+from engines.codec import manifest as M
 from engines.codec.backend_torch import TorchCodec
 from engines.device.detect import detect_platform
 
@@ -43,14 +44,14 @@ def built(codec_dir, tmp_path_factory):
 
 def test_manifest_written_and_matched(codec_dir, built):
     cache, manifest = built
-    on_disk = json.loads((cache / B.MANIFEST).read_text())
-    assert on_disk == manifest and manifest["format"] == B.FORMAT
-    assert manifest["model"] == B.model_identity(codec_dir)
+    on_disk = json.loads((cache / M.MANIFEST).read_text())
+    assert on_disk == manifest and manifest["format"] == M.FORMAT
+    assert manifest["model"] == M.model_identity(codec_dir)
     plat = manifest["platform"]
     for key in ("device", "device_name", "capability", "driver", "torch", "onnxruntime", "tensorrt", "cpu"):
         assert key in plat
     assert plat["device"] == "cpu" and manifest["options"]["chunk_frames"] == [1, 4]
-    assert B.stale_reasons(manifest, detect_platform("cpu"), B.model_identity(codec_dir)) == []
+    assert M.stale_reasons(manifest, detect_platform("cpu"), M.model_identity(codec_dir)) == []
     assert manifest["ranking"][-1] in ("torch", "onnxruntime") and "torch" in manifest["ranking"]
     # up to date: a second build returns the same manifest without rebuilding
     assert B.build_engines(codec_dir, cache, device="cpu", max_batch=4)["created"] == manifest["created"]
@@ -72,35 +73,35 @@ def test_onnx_engine_built_checked_and_loaded(codec_dir, built):
 def codec_decoder(codec_dir):
     from engines.codec.decoder import load_codec_decoder
 
-    return load_codec_decoder(B.codec_dir(codec_dir), "cpu", torch.float32)
+    return load_codec_decoder(M.codec_dir(codec_dir), "cpu", torch.float32)
 
 
 def test_stale_reasons_name_the_cause(codec_dir, built):
     _, manifest = built
-    ident = B.model_identity(codec_dir)
+    ident = M.model_identity(codec_dir)
     gpu = dict(manifest["platform"], device="cuda", device_name="NVIDIA A100", capability="8.0",
                driver="535.1", tensorrt="10.0.1")
     m = dict(manifest, platform=gpu, engines=manifest["engines"] + [{"backend": "tensorrt", "file": "x.plan"}])
-    assert B.stale_reasons(m, gpu, ident) == []
-    assert "different GPU" in B.stale_reasons(m, dict(gpu, device_name="NVIDIA H100", capability="9.0"), ident)[0]
-    assert "new driver (535.1 -> 550.2)" in B.stale_reasons(m, dict(gpu, driver="550.2"), ident)
-    assert "new TensorRT (10.0.1 -> 10.3.0)" in B.stale_reasons(m, dict(gpu, tensorrt="10.3.0"), ident)
-    assert "new model" in B.stale_reasons(m, gpu, dict(ident, codec_weights="0" * 16))[0]
-    assert "different device (cuda -> cpu)" in B.stale_reasons(m, manifest["platform"], ident)
-    assert B.stale_reasons(None, gpu, ident) == ["no engines built yet"]
+    assert M.stale_reasons(m, gpu, ident) == []
+    assert "different GPU" in M.stale_reasons(m, dict(gpu, device_name="NVIDIA H100", capability="9.0"), ident)[0]
+    assert "new driver (535.1 -> 550.2)" in M.stale_reasons(m, dict(gpu, driver="550.2"), ident)
+    assert "new TensorRT (10.0.1 -> 10.3.0)" in M.stale_reasons(m, dict(gpu, tensorrt="10.3.0"), ident)
+    assert "new model" in M.stale_reasons(m, gpu, dict(ident, codec_weights="0" * 16))[0]
+    assert "different device (cuda -> cpu)" in M.stale_reasons(m, manifest["platform"], ident)
+    assert M.stale_reasons(None, gpu, ident) == ["no engines built yet"]
 
 
 def test_model_change_triggers_rebuild_with_reason(codec_dir, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(B, "speed", _fake_speed)
     B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, chunk_frames=(2,), backends=())
-    m = json.loads((tmp_path / B.MANIFEST).read_text())
+    m = json.loads((tmp_path / M.MANIFEST).read_text())
     m["model"]["codec_weights"] = "deadbeefdeadbeef"
-    (tmp_path / B.MANIFEST).write_text(json.dumps(m))
+    (tmp_path / M.MANIFEST).write_text(json.dumps(m))
     with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
         codec = B.load_built_codec(codec_dir, tmp_path, "cpu")
     assert "must be rebuilt: new model (codec weights deadbeefdeadbeef" in caplog.text
-    rebuilt = B.read_manifest(tmp_path)
-    assert rebuilt["model"] == B.model_identity(codec_dir) and rebuilt["options"]["chunk_frames"] == [2]
+    rebuilt = M.read_manifest(tmp_path)
+    assert rebuilt["model"] == M.model_identity(codec_dir) and rebuilt["options"]["chunk_frames"] == [2]
     assert codec.name == "torch"  # backends=() was kept: torch only
 
 
@@ -139,15 +140,15 @@ def test_cli_builds_tiny_checkpoint(codec_dir, tmp_path):
                                    "--device", "cpu", "--max-batch", "2", "--chunk-frames", "4,1",
                                    "--no-benchmark"])
     assert res.exit_code == 0, res.output
-    assert "order of use:" in res.output and (tmp_path / B.MANIFEST).is_file()
-    assert B.read_manifest(tmp_path)["options"]["chunk_frames"] == [1, 4]
+    assert "order of use:" in res.output and (tmp_path / M.MANIFEST).is_file()
+    assert M.read_manifest(tmp_path)["options"]["chunk_frames"] == [1, 4]
     bad = CliRunner().invoke(cli, ["build-engines", "--model", str(codec_dir), "--chunk-frames", "x"])
     assert bad.exit_code != 0 and "comma-separated frame counts" in bad.output
 
 
 def test_default_backends_per_device():
     assert B.default_backends("cpu") == ("onnxruntime",)
-    assert B.default_backends("cuda:1") == ("tensorrt", B.COMPILED)
+    assert B.default_backends("cuda:1") == ("tensorrt", M.COMPILED)
     assert B.default_backends("npu:0") == ()
     assert B.default_compile_dtypes("cuda") == ("float32", "bfloat16") and B.default_compile_dtypes("cpu") == ("float32",)
 
@@ -166,10 +167,10 @@ def test_cli_rejects_unknown_backends_and_dtypes(codec_dir):
 def test_gpu_ranking_puts_a_slower_compiled_codec_after_eager():
     fast = {"audio_s_per_s": 10.0}
     slow = {"audio_s_per_s": 5.0}
-    engines = [{"backend": "torch"}, {"backend": B.COMPILED, "gpu_speed": fast, "eager_gpu_speed": slow},
+    engines = [{"backend": "torch"}, {"backend": M.COMPILED, "gpu_speed": fast, "eager_gpu_speed": slow},
                {"backend": "tensorrt"}]
-    assert B._rank(engines, "cuda") == ["tensorrt", B.COMPILED, "torch"]
+    assert B._rank(engines, "cuda") == ["tensorrt", M.COMPILED, "torch"]
     engines[1].update(gpu_speed=slow, eager_gpu_speed=fast)
-    assert B._rank(engines, "cuda") == ["tensorrt", "torch", B.COMPILED]
+    assert B._rank(engines, "cuda") == ["tensorrt", "torch", M.COMPILED]
     engines[1]["parity_ok"] = False
     assert B._rank(engines, "cuda") == ["tensorrt", "torch"]

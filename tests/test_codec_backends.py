@@ -35,7 +35,7 @@ def step_onnx(decoder, tmp_path_factory):
 
 @lru_cache(maxsize=None)
 def engine(name="cv_small"):
-    from engines.api import TTSEngine
+    from engines.engine import TTSEngine
 
     return TTSEngine.load(TINY / name, device="cpu", dtype="float32")
 

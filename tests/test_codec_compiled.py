@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from engines.codec import build as B
+from engines.codec import manifest as M
 from engines.codec import backend_compiled as cc
 from engines.codec.backend_torch import TorchCodec
 from engines.codec.parity import RAGGED, ragged_parity
@@ -38,11 +39,11 @@ def engine_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def compiled(decoder, engine_cache):
     """One warmed compiled codec factory (the compile happens once, here)."""
-    codec = TorchCodec(decoder, 3, compile=True, cache_dir=engine_cache / B.INDUCTOR_DIR)
+    codec = TorchCodec(decoder, 3, compile=True, cache_dir=engine_cache / M.INDUCTOR_DIR)
     secs = codec.warm()
     assert codec.fallback_reason is None, codec.fallback_reason
     logging.getLogger(__name__).info("tiny codec compiled in %.1f s", secs)
-    return lambda b: TorchCodec(decoder, b, compile=True, cache_dir=engine_cache / B.INDUCTOR_DIR)
+    return lambda b: TorchCodec(decoder, b, compile=True, cache_dir=engine_cache / M.INDUCTOR_DIR)
 
 
 @needs_compiler
@@ -88,30 +89,30 @@ def test_codec_lane_with_the_compiled_codec(decoder, compiled):
 @needs_compiler
 def test_build_engines_compiles_into_the_cache_and_loads(codec_dir, engine_cache, compiled, monkeypatch):
     def fake_speed(make, dec, **kw):  # deterministic ranking: compiled "faster" than eager
-        return {"audio_s_per_s": 3.0 if make(1).name == B.COMPILED else 1.0}
+        return {"audio_s_per_s": 3.0 if make(1).name == M.COMPILED else 1.0}
 
     monkeypatch.setattr(B, "speed", fake_speed)
     m = B.build_engines(codec_dir, engine_cache, device="cpu", max_batch=2, chunk_frames=(1, 4),
-                        backends=(B.COMPILED,))
-    entry = next(e for e in m["engines"] if e["backend"] == B.COMPILED)
-    assert entry["cache"] == B.INDUCTOR_DIR and entry["torch"] == torch.__version__
+                        backends=(M.COMPILED,))
+    entry = next(e for e in m["engines"] if e["backend"] == M.COMPILED)
+    assert entry["cache"] == M.INDUCTOR_DIR and entry["torch"] == torch.__version__
     assert entry["parity_ok"] and entry["dtypes"]["float32"]["parity_max_abs"] <= TOL
     assert entry["cpu_speed"]["audio_s_per_s"] == 3.0 and entry["eager_cpu_speed"]["audio_s_per_s"] == 1.0
-    assert any((engine_cache / B.INDUCTOR_DIR).rglob("*")), "nothing written to the inductor cache"
-    assert m["ranking"] == [B.COMPILED, "torch"] and m["options"]["compile_dtypes"] == ["float32"]
+    assert any((engine_cache / M.INDUCTOR_DIR).rglob("*")), "nothing written to the inductor cache"
+    assert m["ranking"] == [M.COMPILED, "torch"] and m["options"]["compile_dtypes"] == ["float32"]
     codec = B.load_built_codec(codec_dir, engine_cache, "cpu", batch_size=2, rebuild=False)
-    assert codec.name == B.COMPILED and codec.fallback_reason is None
+    assert codec.name == M.COMPILED and codec.fallback_reason is None
     # a new torch version invalidates the check (not the code: inductor keys its cache itself)
     plat = dict(m["platform"], torch="9.9.9")
-    assert any(w.startswith("new torch") for w in B.stale_reasons(m, plat, B.model_identity(codec_dir)))
+    assert any(w.startswith("new torch") for w in M.stale_reasons(m, plat, M.model_identity(codec_dir)))
 
 
 def test_no_compiler_is_skipped_with_the_reason(codec_dir, tmp_path, monkeypatch, caplog):
     why = "missing compiler: inductor needs a C++ compiler on the CPU (apt install g++)"
     monkeypatch.setattr(cc, "unavailable_reason", lambda device: why)
     with caplog.at_level(logging.WARNING, logger="engines.codec.build"):
-        m = B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, backends=(B.COMPILED,), benchmark=False)
-    assert m["skipped"][B.COMPILED] == why and m["ranking"] == ["torch"]
+        m = B.build_engines(codec_dir, tmp_path, device="cpu", max_batch=2, backends=(M.COMPILED,), benchmark=False)
+    assert m["skipped"][M.COMPILED] == why and m["ranking"] == ["torch"]
     assert "compiled torch codec not built: missing compiler" in caplog.text
     dec = load_codec_decoder(codec_dir, "cpu", torch.float32)
     with pytest.raises(RuntimeError, match="cannot compile the codec: missing compiler"):
@@ -159,7 +160,7 @@ def test_codec_benchmark_runs_on_cpu_at_tiny_size(modes, engine_cache, tmp_path,
     js, md = tmp_path / "codec.json", tmp_path / "codec.md"
     res = codec_gpu.main(["--device", "cpu", "--codec", "tiny", "--batches", "1,2", "--chunks", "1,4",
                           "--dtypes", "float32", "--modes", modes, "--reps", "2", "--warmup", "1",
-                          "--cache", str(engine_cache / B.INDUCTOR_DIR), "--json", str(js), "--md", str(md)])
+                          "--cache", str(engine_cache / M.INDUCTOR_DIR), "--json", str(js), "--md", str(md)])
     saved = json.loads(js.read_text())
     assert saved["results"] == res["results"] and len(res["results"]) == 2 * 2 * len(modes.split(","))
     for row in res["results"]:

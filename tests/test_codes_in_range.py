@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from engines.api import TTSEngine
+from engines.engine import TTSEngine
 from engines.codec import decoder as codec_decoder
 from engines.codec.backend_torch import TorchCodec
 from engines.runtime.runner import EngineRunner

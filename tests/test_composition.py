@@ -92,7 +92,7 @@ def test_info_shows_what_work_runs(tmp_path, monkeypatch):
 def test_settings_decide_every_auto_once(tmp_path, monkeypatch):
     from appliance.config import Config, ConfigError
     from appliance.settings import reloaded, settings
-    from engines.codec.build import MANIFEST
+    from engines.codec.manifest import MANIFEST
 
     monkeypatch.setenv("TTS_APPLIANCE_ENGINE_CACHE", str(tmp_path / "engines"))
     cfg = Config()

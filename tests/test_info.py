@@ -19,7 +19,7 @@ def run_info(*args, env=None):
 
 def stale_manifest(cache_root, model_dir) -> None:
     """A build made on another machine: an ONNX Runtime engine for a GPU, TensorRT skipped."""
-    from engines.codec.build import FORMAT, MANIFEST, model_identity
+    from engines.codec.manifest import FORMAT, MANIFEST, model_identity
 
     folder = cache_root / model_dir.name
     folder.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The live-text WebSocket benchmark (benchmarks/live.py): its arithmetic, its client against a fake
+"""The live-text WebSocket benchmark (benchmarks/live.py): its arithmetic (live_stats.py), its client (live_session.py) against a fake
 server, and one short run against the real daemon on the tiny checkpoint."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.live import (live_session, playback_gaps, sentence_plan, split_gaps, spread, summarize,
-                             word_pieces)
+from benchmarks.live_session import live_session
+from benchmarks.live_stats import playback_gaps, sentence_plan, split_gaps, spread, summarize, word_pieces
 from benchmarks.load.client import Target
 from benchmarks.load.stats import playback_deficit
 from tests.daemon_util import CV, needs_daemon

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from engines.api import SamplingParams, SynthesisRequest, TTSEngine
+from engines.api import SamplingParams, SynthesisRequest
+from engines.engine import TTSEngine
 from engines.model.errors import UnsupportedMode
 
 TINY = Path(__file__).parent / "data" / "tiny"

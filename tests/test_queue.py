@@ -21,7 +21,8 @@ import pytest
 from jobs.document import SegmentText
 from jobs.queue import MIGRATIONS, Queue, QueueError
 from jobs.guard import GuardSettings, check_audio
-from jobs.worker import Heartbeat, Worker
+from jobs.heartbeat import Heartbeat
+from jobs.worker import Worker
 from jobs.settings import JobSpec, resolve_home
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from engines.api import SamplingParams, SynthesisRequest, TTSEngine
+from engines.api import SamplingParams, SynthesisRequest
+from engines.engine import TTSEngine
 from engines.runtime.runner import EngineBusy, EngineRunner
 from engines.runtime.scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.api import SamplingParams, SynthesisRequest, TTSEngine
+from engines.api import SamplingParams, SynthesisRequest
+from engines.engine import TTSEngine
 from engines.model.sampling import OFFICIAL_DEFAULTS
 from engines.runtime.runner import EngineRunner
 

@@ -104,7 +104,7 @@ def test_submit_checks_voices_and_applies_chapter_voices(tmp_path):
 @pytest.mark.skipif(not (MODEL / "model.safetensors").is_file(), reason="tiny checkpoint missing")
 def test_tagged_segments_are_spoken_with_their_voice(tmp_path):
     """The real tiny engine: the same words with the same seed differ only by the tag's voice."""
-    from engines.api import TTSEngine
+    from engines.engine import TTSEngine
     from engines.runtime.runner import EngineRunner
 
     text = "# One\n\nSame words here.\n\n[voice=eric]Same words here.[/voice]\n\n[voice=ryan]Same words here.\n"
@@ -179,7 +179,7 @@ class VoiceRecorder:
 def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, running):
     """A segment's metadata (its tag or chapter voice) is read once per claim, for its audio key and
     its request alike; the voices spoken stay those of the tags, chapters and job."""
-    import jobs.worker
+    import jobs.requests
     from collections import Counter
 
     paths, q, src = _book(tmp_path, BOOK)
@@ -191,7 +191,7 @@ def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, runnin
 
     parsed: Counter = Counter()
 
-    class CountingJson:  # the worker's json module, counting what it parses
+    class CountingJson:  # the json module that reads claimed segment rows (jobs.requests), counting what it parses
         def __getattr__(self, name):
             return getattr(json, name)
 
@@ -199,7 +199,7 @@ def test_worker_parses_each_segments_metadata_once(tmp_path, monkeypatch, runnin
             parsed[s] += 1
             return json.loads(s, *a, **kw)
 
-    monkeypatch.setattr(jobs.worker, "json", CountingJson())
+    monkeypatch.setattr(jobs.requests, "json", CountingJson())
     engine = VoiceRecorder(running)
     _work_through(q, engine, paths, job_id, 16)
     assert {m: parsed[m] for m in metadata} == dict(metadata)  # once per segment, not again for its request

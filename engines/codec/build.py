@@ -10,15 +10,14 @@ machines with TensorRT, the inductor cache of the compiled torch codec (`inducto
 library versions, precision, profile shapes, parity errors, speeds and the backend ranking. The
 loader rebuilds when the manifest no longer matches (new model, different GPU, new driver, torch or
 TensorRT) and falls back, with a log line saying why, to the next engine and finally to the eager
-torch codec. Backends: engines.codec.backend_{torch,compiled,onnx,trt}.
+torch codec. Backends: engines.codec.backend_{torch,compiled,onnx,trt}; the cache folder, the manifest's
+format and the checks of whether it still fits: engines.codec.manifest.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -28,16 +27,13 @@ from engines.names import RUNTIME_CODECS
 
 from engines.device.detect import detect_platform, resolve_device
 from engines.model.checkpoint import DTYPES
+from engines.codec.manifest import (COMPILED, FORMAT, INDUCTOR_DIR, MANIFEST, codec_dir,
+                                    default_cache_dir, model_identity, read_manifest, stale_reasons, unusable_reason)
 from engines.codec.parity import speed, stream_parity
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-MANIFEST = "manifest.json"
 STEP_ONNX = "codec_step.onnx"
-CACHE_ENV = "TTS_APPLIANCE_ENGINE_CACHE"
-INDUCTOR_DIR = "inductor"
-COMPILED = "torch-compiled"
 PARITY_TOL = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}  # max abs vs the torch codec, waveform in [-1, 1]
 
 
@@ -52,79 +48,6 @@ def default_backends(device: str) -> tuple[str, ...]:
 def default_compile_dtypes(device: str) -> tuple[str, ...]:
     """Dtypes the compiled codec is warmed for: the engine's dtype picks the graph at run time."""
     return ("float32", "bfloat16") if device.startswith("cuda") else ("float32",)
-
-
-def codec_dir(path: str | Path) -> Path:
-    """The speech_tokenizer folder of a checkpoint folder (or the folder itself if it is one)."""
-    path = Path(path)
-    return path / "speech_tokenizer" if (path / "speech_tokenizer").is_dir() else path
-
-
-def default_cache_dir(model_dir: str | Path) -> Path:
-    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "tts-appliance" / "engines"
-    return Path(root) / Path(model_dir).resolve().name
-
-
-def model_identity(model_dir: str | Path) -> dict:
-    from engines.model.checkpoint import weights_hash
-
-    tok = codec_dir(model_dir)
-    cfg = hashlib.sha256((tok / "config.json").read_bytes()).hexdigest()[:16]
-    return {"codec_weights": weights_hash(tok / "model.safetensors"), "codec_config": cfg}
-
-
-def read_manifest(cache_dir: str | Path) -> dict | None:
-    path = Path(cache_dir) / MANIFEST
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def stale_reasons(manifest: dict | None, plat: dict, ident: dict) -> list[str]:
-    """Why the built engines no longer fit this model and machine (empty list: they fit)."""
-    if manifest is None:
-        return ["no engines built yet"]
-    if manifest.get("format") != FORMAT:
-        return [f"manifest format {manifest.get('format')} (this code writes {FORMAT})"]
-    old, why = manifest.get("platform", {}), []
-    if manifest.get("model") != ident:
-        why.append(f"new model (codec weights {manifest.get('model', {}).get('codec_weights')} -> "
-                   f"{ident['codec_weights']})")
-    if old.get("device") != plat["device"]:
-        why.append(f"different device ({old.get('device')} -> {plat['device']})")
-    elif (old.get("device_name"), old.get("capability")) != (plat["device_name"], plat["capability"]):
-        what = "GPU" if plat["device"] == "cuda" else plat["device"].upper()
-        why.append(f"different {what} ({old.get('device_name')} -> {plat['device_name']})")
-    if plat["device"] == "cuda" and old.get("driver") != plat["driver"]:
-        why.append(f"new driver ({old.get('driver')} -> {plat['driver']})")
-    if any(e["backend"] == "tensorrt" for e in manifest.get("engines", [])) and plat["tensorrt"] \
-            and old.get("tensorrt") != plat["tensorrt"]:
-        why.append(f"new TensorRT ({old.get('tensorrt')} -> {plat['tensorrt']})")
-    if any(e["backend"] == COMPILED for e in manifest.get("engines", [])) and old.get("torch") != plat["torch"]:
-        why.append(f"new torch ({old.get('torch')} -> {plat['torch']}): the compiled codec is checked again")
-    return why
-
-
-def unusable_reason(entry: dict, plat: dict, cache_dir: Path) -> str | None:
-    """Why a built engine cannot run here now (missing library or file), else None."""
-    b = entry["backend"]
-    if b == "onnxruntime" and not plat["onnxruntime"]:
-        return "missing library: onnxruntime is not installed (pip install 'tts-appliance[onnx]')"
-    if b == "tensorrt" and not plat["tensorrt"]:
-        return "missing library: tensorrt is not installed"
-    if b == COMPILED:
-        from engines.codec.backend_compiled import unavailable_reason
-
-        why = unavailable_reason(plat["device"])
-        if why:
-            return why
-    if entry.get("file") and not (cache_dir / entry["file"]).is_file():
-        return f"missing file {cache_dir / entry['file']}"
-    if entry.get("parity_ok") is False:
-        return f"failed the parity check at build time (max abs {entry.get('parity_max_abs')})"
-    return None
 
 
 def _make(entry: dict, cache_dir: Path, decoder, batch_size: int, device: str, threads: int = 0):
@@ -287,7 +210,8 @@ def build_engines(model_dir: str | Path, cache_dir: str | Path | None = None, de
                 log.warning("compiled torch codec failed to build (%s): the eager torch codec will be used", exc)
                 skipped[COMPILED] = f"build failed: {exc}"
     if dev.startswith("npu"):
-        skipped["npu"] = "no prebuilt Ascend engine yet: the torch codec runs on the NPU (graphs: engines.device.npu)"
+        skipped["npu"] = ("no prebuilt Ascend engine yet: the torch codec runs on the NPU "
+                          "(graphs: engines.device.graphs.NPUGraph)")
     for e in engines:  # parity of every engine against the fp32 torch codec, and CPU speed
         if e["backend"] in ("torch", COMPILED):  # the compiled codec was checked against eager above
             continue

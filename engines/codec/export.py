@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from engines.codec.decoder import CodecDecoder
+from engines.codec.state import StreamState
 from engines.model.config import CodecDecoderConfig
-from engines.codec.streaming import StreamState
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The codec decoder's upsampling stack (decoder[0] .. the output conv) in channels-last layout, fused.
 
 The four SnakeBeta upsampling blocks do nearly all of the codec's arithmetic, at 400 Hz to 24 kHz.
-Run as written in `engines.codec.decoder` ([B, C, T] tensors, one op at a time) their convolutions
+Run as written in `engines.codec.layers` ([B, C, T] tensors, one op at a time) their convolutions
 pay layout transposes around every cuDNN call and their elementwise work (SnakeBeta's exp / mul / sin /
 pow / add, residual adds, state concatenations) reads and writes the largest tensors ~25 times per
 residual unit: measured on an H100, ~80% of a batch codec call went there (benchmarks/codec_profile.py).
@@ -30,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engines.codec.layers import DecoderBlock, ResidualUnit, SnakeBeta
+
 if TYPE_CHECKING:
-    from engines.codec.decoder import CodecDecoder
-    from engines.codec.streaming import StreamState
+    from engines.codec.state import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +165,15 @@ class _Trans:
 
 
 class FastStack:
-    """decoder[0] .. the output conv of a CodecDecoder, channels-last and fused (see the module doc).
+    """decoder[0] .. the output conv of a CodecDecoder (`dec`, engines.codec.decoder), channels-last and
+    fused (see the module doc).
 
     `__call__(x [B, latent, T] at the transformer's output rate, st)` -> wav [B, 1, T * rate] before the
     clamp, as `for m in decoder.decoder: x = m(x, st)` does. Built from the decoder's parameters at
     construction (rebuild after moving or casting the decoder). `polyphase`: dilated convs as undilated
     (k, 1) convs over [B, C, T/d, d] (default; False: cuDNN's dilated conv, for A/B runs)."""
 
-    def __init__(self, dec: "CodecDecoder", polyphase: bool = True):
-        from engines.codec.decoder import DecoderBlock, ResidualUnit, SnakeBeta
-
+    def __init__(self, dec: torch.nn.Module, polyphase: bool = True):
         mods = list(dec.decoder)
         if not (isinstance(mods[-2], SnakeBeta) and all(isinstance(m, DecoderBlock) for m in mods[1:-2])):
             raise ValueError("fast codec path: unexpected decoder layout")

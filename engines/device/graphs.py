@@ -24,6 +24,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from engines.device.npu import import_torch_npu
+
 log = logging.getLogger(__name__)
 
 
@@ -157,6 +159,25 @@ class CudaGraph(StreamGraph):
         super().__init__(device, torch.cuda, torch.cuda.CUDAGraph, pool, stream)
 
 
+class NPUGraph(StreamGraph):
+    """torch_npu.npu.NPUGraph behind the DeviceGraph interface (capture / replay, static buffers).
+
+    NOT RUN ON HARDWARE: no Ascend machine was available; the calls follow torch_npu's documented API
+    (`torch_npu.npu.NPUGraph`, the `torch_npu.npu.graph(g, pool=, stream=)` context manager, streams
+    mirroring torch.cuda). The capture logic is StreamGraph's, tested on CPU with a stand-in namespace."""
+
+    kind = "npu"
+
+    def __init__(self, device="npu", pool=None):
+        tn = import_torch_npu()
+        if tn is None:
+            raise RuntimeError("NPU graphs need torch_npu (Ascend's PyTorch adapter) and the CANN toolkit; "
+                               "install them, or use device 'cpu' / 'cuda'")
+        import torch
+
+        super().__init__(torch.device(device), tn.npu, tn.npu.NPUGraph, pool)
+
+
 def distinct_streams(device, priorities: tuple) -> list:
     """One CUDA stream per entry of `priorities` (lower = more urgent), pairwise distinct: torch hands out
     pooled streams round-robin, and work that may run at the same time needs different streams (and so
@@ -177,8 +198,6 @@ def distinct_streams(device, priorities: tuple) -> list:
 def make_graph(device: str | torch.device, pool=None, stream=None) -> DeviceGraph:
     """CudaGraph on CUDA, NPUGraph on Ascend (needs torch_npu), EagerGraph elsewhere."""
     if str(device).startswith("npu"):  # checked first: "npu" is only a torch device once torch_npu is loaded
-        from engines.device.npu import NPUGraph
-
         return NPUGraph(device, pool)
     dev = torch.device(device)
     if dev.type == "cuda":

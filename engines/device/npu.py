@@ -1,15 +1,12 @@
-"""Ascend NPU support through torch_npu: detection and an NPUGraph with the DeviceGraph interface.
+"""Ascend NPU support through torch_npu: is it there, and what is it (engines.device.graphs.NPUGraph
+captures graphs on it).
 
-NOT RUN ON HARDWARE: no Ascend machine was available; the calls follow torch_npu's documented API
-(`torch_npu.npu.NPUGraph`, the `torch_npu.npu.graph(g, pool=, stream=)` context manager, streams
-mirroring torch.cuda). The capture logic itself is shared with CudaGraph (engines.device.graphs)
-and tested on CPU with a stand-in namespace. `import torch_npu` is attempted only when asked for.
+NOT RUN ON HARDWARE: no Ascend machine was available; the calls follow torch_npu's documented API.
+`import torch_npu` is attempted only when asked for.
 """
 from __future__ import annotations
 
 import logging
-
-from engines.device.graphs import StreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +41,3 @@ def npu_info() -> dict:
     except Exception as exc:
         info["device_name"] = f"unknown ({exc})"
     return info
-
-
-class NPUGraph(StreamGraph):
-    """torch_npu.npu.NPUGraph behind the DeviceGraph interface (capture / replay, static buffers)."""
-
-    kind = "npu"
-
-    def __init__(self, device="npu", pool=None):
-        tn = import_torch_npu()
-        if tn is None:
-            raise RuntimeError("NPU graphs need torch_npu (Ascend's PyTorch adapter) and the CANN toolkit; "
-                               "install them, or use device 'cpu' / 'cuda'")
-        import torch
-
-        super().__init__(torch.device(device), tn.npu, tn.npu.NPUGraph, pool)

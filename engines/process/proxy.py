@@ -30,8 +30,7 @@ from typing import Callable, Optional
 from engines.api import EngineSpec
 from engines.model.errors import EngineUnavailable, TTSError
 from engines.process import wire
-from engines.runtime.runner import submit_waiting
-from engines.runtime.stream import StreamHandle, collect
+from engines.runtime.stream import StreamHandle, collect, submit_waiting
 
 log = logging.getLogger(__name__)
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)

@@ -67,7 +67,7 @@ class ModelRunner:
         compile_regions = cfg.compile if cfg.compile is not None else self.device.type == "cuda"
         if compile_regions and getattr(engine, "root", None) is not None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
             # compiled step regions persist next to the built codec engines: later starts load them
-            from engines.codec.build import INDUCTOR_DIR, default_cache_dir
+            from engines.codec.manifest import INDUCTOR_DIR, default_cache_dir
 
             cache = Path(cfg.engine_cache or default_cache_dir(engine.root)) / INDUCTOR_DIR
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)

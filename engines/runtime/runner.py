@@ -7,8 +7,8 @@
 
 One loop iteration (`step_once`) is schedule -> run -> postprocess:
 - schedule: the scheduler (engines.runtime.scheduler) picks the waiting requests that join the prefill
-  group; the runner prepares them (voice, prompt, settings) and gives each a FrameStore row and a place
-  in its codec lane;
+  group; the runner prepares them (voice, prompt, settings: engines.runtime.prepare, which also feeds
+  live text between steps) and gives each a FrameStore row and a place in its codec lane;
 - run: the model runner (engines.runtime.model_runner) prefills one chunk of every prompt in the group
   (complete ones move into slots) and launches one decode step for every active slot (a captured device
   graph per bucket on CUDA), reading the previous step's flags back meanwhile;
@@ -27,30 +27,18 @@ from typing import Optional
 import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
-from engines.model.errors import EngineBusy, TTSError, UnsupportedMode  # noqa: F401 - EngineBusy re-exported
+from engines.model.errors import EngineBusy, TTSError  # noqa: F401 - EngineBusy re-exported
 from engines.runtime.codec_lane import CodecLane
 from engines.runtime.config import EngineConfig
 from engines.runtime.model_runner import ModelRunner, Step
+from engines.runtime.prepare import feed_text, prepare
 from engines.runtime.scheduler import Scheduler
 from engines.runtime.sequence import Sequence
-from engines.runtime.stream import StreamHandle, collect
+from engines.runtime.stream import StreamHandle, collect, submit_waiting
 
 log = logging.getLogger(__name__)
 
 URGENT_S = 0.3  # a stream with less audio ahead of its listener than this gets its next chunk at once
-
-
-def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
-    """`submit(request, priority)` each request in order, calling `wait()` while the queue is full."""
-    handles = []
-    for req in requests:
-        while True:
-            try:
-                handles.append(submit(req, priority))
-                break
-            except EngineBusy:
-                wait()
-    return handles
 
 
 class EngineRunner:
@@ -259,7 +247,7 @@ class EngineRunner:
         if self.sched.prefilling:  # a stream's prompt goes alone: book prompts wait an iteration, not the stream
             group = self.sched.prefilling
             self._prefill([s for s in group if s.is_stream] or group)
-        self._feed_text()
+        feed_text(self.slots.seqs, self.engine.prompts, self.model.table, self.cfg.max_text_rows)
         self.loop_s["admit"] += time.perf_counter() - t0
         n = self.slots.n_active
         if n and not self._starved():
@@ -286,71 +274,12 @@ class EngineRunner:
             self.sched.join(seq)
 
     def _prepare(self, seq: Sequence) -> None:
-        eng = self.engine
+        """Its voice, prompt and settings (engines.runtime.prepare), a FrameStore row, a place in its lane."""
         seq.handle.marks["admit"] = time.perf_counter()
-        if seq.feed is None:
-            spec, ref_codes = eng.resolve(seq.request)
-            seq.prompt = eng.prompts.build(spec)
-            seq.settings = eng.sampling(seq.request.sampling, seq.request.text)
-        else:
-            spec, ref_codes = self._prepare_feed(seq)
-        need = seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1
-        if need > self.cfg.max_context:
-            seq.settings = replace(seq.settings, max_new_tokens=self.cfg.max_context - seq.prompt.prefill.shape[0] - 1)
-            if seq.settings.max_new_tokens < 2:
-                raise TTSError(f"text too long for one request ({seq.prompt.prefill.shape[0]} prompt tokens); "
-                               "split it into shorter segments")
-        seq.ref_codes = ref_codes
+        prepare(seq, self.engine, self.cfg.max_context)
+        ref_codes = seq.ref_codes
         seq.frame_row = self.store.take(ref_codes)
         seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))
-
-    def _prepare_feed(self, seq: Sequence):
-        """A request whose text is still arriving: streaming-text mode over the words there so far."""
-        eng, feed = self.engine, seq.feed
-        seq.feed_version = feed.version
-        text, ended = feed.take()
-        if not text:
-            raise TTSError("no complete word to speak yet: append text (ending in a space) or end the feed "
-                           "before submitting")
-        req = replace(seq.request, text=text, non_streaming_text=False)
-        spec, ref_codes = eng.resolve(req)
-        if ref_codes is not None:
-            raise UnsupportedMode("text that is still arriving cannot be spoken with a voice cloned with its "
-                                  "reference text (ICL needs the whole text up front); use a voice saved without "
-                                  "reference text, or send whole sentences")
-        seq.prompt = eng.prompts.build(spec, text_open=not ended)
-        seq.settings = eng.sampling(req.sampling, None)
-        seq.fed_ids = eng.prompts.text_ids(text)
-        seq.text_rows = seq.prompt.trailing.shape[0]
-        seq.text_open = not ended
-        return spec, ref_codes
-
-    def _feed_text(self) -> None:
-        """Give each running request whose feed changed its new complete words (and tts_eos at its end)."""
-        prompts, cap = self.engine.prompts, self.cfg.max_text_rows
-        for seq in self.slots.seqs:
-            if not seq.text_open or seq.feed.version == seq.feed_version:
-                continue
-            seq.feed_version = seq.feed.version
-            text, ended = seq.feed.take()
-            ids = prompts.text_ids(text) if text else []
-            if ids[:len(seq.fed_ids)] != seq.fed_ids:
-                log.debug("live text re-tokenized differently at a word boundary; going on from token %d",
-                          len(seq.fed_ids))
-            new = ids[len(seq.fed_ids):]
-            room = cap - seq.text_rows - 1  # one row kept for tts_eos
-            if len(new) > room:
-                log.warning("text still arriving passed %d tokens for one request: ending it there "
-                            "(start a new request for the rest)", cap)
-                new, ended = new[:max(room, 0)], True
-            if not new and not ended:
-                continue
-            rows = prompts.text_rows(new, end=ended)
-            self.model.table.append_text(seq.slot, seq.text_rows, rows, ended)
-            seq.text_rows += rows.shape[0]
-            seq.fed_ids += new
-            seq.text_open = not ended
-            seq.held = seq.member.stalled = False
 
     # ----- run -----------------------------------------------------------------------------------------
     def _prefill(self, group: list) -> None:

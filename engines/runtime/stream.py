@@ -1,6 +1,7 @@
 """Per-request output and the frames on the device.
 
-- `StreamHandle`: one request's audio as it is made (iterate for PCM chunks).
+- `StreamHandle`: one request's audio as it is made (iterate for PCM chunks); `submit_waiting` and
+  `collect`: a batch of requests submitted to an engine (waiting while its queue is full) and their results.
 - `FrameStore`: every in-flight request's codes on the device, one row per request from admission until
   its audio is decoded. The decode step writes each frame there; the codec lanes
   (engines.runtime.codec_lane) read from there. No code frame crosses to the host on the way to audio
@@ -18,8 +19,22 @@ import numpy as np
 import torch
 
 from engines.api import SynthesisResult
+from engines.model.errors import EngineBusy
 
 _END = object()
+
+
+def submit_waiting(submit, requests: list, priority: int, wait=lambda: time.sleep(0.02)) -> list[StreamHandle]:
+    """`submit(request, priority)` each request in order, calling `wait()` while the queue is full."""
+    handles = []
+    for req in requests:
+        while True:
+            try:
+                handles.append(submit(req, priority))
+                break
+            except EngineBusy:
+                wait()
+    return handles
 
 
 def collect(handles) -> list[SynthesisResult]:
