@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -70,3 +70,39 @@ class EngineSpec:
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving
     warmup: Optional[SynthesisRequest] = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the appliance uses of an engine, wherever it runs: `engines.runtime.runner.EngineRunner` in this
+    process, `engines.process.proxy.EngineProcess` in a process of its own (the daemon's default). Streams
+    submit at priority 0 and batch work above it; a handle (`engines.runtime.stream.StreamHandle`) yields the
+    request's float32 PCM chunks as they are made, `cancel()`s it and gives its whole `result()`."""
+
+    device: object
+    settings: dict  # what auto became: device, dtype, max_context, max_slots and why
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def max_slots(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...  # serving requests now
+
+    @property
+    def alive(self) -> bool: ...  # serving, and its loop makes progress
+
+    def submit(self, request: SynthesisRequest, priority: int = 0): ...  # -> StreamHandle; EngineBusy when full
+
+    def synthesize(self, requests: list, priority: int = 1) -> list: ...  # whole results, waits for room
+
+    def clone_voice(self, ref_audio, ref_text: Optional[str] = None): ...  # -> ClonedVoice (Base checkpoints)
+
+    def stats(self, fresh: bool = True) -> dict: ...  # active_slots, queued, steps, frames, loop timings, ...
+
+    def stop(self, timeout: Optional[float] = None) -> None: ...

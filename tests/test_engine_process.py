@@ -196,3 +196,10 @@ def test_a_preempted_batch_request_starts_over_in_the_front_too(one_thread):
             assert got.audio.shape == w.audio.shape
     finally:
         e.stop()
+
+
+def test_both_engines_are_the_one_engine_interface(engine):
+    from engines.api import Engine
+    from engines.load import load_runner
+
+    assert isinstance(engine, Engine) and isinstance(load_runner(spec()), Engine)

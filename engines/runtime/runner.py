@@ -48,6 +48,7 @@ class EngineRunner:
         self.engine = engine
         cfg = self.cfg = replace(config or EngineConfig(), **overrides)
         self.device = engine.device
+        self.settings: dict = {"device": str(engine.device), "max_slots": cfg.max_slots}  # (engines.load: all of them)
         n = cfg.max_slots
         # where the loop's wall time goes (seconds, summed): host work per phase, and waits for the device
         self.loop_s = dict.fromkeys(("admit", "decode_launch", "step_wait", "step_rows", "codec"), 0.0)
