@@ -24,29 +24,36 @@ _CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=[—–]\s)|(?<=\s[—–])\s+|(?<
 _ASCII_RUN_RE = re.compile(r"[A-Za-z0-9\u00c0-\u024f'’.-]+|\s+|.", re.S)
 
 
+_TRAILING_SPACE = re.compile(r"\s*$")
+_NEXT_CHAR = re.compile(r"\s*(\S)")
+_NEXT_WORD = re.compile(r"\s*(\w+)")
+_LOOK_BACK = 64  # characters before a mark that the word checks read (the words they look for are short)
+
+
 def _is_boundary(text: str, m: re.Match, lang: str, growing: bool = False) -> bool:
     """Whether the candidate `m` ends a sentence. `growing`: more text may follow the end of `text`
     (a stream), so a mark at the very end is not yet a boundary, and one followed only by
-    whitespace is judged without the next word."""
+    whitespace is judged without the next word. Reads only near the mark (no copy of the text before or
+    after it), so a long paragraph is split in linear time."""
     punct, end = m.group("p"), m.end()
-    rest = text[end:]
     if punct[0] in "。！？":
-        return bool(rest) or not growing
-    if not rest.strip() and not growing:
+        return end < len(text) or not growing
+    if _TRAILING_SPACE.match(text, end) and not growing:
         return True
-    if not rest[:1].isspace():
+    if not text[end:end + 1].isspace():
         return False  # "3.14", "e.g.x", "word.)"; growing: nothing follows yet
-    nxt = rest.lstrip()[:1]
-    if nxt.islower():
+    nxt = _NEXT_CHAR.match(text, end)
+    if nxt and nxt.group(1).islower():
         return False
     if punct == "." and not m.group("c"):
-        token = re.search(r"(\S+)$", text[: m.start()])
+        before = text[max(0, m.start() - _LOOK_BACK):m.start()]
+        token = re.search(r"(\S+)$", before)
         word = token.group(1).lstrip("(\"'“‘«[").lower() if token else ""
         if word in NON_TERMINAL or re.fullmatch(r"[^\W\d_]", word) or re.fullmatch(r"(?:[^\W\d_]\.)+[^\W\d_]", word):
             return False
         if lang == "de" and re.fullmatch(r"\d{1,2}", word):
-            prev = re.search(r"(\w+)\W*$", text[: m.start() - len(word)])
-            nxt_word = re.match(r"\s*(\w+)", rest)
+            prev = re.search(r"(\w+)\W*$", before[: len(before) - len(token.group(1))])
+            nxt_word = _NEXT_WORD.match(text, end)
             if (prev and prev.group(1).lower() in DE_ORDINAL_PREV) or (
                 nxt_word and nxt_word.group(1).lower() in DE_MONTHS
             ):
