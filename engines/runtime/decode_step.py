@@ -27,6 +27,7 @@ from engines.model.generate import sample_code0
 from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
+from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +85,6 @@ class StackWeights:
         return StackWeights(layers, stack.norm.weight, cos[0], sin[0])
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 def _gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a single row written as a reduction (fp32 accumulation): under torch.compile it
     becomes one kernel that also takes in its neighbours' elementwise work (norm scale, SiLU, residual)."""
@@ -106,32 +96,26 @@ def _gemv_or_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = N
     return _gemv(x, w, b) if x.shape[0] == 1 else F.linear(x, w, b)
 
 
-def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False):
+def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False, kernel: bool = False):
     """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
     slots written) attends to cache slots <= its position. Returns the layer's output (residual form).
-    `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only)."""
-    g, d = n_heads // n_kv, head_dim
-    scale = head_dim ** -0.5
+    `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only).
+    `kernel`: decode calls (T <= 2) run their attention as one Triton kernel (engines.runtime.attention)."""
+    attend = decode_attention if kernel else reference_attention
 
     def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
-        b, t, _ = x.shape
-        s = kc.shape[2]
-        one = gemv and b * t == 1
+        one = gemv and x.shape[0] * x.shape[1] == 1
+        qkv = (_gemv if one else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
+        # decode calls (one or two new tokens per row) may take the kernel; prompt chunks the torch form
+        o = (attend if x.shape[1] <= 2 else reference_attention)(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc,
+                                                                 n_heads, n_kv, eps)
+        return _post(x, o, wo, bo, ln2, wgu, wdown)
+
+    def _post(x, o, wo, bo, ln2, wgu, wdown):
+        """Output projection, residual, MLP, residual."""
+        one = gemv and x.shape[0] * x.shape[1] == 1
         lin = _gemv if one else F.linear
-        q, k, v = lin(_rms(x, ln1, eps), wqkv, bqkv).split((n_heads * d, n_kv * d, n_kv * d), dim=-1)
-        cos, sin = cos_tab[pos].to(x.dtype)[:, :, None], sin_tab[pos].to(x.dtype)[:, :, None]  # [B, T, 1, D]
-        q = _rope(_rms(q.reshape(b, t, n_heads, d), qn, eps), cos, sin)
-        k = _rope(_rms(k.reshape(b, t, n_kv, d), kn, eps), cos, sin)
-        rows = torch.arange(b, device=x.device)[:, None].expand(b, t)
-        kc[rows, :, pos] = k  # cache[b, :, pos] <- [B, T, kv, D]
-        vc[rows, :, pos] = v.reshape(b, t, n_kv, d)
-        qg = q.reshape(b, t, n_kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, n_kv, t * g, d)
-        scores = torch.matmul(qg, kc.transpose(2, 3)).float().view(b, n_kv, t, g, s) * scale
-        hidden = torch.arange(s, device=x.device)[None, None, :] > pos[:, :, None]  # [B, T, S]
-        scores = scores.masked_fill(hidden[:, None, :, None, :], float("-inf"))
-        p = torch.softmax(scores, dim=-1).to(x.dtype).view(b, n_kv, t * g, s)
-        o = torch.matmul(p, vc).view(b, n_kv, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, n_heads * d)
         x = x + lin(o, wo, bo)
         h = _rms(x, ln2, eps)
         if one:  # gate and up as two reductions over the same rows: one kernel with the SiLU product
@@ -145,15 +129,22 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
     return layer
 
 
-def _stack_layer(stack: DecoderStack, gemv: bool):
+def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool):
     c = stack.cfg
-    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv)
+    kernel = kernel and c.num_attention_heads % c.num_key_value_heads == 0 and _pow2(c.head_dim) \
+        and _pow2(c.num_attention_heads // c.num_key_value_heads)
+    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv, kernel)
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
-    def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer"):
+    def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
+                 kernel: bool = False):
         self.talker = talker
         cp = talker.code_predictor
         dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
@@ -176,7 +167,8 @@ class FastStep:
         gemv = gemv and compile
         self.lin = _gemv_or_linear if gemv else F.linear
         self.fuse = fuse
-        self._t_layer, self._p_layer = _stack_layer(talker.model, gemv), _stack_layer(cp.model, gemv)
+        self._t_layer = _stack_layer(talker.model, gemv, kernel)
+        self._p_layer = _stack_layer(cp.model, gemv, kernel)
         self.t_layer = wrap(self._t_layer)
         self.p_layer = wrap(self._p_layer)
         # fuse="pass": one region per predictor step (5 layers + sampling + next embedding) and one for

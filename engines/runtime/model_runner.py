@@ -26,6 +26,7 @@ import torch
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model.generate import control_mask
 from engines.model.layers import KVCache
+from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
 from engines.runtime.scheduler import length_bucket, pick_bucket
@@ -72,7 +73,11 @@ class ModelRunner:
             cache = Path(cfg.engine_cache or default_cache_dir(engine.root)) / INDUCTOR_DIR
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
             os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-        self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse)
+        kernel = attention.available(self.device) if cfg.attn_kernel is None else cfg.attn_kernel
+        if kernel and not attention.available(self.device):
+            raise ValueError(f"runtime.attn_kernel: the Triton attention kernel cannot run on {self.device} "
+                             "(it needs a CUDA device and the triton package); leave it unset")
+        self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")

@@ -1,0 +1,157 @@
+"""Decode attention over the static cache as one Triton kernel (the device path of the fast step).
+
+A decoder layer's attention at decode time (one or two new tokens per row) took ~8 kernels in the
+compiled layer: q/k RMSNorm and RoPE, two cache writes, the scores matmul over the whole cache bucket,
+the mask and softmax, the weighted sum. `decode_attention` does all of it in one launch per layer, one
+program per (row, key/value head):
+
+- the row's new keys and values are normed, rotated and written to the cache at their positions;
+- each of the head's query heads (grouped-query attention) is normed and rotated;
+- the scores, an online softmax and the weighted sum run over the cache slots up to each query's own
+  position only (the old path read the whole length bucket and masked the rest).
+
+Numbers are fp32 inside; values are rounded to the model's dtype where the reference rounds them (the
+normed q/k before the weight, the rotated q/k, the output). `reference_attention` is the same
+computation in torch (the compiled layer's form), used by the tests and as the path without Triton.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU builds: the layer keeps its torch form
+    triton = None
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on `device` (a CUDA device with Triton, or any device under
+    TRITON_INTERPRET=1, the tests' interpreter)."""
+    import os
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def reference_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):
+    """The layer's attention in torch: qkv `[B, T, (H + 2 KV) D]` at positions `pos` `[B, T]`; writes the
+    new keys/values into kc, vc `[B, KV, S, D]`; returns `[B, T, H D]`."""
+    b, t, _ = qkv.shape
+    d = kc.shape[-1]
+    g, s = n_heads // n_kv, kc.shape[2]
+    q, k, v = qkv.split((n_heads * d, n_kv * d, n_kv * d), dim=-1)
+    cos, sin = cos_tab[pos].to(qkv.dtype)[:, :, None], sin_tab[pos].to(qkv.dtype)[:, :, None]
+    q = rope(rms(q.reshape(b, t, n_heads, d), qn, eps), cos, sin)
+    k = rope(rms(k.reshape(b, t, n_kv, d), kn, eps), cos, sin)
+    rows = torch.arange(b, device=qkv.device)[:, None].expand(b, t)
+    kc[rows, :, pos] = k
+    vc[rows, :, pos] = v.reshape(b, t, n_kv, d)
+    qg = q.reshape(b, t, n_kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, n_kv, t * g, d)
+    scores = torch.matmul(qg, kc.transpose(2, 3)).float().view(b, n_kv, t, g, s) * d ** -0.5
+    hidden = torch.arange(s, device=qkv.device)[None, None, :] > pos[:, :, None]  # [B, T, S]
+    scores = scores.masked_fill(hidden[:, None, :, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(qkv.dtype).view(b, n_kv, t * g, s)
+    return torch.matmul(p, vc).view(b, n_kv, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, n_heads * d)
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+if triton is not None:
+    @triton.jit
+    def _normed_rotated(ptr, offs, d, rot, sign, w, w_rot, cos, sin, eps, D: tl.constexpr):
+        """RMSNorm (weight w) then RoPE of the vectors at ptr + offs (`[..., D]` offsets): fp32, rounded
+        to the stored dtype where the reference rounds."""
+        x = tl.load(ptr + offs).to(tl.float32)
+        xr = tl.load(ptr + offs - d + rot).to(tl.float32)  # the rotate-half partner of each element
+        r = tl.math.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
+        dt = ptr.dtype.element_ty
+        n = w * (x * r).to(dt).to(tl.float32)
+        nr = w_rot * (xr * r).to(dt).to(tl.float32)
+        n = n.to(dt).to(tl.float32)
+        nr = nr.to(dt).to(tl.float32)
+        a = (n * cos).to(dt).to(tl.float32)
+        c = (sign * nr * sin).to(dt).to(tl.float32)
+        return (a + c).to(dt)
+
+    @triton.jit
+    def _decode_attention_kernel(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out,
+                                 s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
+                                 eps, scale,
+                                 T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
+                                 D: tl.constexpr, BLOCK_S: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        rot = tl.where(d < D // 2, d + D // 2, d - D // 2)
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        kw = tl.load(kn_w + d).to(tl.float32)
+        kw_rot = tl.load(kn_w + rot).to(tl.float32)
+        qw = tl.load(qn_w + d).to(tl.float32)
+        qw_rot = tl.load(qn_w + rot).to(tl.float32)
+        dt = qkv.dtype.element_ty
+        # the new keys and values of this row and head go to the cache first
+        for t in tl.static_range(T):
+            p = tl.load(pos + b * s_pb + t)
+            cos = tl.load(cos_tab + p * D + d).to(dt).to(tl.float32)
+            sin = tl.load(sin_tab + p * D + d).to(dt).to(tl.float32)
+            row = qkv + b * s_qb + t * s_qt
+            k = _normed_rotated(row, (H + h) * D + d, d, rot, sign, kw, kw_rot, cos, sin, eps, D)
+            v = tl.load(row + (H + KV + h) * D + d)
+            tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
+            tl.store(vc + b * s_vb + h * s_vh + p * s_vs + d, v)
+        tl.debug_barrier()  # the writes above are read below by other threads of this program
+        g = tl.arange(0, G)
+        s = tl.arange(0, BLOCK_S)
+        for t in tl.static_range(T):
+            p = tl.load(pos + b * s_pb + t)
+            cos = tl.load(cos_tab + p * D + d).to(dt).to(tl.float32)
+            sin = tl.load(sin_tab + p * D + d).to(dt).to(tl.float32)
+            row = qkv + b * s_qb + t * s_qt
+            q = _normed_rotated(row, (h * G + g[:, None]) * D + d[None, :], d[None, :], rot[None, :],
+                                sign[None, :], qw[None, :], qw_rot[None, :], cos[None, :], sin[None, :], eps, D)
+            q = q.to(tl.float32)  # [G, D]
+            m = tl.full((G,), float("-inf"), tl.float32)
+            l = tl.zeros((G,), tl.float32)
+            acc = tl.zeros((G, D), tl.float32)
+            for start in range(0, p + 1, BLOCK_S):  # slots 0..p: this query's past and itself
+                slot = start + s
+                ok = slot <= p
+                kblk = tl.load(kc + b * s_kb + h * s_kh + slot[:, None] * s_ks + d[None, :], mask=ok[:, None],
+                               other=0.0).to(tl.float32)  # [S, D]
+                vblk = tl.load(vc + b * s_vb + h * s_vh + slot[:, None] * s_vs + d[None, :], mask=ok[:, None],
+                               other=0.0).to(tl.float32)
+                sc = tl.sum(q[:, None, :] * kblk[None, :, :], axis=2) * scale  # [G, S]
+                sc = tl.where(ok[None, :], sc, float("-inf"))
+                m_new = tl.maximum(m, tl.max(sc, axis=1))
+                alpha = tl.exp(m - m_new)
+                e = tl.exp(sc - m_new[:, None])
+                l = l * alpha + tl.sum(e, axis=1)
+                acc = acc * alpha[:, None] + tl.sum(e[:, :, None] * vblk[None, :, :], axis=1)
+                m = m_new
+            o = acc / l[:, None]
+            tl.store(out + b * s_ob + t * s_ot + (h * G + g[:, None]) * D + d[None, :], o.to(dt))
+
+
+def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):
+    """`reference_attention` as one kernel launch (see the module doc). qkv `[B, T, (H + 2 KV) D]` with a
+    contiguous last dimension, pos `[B, T]` int64, kc/vc `[B, KV, S, D]` views with a contiguous last
+    dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous."""
+    b, t, _ = qkv.shape
+    d = kc.shape[-1]
+    out = torch.empty(b, t, n_heads * d, device=qkv.device, dtype=qkv.dtype)
+    _decode_attention_kernel[(b, n_kv)](
+        qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, out,
+        qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1),
+        eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, BLOCK_S=32, num_warps=4)
+    return out
