@@ -63,7 +63,8 @@ async def measure(args, res: dict) -> None:
                  "frames_per_segment": args.frames if args.fixed_length else None, "audio_s": audio,
                  "wall_s": round(wall, 2), "first_segment_s": None if first is None else round(first, 2),
                  "audio_s_per_s": None if not audio else round(audio / wall, 1),
-                 "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps")}
+                 "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps",
+                                              "loop_s")}
                              for e in health.get("engine", {}).get("engines", [])] if isinstance(health, dict) else None}
         if job["state"] != "done":
             res["error"] = f"the book ended {job['state']} ({job['done']}/{job['total']} segments)"

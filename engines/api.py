@@ -66,6 +66,7 @@ class EngineSpec:
     max_context: int = 2048
     codec: str = "torch"
     codec_fast: Optional[bool] = None
+    attn_kernel: Optional[bool] = None
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

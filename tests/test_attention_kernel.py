@@ -84,3 +84,36 @@ def test_asking_for_the_kernel_where_it_cannot_run_is_a_clear_error():
     """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
         text=True, timeout=300)
     assert out.returncode != 0 and "runtime.attn_kernel" in out.stderr and "leave it unset" in out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_kernel_equals_torch_form_at_real_shapes(dtype):
+    """Compiled for the GPU (the interpreter above multiplies no bf16 tiles): the real heads (16 query, 8
+    key/value, 128 wide), 64 rows at scattered positions of a 512-slot cache, one and two new tokens."""
+    import torch
+
+    from engines.model.layers import rope_cos_sin
+    from engines.runtime.attention import decode_attention, reference_attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dt, dev = getattr(torch, dtype), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    H, KV, D, S, B = 16, 8, 128, 512, 64
+    cos, sin = (t[0].contiguous() for t in rope_cos_sin(torch.arange(S, device=dev)[None], D, 1e6, torch.float32))
+    for T in (1, 2):
+        qkv = torch.randn(B, T, (H + 2 * KV) * D, device=dev, generator=g).to(dt)
+        qn, kn = (torch.rand(D, device=dev, generator=g) + 0.5).to(dt), (torch.rand(D, device=dev, generator=g) + 0.5).to(dt)
+        first = torch.randint(0, S - T, (B, 1), device=dev, generator=g)
+        pos = (first + torch.arange(T, device=dev)).contiguous()
+        k0 = torch.randn(B + 2, KV, S, D, device=dev, generator=g).to(dt)
+        v0 = torch.randn(B + 2, KV, S, D, device=dev, generator=g).to(dt)
+        k1, v1, k2, v2 = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+        ref = reference_attention(qkv, qn, kn, cos, sin, pos, k1[1:-1], v1[1:-1], H, KV, 1e-6).float()
+        got = decode_attention(qkv, qn, kn, cos, sin, pos, k2[1:-1], v2[1:-1], H, KV, 1e-6).float()
+        err = (got - ref).abs()
+        if dt == torch.float32:
+            assert err.max() < 1e-4 and torch.allclose(k1, k2, atol=1e-5) and torch.equal(v1, v2)
+        else:  # bf16 rounding of the scores and weights differs from the two-matmul form
+            assert err.max() < 0.05 * ref.abs().max() and err.mean() < 0.01 * ref.abs().mean() + 1e-3
+            assert (k1.float() - k2.float()).abs().max() < 0.07 and torch.equal(v1, v2)

@@ -16,6 +16,8 @@ computation in torch (the compiled layer's form), used by the tests and as the p
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:
@@ -28,7 +30,6 @@ except ImportError:  # CPU builds: the layer keeps its torch form
 def available(device: torch.device) -> bool:
     """Whether the kernel can run on `device` (a CUDA device with Triton, or any device under
     TRITON_INTERPRET=1, the tests' interpreter)."""
-    import os
     if triton is None:
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
@@ -68,12 +69,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 if triton is not None:
     @triton.jit
-    def _normed_rotated(ptr, offs, d, rot, sign, w, w_rot, cos, sin, eps, D: tl.constexpr):
+    def _normed_rotated(ptr, offs, d, rot, sign, w, w_rot, cos, sin, mask, eps: tl.constexpr, D: tl.constexpr):
         """RMSNorm (weight w) then RoPE of the vectors at ptr + offs (`[..., D]` offsets): fp32, rounded
-        to the stored dtype where the reference rounds."""
-        x = tl.load(ptr + offs).to(tl.float32)
-        xr = tl.load(ptr + offs - d + rot).to(tl.float32)  # the rotate-half partner of each element
-        r = tl.math.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
+        to the stored dtype where the reference rounds; masked-off vectors come out as zeros."""
+        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        xr = tl.load(ptr + offs - d + rot, mask=mask, other=0.0).to(tl.float32)  # rotate-half partners
+        r = tl.math.rsqrt((tl.sum(x * x, axis=-1, keep_dims=True) / D + eps).to(tl.float32))
         dt = ptr.dtype.element_ty
         n = w * (x * r).to(dt).to(tl.float32)
         nr = w_rot * (xr * r).to(dt).to(tl.float32)
@@ -86,9 +87,10 @@ if triton is not None:
     @triton.jit
     def _decode_attention_kernel(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out,
                                  s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
-                                 eps, scale,
+                                 eps: tl.constexpr, scale: tl.constexpr,
                                  T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
-                                 D: tl.constexpr, BLOCK_S: tl.constexpr):
+                                 D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
+                                 INTERPRET: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, D)
@@ -105,41 +107,45 @@ if triton is not None:
             cos = tl.load(cos_tab + p * D + d).to(dt).to(tl.float32)
             sin = tl.load(sin_tab + p * D + d).to(dt).to(tl.float32)
             row = qkv + b * s_qb + t * s_qt
-            k = _normed_rotated(row, (H + h) * D + d, d, rot, sign, kw, kw_rot, cos, sin, eps, D)
+            k = _normed_rotated(row, (H + h) * D + d, d, rot, sign, kw, kw_rot, cos, sin, d < D, eps, D)
             v = tl.load(row + (H + KV + h) * D + d)
             tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
             tl.store(vc + b * s_vb + h * s_vh + p * s_vs + d, v)
         tl.debug_barrier()  # the writes above are read below by other threads of this program
-        g = tl.arange(0, G)
+        # every query of the group (T tokens x G heads) is one row of an M-row tile for the tensor cores
+        i = tl.arange(0, M)
+        ti, gi, real = i // G, i % G, i < T * G
+        pi = tl.load(pos + b * s_pb + ti, mask=real, other=0)  # each query's own position
+        last = tl.max(pi, axis=0)
+        cos = tl.load(cos_tab + pi[:, None] * D + d[None, :]).to(dt).to(tl.float32)
+        sin = tl.load(sin_tab + pi[:, None] * D + d[None, :]).to(dt).to(tl.float32)
+        q = _normed_rotated(qkv + b * s_qb, ti[:, None] * s_qt + (h * G + gi[:, None]) * D + d[None, :], d[None, :],
+                            rot[None, :], sign[None, :], qw[None, :], qw_rot[None, :], cos, sin, real[:, None],
+                            eps, D)  # [M, D]
+        m = tl.full((M,), float("-inf"), tl.float32)
+        l = tl.zeros((M,), tl.float32)
+        acc = tl.zeros((M, D), tl.float32)
         s = tl.arange(0, BLOCK_S)
-        for t in tl.static_range(T):
-            p = tl.load(pos + b * s_pb + t)
-            cos = tl.load(cos_tab + p * D + d).to(dt).to(tl.float32)
-            sin = tl.load(sin_tab + p * D + d).to(dt).to(tl.float32)
-            row = qkv + b * s_qb + t * s_qt
-            q = _normed_rotated(row, (h * G + g[:, None]) * D + d[None, :], d[None, :], rot[None, :],
-                                sign[None, :], qw[None, :], qw_rot[None, :], cos[None, :], sin[None, :], eps, D)
-            q = q.to(tl.float32)  # [G, D]
-            m = tl.full((G,), float("-inf"), tl.float32)
-            l = tl.zeros((G,), tl.float32)
-            acc = tl.zeros((G, D), tl.float32)
-            for start in range(0, p + 1, BLOCK_S):  # slots 0..p: this query's past and itself
-                slot = start + s
-                ok = slot <= p
-                kblk = tl.load(kc + b * s_kb + h * s_kh + slot[:, None] * s_ks + d[None, :], mask=ok[:, None],
-                               other=0.0).to(tl.float32)  # [S, D]
-                vblk = tl.load(vc + b * s_vb + h * s_vh + slot[:, None] * s_vs + d[None, :], mask=ok[:, None],
-                               other=0.0).to(tl.float32)
-                sc = tl.sum(q[:, None, :] * kblk[None, :, :], axis=2) * scale  # [G, S]
-                sc = tl.where(ok[None, :], sc, float("-inf"))
-                m_new = tl.maximum(m, tl.max(sc, axis=1))
-                alpha = tl.exp(m - m_new)
-                e = tl.exp(sc - m_new[:, None])
-                l = l * alpha + tl.sum(e, axis=1)
-                acc = acc * alpha[:, None] + tl.sum(e[:, :, None] * vblk[None, :, :], axis=1)
-                m = m_new
-            o = acc / l[:, None]
-            tl.store(out + b * s_ob + t * s_ot + (h * G + g[:, None]) * D + d[None, :], o.to(dt))
+        for start in range(0, last + 1, BLOCK_S):  # slots 0..p of each query: its past and itself
+            slot = start + s
+            inside = slot <= last
+            kblk = tl.load(kc + b * s_kb + h * s_kh + slot[:, None] * s_ks + d[None, :], mask=inside[:, None],
+                           other=0.0)  # [S, D]
+            vblk = tl.load(vc + b * s_vb + h * s_vh + slot[:, None] * s_vs + d[None, :], mask=inside[:, None],
+                           other=0.0)
+            if INTERPRET:  # the interpreter multiplies no bf16 tiles (numpy has no bf16)
+                kblk, vblk = kblk.to(tl.float32), vblk.to(tl.float32)
+            sc = tl.dot(q.to(kblk.dtype), tl.trans(kblk), input_precision=PREC) * scale  # [M, S]
+            sc = tl.where(slot[None, :] <= pi[:, None], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            alpha = tl.exp(m - m_new)
+            e = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(e, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(e.to(dt).to(vblk.dtype), vblk, input_precision=PREC)
+            m = m_new
+        o = acc / l[:, None]
+        tl.store(out + b * s_ob + ti[:, None] * s_ot + (h * G + gi[:, None]) * D + d[None, :], o.to(dt),
+                 mask=real[:, None])
 
 
 def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):
@@ -153,5 +159,11 @@ def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n
         qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, out,
         qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1),
-        eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, BLOCK_S=32, num_warps=4)
+        eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, _pow2_above(t * n_heads // n_kv)),
+        BLOCK_S=64, PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
+        num_warps=4)
     return out
+
+
+def _pow2_above(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
