@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from appliance.engine_pool import EnginePool
+from appliance.settings import WorkerSettings
 from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 from jobs.queue import Queue
@@ -66,7 +67,8 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
             raise SystemExit(f"submit failed: {error}")
         t_submitted = time.perf_counter()
         # one worker keeps every slot of every engine busy: it tops up as segments finish (jobs.worker, pipelined)
-        worker = Worker(Queue(paths.db), engines, paths, batch_size=slots, guard=GuardSettings(enabled=False))
+        in_flight = args.in_flight or WorkerSettings().batch_for(slots)  # the daemon's choice unless given
+        worker = Worker(Queue(paths.db), engines, paths, batch_size=in_flight, guard=GuardSettings(enabled=False))
         before = [r.stats() for r in engines.runners]
         prof = profile_window(args.profile, args.json) if args.profile else None
         while queue.job(job_id)["state"] not in ("done", "failed", "partial"):
@@ -88,7 +90,9 @@ def run_book(engines: EnginePool, slots: int, args) -> dict:
         if synthesized < len(segs) * args.frames:  # a figure from cached audio would not be the engine's
             raise SystemExit(f"only {synthesized} of {len(segs) * args.frames} frames were synthesized: "
                              "segments came from the audio cache; the book must have distinct paragraphs")
-        return {"segments": len(segs), "frames_synthesized": synthesized, "chapters": len(manifest["chapters"]),
+        steps = sum(e["decode_steps"] for e in per)
+        return {"segments": len(segs), "frames_synthesized": synthesized, "in_flight": in_flight,
+                "rows_per_step": round(synthesized / max(steps, 1), 1), "chapters": len(manifest["chapters"]),
                 "book_audio_s": audio,
                 "submit_s": t_submitted - t0, "wall_s": wall, "audio_s_per_s": audio / wall,
                 "last_segment_s": last_segment, "assembly_tail_s": wall - last_segment,
@@ -193,6 +197,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="engine slots, each engine (0: auto, what fits in free memory)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--fuse", default="layer", help="decode-step regions: layer or pass")
+    ap.add_argument("--in-flight", type=int, default=0, help="segments the worker keeps in flight (0: the daemon's "
+                    "choice for these slots, appliance.settings.WorkerSettings.batch_for)")
     ap.add_argument("--format", default="flac")
     ap.add_argument("--codec-streams", default="on", help="codec lanes on their own CUDA streams: on, off, or "
                     "on,off (A/B: the book runs once per setting, same process)")
