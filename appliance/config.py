@@ -63,8 +63,8 @@ class RuntimeSection:
     retry_after_s: int = 2            # Retry-After sent with 503
     codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
     prefill_graphs: bool = True       # GPU: prompts prefilled by captured graphs (false: eager, for A/B runs)
-    codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling (None: on CUDA; false for A/B)
-    attn_kernel: Optional[bool] = None  # decode attention as one Triton kernel per layer (None: on CUDA; false for A/B)
+    codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling (None: NVIDIA GPUs from Ampere on; false for A/B)
+    attn_kernel: Optional[bool] = None  # decode attention as one Triton kernel (None: Ampere GPUs on; false: A/B)
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
 
 

@@ -28,11 +28,13 @@ except ImportError:  # CPU builds: the layer keeps its torch form
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernel can run on `device` (a CUDA device with Triton, or any device under
-    TRITON_INTERPRET=1, the tests' interpreter)."""
+    """Whether the kernel can run on `device`: an NVIDIA GPU of compute capability 8.0 or later (Ampere on:
+    bf16 tensor-core tiles) with Triton, or any device under TRITON_INTERPRET=1 (the tests' interpreter)."""
     if triton is None:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def reference_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):

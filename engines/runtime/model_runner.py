@@ -76,7 +76,8 @@ class ModelRunner:
         kernel = attention.available(self.device) if cfg.attn_kernel is None else cfg.attn_kernel
         if kernel and not attention.available(self.device):
             raise ValueError(f"runtime.attn_kernel: the Triton attention kernel cannot run on {self.device} "
-                             "(it needs a CUDA device and the triton package); leave it unset")
+                             "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
+                             "leave it unset")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
