@@ -6,9 +6,10 @@ the mask and softmax, the weighted sum. `decode_attention` does all of it in one
 program per (row, key/value head):
 
 - the row's new keys and values are normed, rotated and written to the cache at their positions;
-- each of the head's query heads (grouped-query attention) is normed and rotated;
-- the scores, an online softmax and the weighted sum run over the cache slots up to each query's own
-  position only (the old path read the whole length bucket and masked the rest).
+- the queries of the head's group (tokens x query heads, grouped-query attention) are normed, rotated and
+  laid out as one tile of at least 16 rows, so scores and weighted sums run on the tensor cores;
+- the scores, an online softmax and the weighted sum run over blocks of cache slots up to each query's
+  own position only (the old path read the whole length bucket and masked the rest).
 
 Numbers are fp32 inside; values are rounded to the model's dtype where the reference rounds them (the
 normed q/k before the weight, the rotated q/k, the output). `reference_attention` is the same
