@@ -9,6 +9,10 @@ pool is what the rest of the daemon talks to, so nothing else knows how many eng
   flight) go to the least-loaded engine that has no streams waiting, so one book runs on every device;
 - when the chosen engine's admission queue is full the next one is tried; EngineBusy only when all are.
 
+An engine's load is what it last reported (an engine process reports every quarter second) or the
+requests the pool handed it that have not ended, whichever is larger: a burst of submissions (a worker
+filling every slot at once) is spread at once instead of all going where the last report looked emptiest.
+
 One worker feeding the pool (rather than one worker per engine) keeps one writer per book: the jobs
 worker writes a book's chapters as its segments end, and two workers following one book would write
 the same files.
@@ -40,6 +44,7 @@ class EnginePool:
         self.catalog = catalog if catalog is not None else self.runners[0].engine
         self.streams = [0] * len(self.runners)  # streaming requests being served, per engine
         self._owner: dict = {}  # stream handle -> index of its engine
+        self._live: list[list] = [[] for _ in self.runners]  # handles given to each engine, not known to have ended
         self._lock = threading.Lock()
 
     # -- what callers read from "the" engine (every engine runs the same checkpoint) ------------------
@@ -74,7 +79,8 @@ class EnginePool:
     # -- routing ------------------------------------------------------------------------------------
     def _occupancy(self, i: int) -> float:
         s = self.runners[i].stats()
-        return (s["active_slots"] + s["queued"]) / max(s["max_slots"], 1)
+        live = self._live[i] = [h for h in self._live[i] if not h.done]
+        return max(s["active_slots"] + s["queued"], len(live)) / max(s["max_slots"], 1)
 
     def streams_waiting(self, i: int) -> bool:
         """True when streams fill every slot of engine `i` or requests wait there behind streams."""
@@ -101,8 +107,9 @@ class EnginePool:
             except EngineBusy as exc:
                 busy = exc
                 continue
-            if priority <= STREAM_PRIORITY:
-                with self._lock:
+            with self._lock:
+                self._live[i].append(handle)
+                if priority <= STREAM_PRIORITY:
                     self.streams[i] += 1
                     self._owner[handle] = i
             return handle

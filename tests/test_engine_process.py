@@ -203,3 +203,28 @@ def test_both_engines_are_the_one_engine_interface(engine):
     from engines.load import load_runner
 
     assert isinstance(engine, Engine) and isinstance(load_runner(spec()), Engine)
+
+
+def test_a_burst_is_spread_over_engine_processes_at_once():
+    """A worker hands a pool of two engine processes every slot's worth of segments at once, faster than
+    the engines report their load (every 0.25 s): the pool counts what it handed each engine, so the
+    burst is split evenly instead of going to the engine whose last report looked emptiest."""
+    from appliance.engine_pool import BATCH_PRIORITY, EnginePool
+
+    engines = [EngineProcess(spec(max_slots=2)) for _ in range(2)]
+    try:
+        for e in engines:
+            e.start()
+        for e in engines:
+            e.wait_ready(120)
+        pool = EnginePool(engines, catalog=object())
+        handles = [pool.submit(req(seed=i, frames=4), BATCH_PRIORITY) for i in range(8)]
+        given = [len(live) for live in pool._live]
+        for h in handles:
+            h.result()
+        frames = [e.stats(fresh=True)["frames"] for e in engines]
+    finally:
+        for e in engines:
+            e.stop()
+    assert given == [4, 4]
+    assert frames[0] > 0 and frames[1] > 0 and max(frames) <= 2 * min(frames), frames
