@@ -80,6 +80,5 @@ def ready(runner, spec: EngineSpec) -> None:
     runner.start()
     if spec.warmup is not None:
         t0 = time.monotonic()
-        for _ in runner.submit(spec.warmup, priority=0):
-            pass
+        runner.warm_up(spec.warmup)
         log.info("warm-up on %s done in %.2f s", runner.device, time.monotonic() - t0)

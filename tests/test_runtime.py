@@ -5,6 +5,7 @@ tests run the captured-graph path on CUDA.
 """
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -451,3 +452,25 @@ def test_a_streams_prompt_is_prefilled_alone():
     assert {s.handle for s in runner.slots.seqs} == {stream, book}
     while not (book.done and stream.done):
         runner.step_once()
+
+
+def test_the_warm_up_request_is_no_clients_stream():
+    """The daemon speaks a warm-up request on the stream path before it serves; a book submitted right
+    after must still get every slot (a real stream keeps a quarter of them for streams for a minute)."""
+    eng = engine()
+    runner = EngineRunner(eng, max_slots=4, max_context=256)
+    runner.start()
+    try:
+        runner.warm_up(requests(1, frames=2)[0])
+        assert not runner.sched.streams_about()
+        batch = [runner.submit(r, priority=1) for r in requests(4, frames=40)]
+        deadline = time.monotonic() + 60
+        while runner.slots.n_active < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runner.slots.n_active == 4  # no slot held back for streams
+        runner.submit(requests(1, frames=2)[0], priority=0).result()  # a client's stream counts
+        assert runner.sched.streams_about()
+        for h in batch:
+            h.cancel()
+    finally:
+        runner.stop()

@@ -133,6 +133,19 @@ class EngineRunner:
             self._cv.notify()
         return handle
 
+    def warm_up(self, request: SynthesisRequest) -> None:
+        """Speak `request` once on the stream path (its lane, graphs and first chunks run before a client's
+        do). It is no client's stream: batch work does not keep slots for streams because of it (a book
+        submitted right after the start would run on three quarters of the slots for a minute)."""
+        before = self.sched.last_stream
+        handle = self.submit(request, priority=0)
+        mark = self.sched.last_stream
+        try:
+            for _ in handle:
+                pass
+        finally:
+            self.sched.unmark_stream(mark, before)
+
     def synthesize(self, requests: list[SynthesisRequest], priority: int = 1) -> list[SynthesisResult]:
         """Whole-audio results for a batch (batch priority by default). Waits for room when the admission
         queue is full; runs the loop in this thread when no background thread runs. Raises the first

@@ -150,6 +150,13 @@ class Scheduler:
                 self.last_stream = time.monotonic()
             self.queue.push(seq, priority)
 
+    def unmark_stream(self, mark: float, before: float) -> None:
+        """Forget the stream that arrived at `mark` (a warm-up request) if none arrived since: the time of
+        the last stream goes back to `before`."""
+        with self.lock:
+            if self.last_stream == mark:
+                self.last_stream = before
+
     def streams_about(self) -> bool:
         """Whether a stream arrived within STREAM_WINDOW_S (batch work then yields to streams)."""
         return time.monotonic() - self.last_stream < STREAM_WINDOW_S
