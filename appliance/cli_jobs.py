@@ -273,19 +273,47 @@ def cancel(job_id, home, as_json):
     emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 
 
+def _through_daemon(home, eng: dict, wait: bool):
+    """The running daemon's client when a retry or redo should go to it (one is configured or runs for the
+    spool folder and no --model asks for work in this process), else None. The daemon's engines do the work:
+    a second engine in this process would compete for its accelerator."""
+    cfg, paths = spool(home, **eng)
+    remote = None if eng.get("model") else _remote(cfg, paths)
+    if remote is not None and wait:
+        ignored = [f"--{k.replace('_', '-')}" for k, v in eng.items() if v is not None]
+        if ignored:
+            click.echo(f"note: {', '.join(ignored)} apply to work in this process; the daemon works with its "
+                       "own settings", err=True)
+    return remote
+
+
+def _after(remote, job_id: str, wait: bool, as_json: bool, answer: dict) -> dict:
+    """A daemon's answer to retry/redo, followed to the job's end with --wait (summary as `job_summary`)."""
+    if wait:
+        return follow(remote, [job_id], progress=not as_json)[job_id]
+    return answer
+
+
 @click.command()
 @click.argument("job_id")
-@click.option("--wait", is_flag=True, help="Work in this process until the job is finished.")
+@click.option("--wait", is_flag=True, help="Wait until the job is finished: follows the daemon's work when one "
+              "runs, else works in this process.")
 @engine_options
 @home_option
 @json_option
 def retry(job_id, wait, home, as_json, **eng):
     """Requeue the failed/cancelled segments of a job."""
-    cfg, _, queue = open_queue(home, **eng)
-    n = _call(queue.retry, job_id)
-    if wait:
-        finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
-    s = job_summary(queue, job_id)
+    remote = _through_daemon(home, eng, wait)
+    if remote is not None:
+        answer = _call(remote.retry, job_id)
+        n, s = answer["requeued"], _after(remote, job_id, wait, as_json, answer)
+    else:
+        cfg, _, queue = open_queue(home, **eng)
+        n = _call(queue.retry, job_id)
+        if wait:
+            finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
+        s = job_summary(queue, job_id)
+    s = {k: v for k, v in s.items() if k not in ("requeued", "segment", "seed")}
     emit(as_json, {**s, "requeued": n}, f"{n} segments requeued\n{describe(s)}")
 
 
@@ -294,17 +322,24 @@ def retry(job_id, wait, home, as_json, **eng):
 @click.option("--segment", "index", required=True, type=int, help="Segment index (as in manifest.json).")
 @click.option("--seed", type=int, help="Seed for the new take (default: a random one).")
 @click.option("--wait/--no-wait", default=True, show_default=True,
-              help="Re-render and reassemble now in this process (else leave it to a worker).")
+              help="Wait until the book is reassembled: follows the daemon's work when one runs, else re-renders "
+                   "in this process (--no-wait: leave it to the daemon or a worker).")
 @engine_options
 @home_option
 @json_option
 def redo(job_id, index, seed, wait, home, as_json, **eng):
     """Re-render one segment of a job with another seed and reassemble the book."""
-    cfg, _, queue = open_queue(home, **eng)
-    seed = _call(queue.redo, job_id, index, seed)
-    if wait:
-        finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
-    s = job_summary(queue, job_id)
+    remote = _through_daemon(home, eng, wait)
+    if remote is not None:
+        answer = _call(remote.redo, job_id, index, seed)
+        seed, s = answer["seed"], _after(remote, job_id, wait, as_json, answer)
+    else:
+        cfg, _, queue = open_queue(home, **eng)
+        seed = _call(queue.redo, job_id, index, seed)
+        if wait:
+            finish_in_process(run_settings(cfg, need_model=True), queue, [job_id], progress=not as_json)
+        s = job_summary(queue, job_id)
+    s = {k: v for k, v in s.items() if k not in ("requeued", "segment", "seed")}
     emit(as_json, {**s, "segment": index, "seed": seed}, f"segment {index} seed {seed}\n{describe(s)}")
 
 

@@ -131,6 +131,12 @@ class DaemonClient:
     def cancel(self, job_id: str) -> dict:
         return self.json("DELETE", f"/v1/jobs/{job_id}")
 
+    def retry(self, job_id: str) -> dict:
+        return self.json("POST", f"/v1/jobs/{job_id}/retry", {})
+
+    def redo(self, job_id: str, index: int, seed: Optional[int] = None) -> dict:
+        return self.json("POST", f"/v1/jobs/{job_id}/segments/{index}/redo", {} if seed is None else {"seed": seed})
+
     def events(self, job_id: str):
         """A job's progress as the daemon sends it (GET /v1/jobs/{id}/events, Server-Sent Events): yields
         (event, data) with the data decoded from JSON: ("progress", job summary) whenever it changes,

@@ -15,6 +15,7 @@
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
     DELETE /v1/jobs/{id}            cancel
     POST   /v1/jobs/{id}/retry      requeue failed/cancelled segments
+    POST   /v1/jobs/{id}/segments/{index}/redo   re-render one segment (body {"seed": N}, optional)
     GET    /v1/jobs/{id}/events     progress as Server-Sent Events: `event: progress` with the job
                                     summary whenever it changes, `event: log` per log line, and a final
                                     `event: end` when the job is finished; a comment line after
@@ -180,6 +181,17 @@ async def retry_job(request):
     return web.json_response({**await _q(ctx, job_summary, job_id), "requeued": n})
 
 
+async def redo_segment(request):
+    """POST /v1/jobs/{id}/segments/{index}/redo  {"seed": N} (optional; empty body: a random seed)"""
+    ctx, job_id = request.app[CTX], request.match_info["id"]
+    if not re.fullmatch(r"\d+", request.match_info["index"]):
+        raise ApiError(400, "the segment index is a number, as in the job's manifest.json")
+    index = int(request.match_info["index"])
+    seed = field(await read_json(request), "seed", int) if request.can_read_body else None
+    seed = await _q(ctx, lambda q: q.redo(job_id, index, seed))
+    return web.json_response({**await _q(ctx, job_summary, job_id), "segment": index, "seed": seed})
+
+
 async def job_events(request):
     """GET /v1/jobs/{id}/events (text/event-stream)."""
     ctx, job_id = request.app[CTX], request.match_info["id"]
@@ -218,4 +230,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/jobs/{id}", get_job)
     app.router.add_delete("/v1/jobs/{id}", cancel_job)
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
+    app.router.add_post("/v1/jobs/{id}/segments/{index}/redo", redo_segment)
     app.router.add_get("/v1/jobs/{id}/events", job_events)

@@ -226,6 +226,38 @@ def test_cli_uses_the_daemon(daemon, tmp_path, monkeypatch):
     assert r.exit_code != 0 and "no job" in r.output
 
 
+def test_cli_retry_and_redo_go_to_the_daemon(daemon, tmp_path, monkeypatch):
+    """With a daemon running, `redo` (which waits by default) and `retry --wait` ask the daemon and follow its
+    work: the daemon's engine renders the segment again (its frame count grows), the command loads no engine
+    of its own (it would compete for the daemon's accelerator), and the job's log names the redo."""
+    from appliance.cli import cli
+
+    book = tmp_path / "redo.txt"
+    book.write_text(book_text(1))
+    monkeypatch.setenv("TTS_APPLIANCE_HOME", str(daemon.home))
+    r = CliRunner().invoke(cli, ["submit", str(book), "--voice", "ryan", "--max-new-tokens", "4", "--wait", "--json"])
+    assert r.exit_code == 0, r.output
+    job_id = json.loads(r.stdout)[0]["job_id"]
+    frames = daemon.get("/health")[1]["engine"]["frames"]
+    monkeypatch.setattr("appliance.cli_jobs.finish_in_process", lambda *a, **k: pytest.fail("worked in the CLI"))
+    r = CliRunner().invoke(cli, ["redo", job_id, "--segment", "0", "--seed", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["state"] == "done" and out["segment"] == 0 and out["seed"] == 5, out
+    assert daemon.get("/health")[1]["engine"]["frames"] > frames  # the daemon rendered it
+    r = CliRunner().invoke(cli, ["logs", job_id, "--json"])
+    assert any("redo segment 0 with seed 5" in e["message"] for e in json.loads(r.stdout)), r.output
+    r = CliRunner().invoke(cli, ["retry", job_id, "--wait", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["state"] == "done" and out["requeued"] == 0, out
+    status, err, _ = daemon.post(f"/v1/jobs/{job_id}/segments/x/redo", {})
+    assert status == 400 and "segment index is a number" in err["error"]["message"]
+    status, err, _ = daemon.post(f"/v1/jobs/{job_id}/segments/0/redo", {"seed": "five"})
+    assert status == 400 and "'seed' must be a int" in err["error"]["message"]
+    assert daemon.post("/v1/jobs/nope/segments/0/redo", {})[0] == 404
+
+
 def test_cli_falls_back_in_process_without_daemon(tmp_path, monkeypatch):
     from appliance.cli import cli
 
