@@ -125,6 +125,10 @@ class Servers:
             self.wyoming_tcp_server = await asyncio.start_server(cb, w.tcp_host, w.tcp_port)
             port = self.wyoming_tcp_server.sockets[0].getsockname()[1]
             self.wyoming_tcp = f"tcp://{w.tcp_host}:{port}"
+            if not is_loopback(w.tcp_host):  # (Home Assistant on another machine needs this; the protocol has no key)
+                log.warning("Wyoming on %s: the protocol has no authentication, anyone who reaches it may use it; "
+                            "keep it to a trusted network (a firewall) or use wyoming.tcp_host 127.0.0.1",
+                            self.wyoming_tcp)
 
     def describe(self) -> list[str]:
         out = [f"http unix:{self.http_path}"] if self.http_path else []

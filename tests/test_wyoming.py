@@ -184,3 +184,18 @@ def test_text_is_spoken_with_the_config_lexicon(tmp_path):
     handler.write_event = write_event
     assert run(handler.speak("Qwen speaks.", "ryan", "english")) == "failed"
     assert asked == ["chwen speaks."] and sent[0].type == "error"
+
+
+def test_listeners_open_to_the_network_are_warned_about(tmp_path):
+    """Wyoming has no authentication and the HTTP API none without http.api_key: a daemon listening beyond
+    loopback says so in its log (Home Assistant on another machine is a reason to; the admin should know)."""
+    cfg = base_config(tmp_path, jobs={"enabled": False, "watch": False},
+                      http={"tcp": True, "tcp_host": "0.0.0.0", "tcp_port": 0},
+                      wyoming={"tcp_host": "0.0.0.0", "tcp_port": 0})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        log = d.log_text()
+    finally:
+        assert d.stop() == 0
+    assert "HTTP API on http://0.0.0.0:" in log and "without an API key" in log, log[-2000:]
+    assert "Wyoming on tcp://0.0.0.0:" in log and "no authentication" in log, log[-2000:]
