@@ -16,6 +16,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 from aiohttp import web
@@ -48,7 +49,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     later), stream_format ("audio": the encoded audio; "sse": Server-Sent Events, streamed), and extras:
     stream (default false: one complete file when done; true: encoded chunk by chunk as audio is made),
     language (a name or a BCP-47 tag: en, de-DE), ref_audio (base64), ref_text, seed, max_frames (cap on
-    generated frames, 12.5 per second; model.max_frames caps it too), lexicon ({"word": "what to say"},
+    the answer's frames, 12.5 per second, over all pieces of a long input; model.max_frames caps each piece), lexicon ({"word": "what to say"},
     over the entries of jobs.lexicon's file).
     """
     ctx = request.app[CTX]
@@ -99,7 +100,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
             if req is None:
                 raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
                                     "(POST /v1/voices adds one)")
-            return await _serve(request, req, fmt, encoder, speed, sse)
+            return await _serve(request, req, fmt, encoder, speed, sse, field(data, "max_frames", int))
     finally:
         if encoder is not None:
             encoder.close()  # no-op once finished
@@ -110,12 +111,13 @@ def sse_event(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-async def _serve(request, req, fmt: str, encoder, speed: float = 1.0, sse: bool = False) -> web.StreamResponse:
+async def _serve(request, req, fmt: str, encoder, speed: float = 1.0, sse: bool = False,
+                 max_frames: Optional[int] = None) -> web.StreamResponse:
     ctx = request.app[CTX]
     loop = asyncio.get_running_loop()
     resp = None
     try:
-        async with serve_stream(ctx, "speech", req) as stream:
+        async with serve_stream(ctx, "speech", req, max_frames) as stream:
             chunks = stream.chunks()
             try:
                 first = await chunks.__anext__()  # a refusal (busy) or a bad request still gets its status code

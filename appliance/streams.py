@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 from engines.model.errors import EngineBusy, TTSError
 
@@ -53,8 +53,9 @@ class Stream:
     while the one before plays, so it is prefilled by the time it is heard), and the outcome the route
     reports."""
 
-    def __init__(self, daemon, requests: list, first):
+    def __init__(self, daemon, requests: list, first, max_frames: Optional[int] = None):
         self.daemon, self.requests, self.handles = daemon, requests, [first]
+        self.max_frames = max_frames  # the client's cap on the whole stream, over all pieces
         self.outcome = "cancelled"  # until the route says otherwise
 
     @property
@@ -66,14 +67,21 @@ class Stream:
         return self.handle.sample_rate
 
     async def chunks(self):
-        """The PCM chunks (float32) of every piece in order, from asyncio; raises a piece's error."""
+        """The PCM chunks (float32) of every piece in order, from asyncio, at most `max_frames` frames in all
+        (the rest is cancelled when the stream ends); raises a piece's error."""
+        left = None if self.max_frames is None else self.max_frames * self.sample_rate * 2 // 25  # 12.5 frames/s
         for i in range(len(self.requests)):
             if i == len(self.handles):  # the piece before made no audio at all
                 await self._next()
             async for chunk in self.daemon.host.aiter_chunks(self.handles[i]):
-                if i + 1 < len(self.requests) and len(self.handles) == i + 1:
+                if left is not None:
+                    chunk, left = chunk[:left], left - min(left, len(chunk))
+                if left != 0 and i + 1 < len(self.requests) and len(self.handles) == i + 1:
                     await self._next()  # seamless: the next piece is prefilled while this one plays
-                yield chunk
+                if len(chunk):
+                    yield chunk
+                if left == 0:
+                    return
 
     async def _next(self) -> None:
         req = self.requests[len(self.handles)]
@@ -91,9 +99,10 @@ class Stream:
 
 
 @asynccontextmanager
-async def serve_stream(daemon, api: str, request) -> AsyncIterator[Stream]:
+async def serve_stream(daemon, api: str, request, max_frames: Optional[int] = None) -> AsyncIterator[Stream]:
     """Admit `request` at stream priority on the least-loaded engine and serve it (see the module doc);
-    text longer than one request speaks goes as pieces (split_request) into the same stream."""
+    text longer than one request speaks goes as pieces (split_request) into the same stream, `max_frames`
+    (a client's cap) over all of them."""
     if not daemon.accepting:
         daemon.metrics.request(api, "busy")
         raise ShuttingDown("the daemon is shutting down")
@@ -103,7 +112,7 @@ async def serve_stream(daemon, api: str, request) -> AsyncIterator[Stream]:
     except EngineBusy:
         daemon.metrics.request(api, "busy")
         raise
-    stream = Stream(daemon, requests, handle)
+    stream = Stream(daemon, requests, handle, max_frames)
     started = time.monotonic()
     daemon.active_handles.add(handle)
     try:

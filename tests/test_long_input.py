@@ -53,6 +53,16 @@ def test_long_input_is_spoken_whole_on_the_speech_api(daemon, stream):
     assert len(audio) == n * FRAMES * SPF * 2  # 16-bit PCM: every piece, each its FRAMES frames
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_clients_max_frames_caps_the_whole_answer(daemon, stream):
+    """`max_frames` of a speech request caps what the client gets over all pieces of a long input (each piece
+    makes FRAMES here), not each piece: 5 frames are the first piece and 2 of the second."""
+    status, audio, _ = daemon.post("/v1/audio/speech", {"input": TEXT, "voice": "ryan", "response_format": "pcm",
+                                                        "stream": stream, "seed": 1, "max_frames": 5})
+    assert status == 200, audio
+    assert len(audio) == 5 * SPF * 2
+
+
 def test_long_input_is_spoken_whole_on_wyoming(daemon):
     from wyoming.client import AsyncUnixClient
     from wyoming.tts import Synthesize, SynthesizeVoice
