@@ -7,7 +7,7 @@ from num2words import num2words
 
 from text.normalize import words as W
 from text.normalize.rules_en import roman_to_int
-from text.normalize.spoken import Rule, pad, prev_word, say, year
+from text.normalize.spoken import Rule, pad, prev_word, range_rule, say, year
 
 DATIVE = {"am", "vom", "zum", "bis", "ab", "seit", "dem", "den", "im", "beim", "zur", "des", "vor", "nach", "an",
           "ihrem", "seinem", "ihren", "seinen", "meinem", "diesem"}
@@ -72,15 +72,6 @@ def _year(m: re.Match) -> str:
     return pad(m, year(n, "de"))
 
 
-def _range(m: re.Match) -> str:
-    a, b = m.group("a"), m.group("b")
-    if int(a) >= int(b) or (len(a) != len(b) and m.group("dash") == "-"):
-        return m.group()
-    if len(a) == 4 and 1000 <= int(a) < 2100:
-        return pad(m, f"{year(int(a), 'de')} bis {year(int(b), 'de')}")
-    return pad(m, f"{say(a, 'de')} bis {say(b, 'de')}")
-
-
 def _unit(m: re.Match) -> str:
     one, many = W.UNITS["de"][m.group("u")]
     n = m.group("n")
@@ -101,7 +92,7 @@ def german_rules(num: str) -> list[Rule]:
          lambda m: pad(m, W.one_before_noun(num2words(int(m.group("h")), lang="de"), "de") + " Uhr")),
         (re.compile(r"(?<![\d.,])(?P<n>\d+(?:,\d+)?)\s?(?P<u>" + units + r")(?![\w/])"), _unit),
         (re.compile(r"(?<![\d.,])(?P<n>\d{1,3})\.\s(?P<noun>[A-ZÄÖÜ][a-zäöüß]+)"), _ordinal_noun),
-        (re.compile(r"(?<![\d.,])(?P<a>\d+)\s?(?P<dash>[-–])\s?(?P<b>\d+)(?![\d.,]\d)"), _range),
+        range_rule("de", "bis"),
         (re.compile(r"(?<![\d.,$£€])(?P<y>1[1-9]\d{2}|20\d{2})(?![\d%]|[.,]\d)"), _year),
         (re.compile(r"&"), lambda m: " und "),
     ]

@@ -6,7 +6,7 @@ import re
 from num2words import num2words
 
 from text.normalize import words as W
-from text.normalize.spoken import Rule, pad, prev_word, say, year
+from text.normalize.spoken import Rule, pad, prev_word, range_rule, say, year
 
 YEAR_CUES = {
     "in", "since", "by", "from", "until", "till", "of", "year", "years", "during", "before", "after", "around",
@@ -72,15 +72,6 @@ def _decade(m: re.Match) -> str:
     return pad(m, words)
 
 
-def _range(m: re.Match) -> str:
-    a, b = m.group("a"), m.group("b")
-    if not (a.isdigit() and b.isdigit()) or int(a) >= int(b) or (len(a) != len(b) and m.group("dash") == "-"):
-        return m.group()
-    if len(a) == 4 and 1000 <= int(a) < 2100:
-        return pad(m, f"{year(int(a), 'en')} to {year(int(b), 'en')}")
-    return pad(m, f"{say(a, 'en')} to {say(b, 'en')}")
-
-
 def _unit(m: re.Match) -> str:
     one, many = W.UNITS["en"][m.group("u")]
     n = m.group("n")
@@ -100,7 +91,7 @@ def english_rules(num: str) -> list[Rule]:
         (re.compile(r"(?<![\d.,])(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?P<suf>st|nd|rd|th)\b", re.I),
          lambda m: pad(m, num2words(int(m.group("n").replace(",", "")), to="ordinal"))),
         (re.compile(r"(?<![\w'’])['’]?(?P<d>\d{1,3}0)s\b"), _decade),
-        (re.compile(r"(?<![\d.,])(?P<a>\d+)\s?(?P<dash>[-–])\s?(?P<b>\d+)(?![\d.,]\d)"), _range),
+        range_rule("en", "to"),
         (re.compile(r"(?<![\d.,$£€])(?P<y>1[1-9]\d{2}|20\d{2})(?![\d%]|[.,]\d)"), _year),
         (re.compile(r"&"), lambda m: " and "),
     ]

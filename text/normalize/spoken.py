@@ -65,6 +65,23 @@ def pad(m: re.Match, words: str) -> str:
     return f"{left}{words}{right}"
 
 
+_RANGE = re.compile(r"(?<![\d.,])(?P<a>\d+)\s?(?P<dash>[-–])\s?(?P<b>\d+)(?![\d.,]\d)")
+
+
+def range_rule(lang: str, joiner: str) -> "Rule":
+    """The rule reading "a-b" as "a JOINER b" (years as years); kept as written unless a < b, or when a
+    hyphen joins numbers of different lengths (a code such as 12-345)."""
+    def spoken_range(m: re.Match) -> str:
+        a, b = m.group("a"), m.group("b")
+        if int(a) >= int(b) or (len(a) != len(b) and m.group("dash") == "-"):
+            return m.group()
+        if len(a) == 4 and 1000 <= int(a) < 2100:
+            return pad(m, f"{year(int(a), lang)} {joiner} {year(int(b), lang)}")
+        return pad(m, f"{say(a, lang)} {joiner} {say(b, lang)}")
+
+    return _RANGE, spoken_range
+
+
 def prev_word(m: re.Match) -> str:
     before = m.string[: m.start()].rstrip()
     found = re.search(r"(\w+)\W*$", before)
