@@ -178,10 +178,8 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
     given = {k: v for k, v in given.items() if v is not None}
     if remote:
         _spec(given)  # e.g. a bad --chapters stops here, before anything is sent
-        ignored = [f"--{k.replace('_', '-')}" for k, v in eng.items() if v is not None]
-        if wait and ignored:
-            click.echo(f"note: {', '.join(ignored)} apply to work in this process; the daemon works with its "
-                       "own settings", err=True)
+        if wait:
+            _note_daemon_settings(eng)
         results = _submit_each(files, lambda f: _call(remote.submit_file, f, given, cfg.http.max_body_bytes),
                                as_json)
         ok = [r["job_id"] for r in results if not r["error"]]
@@ -273,6 +271,14 @@ def cancel(job_id, home, as_json):
     emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 
 
+def _note_daemon_settings(eng: dict) -> None:
+    """Say that the engine flags given (`eng`) do not reach a daemon that does the work."""
+    ignored = [f"--{k.replace('_', '-')}" for k, v in eng.items() if v is not None]
+    if ignored:
+        click.echo(f"note: {', '.join(ignored)} apply to work in this process; the daemon works with its "
+                   "own settings", err=True)
+
+
 def _through_daemon(home, eng: dict, wait: bool):
     """The running daemon's client when a retry or redo should go to it (one is configured or runs for the
     spool folder and no --model asks for work in this process), else None. The daemon's engines do the work:
@@ -280,10 +286,7 @@ def _through_daemon(home, eng: dict, wait: bool):
     cfg, paths = spool(home, **eng)
     remote = None if eng.get("model") else _remote(cfg, paths)
     if remote is not None and wait:
-        ignored = [f"--{k.replace('_', '-')}" for k, v in eng.items() if v is not None]
-        if ignored:
-            click.echo(f"note: {', '.join(ignored)} apply to work in this process; the daemon works with its "
-                       "own settings", err=True)
+        _note_daemon_settings(eng)
     return remote
 
 

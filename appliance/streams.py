@@ -20,6 +20,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
 
+from engines.engine import FRAMES_PER_S
 from engines.model.errors import EngineBusy, TTSError
 
 OUTCOMES_OK = ("ok", "cancelled")
@@ -69,7 +70,7 @@ class Stream:
     async def chunks(self):
         """The PCM chunks (float32) of every piece in order, from asyncio, at most `max_frames` frames in all
         (the rest is cancelled when the stream ends); raises a piece's error."""
-        left = None if self.max_frames is None else self.max_frames * self.sample_rate * 2 // 25  # 12.5 frames/s
+        left = None if self.max_frames is None else int(self.max_frames * self.sample_rate / FRAMES_PER_S)
         for i in range(len(self.requests)):
             if i == len(self.handles):  # the piece before made no audio at all
                 await self._next()

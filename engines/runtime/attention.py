@@ -162,11 +162,8 @@ def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n
         qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, out,
         qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1),
-        eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, _pow2_above(t * n_heads // n_kv)),
+        eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, triton.next_power_of_2(t * n_heads // n_kv)),
         BLOCK_S=64, PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
         num_warps=4)
     return out
 
-
-def _pow2_above(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
