@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--no-gemv", action="store_true", help="batch-1 matmuls as library kernels (A/B)")
     ap.add_argument("--attn", choices=["auto", "kernel", "torch"], default="auto",
                     help="decode attention: the Triton kernel, the torch form, or the engine's choice (A/B)")
+    ap.add_argument("--sampler", choices=["auto", "kernel", "torch"], default="auto",
+                    help="the step's draws: the Triton kernel, the torch form (sorts), or the engine's choice (A/B)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on", help="cuDNN autotuning of the codec convs")
@@ -169,6 +171,7 @@ def main() -> None:
     conc = [c for c in conc if c <= slots] or [slots]
     runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, gemv=not args.no_gemv,
                           attn_kernel={"auto": None, "kernel": True, "torch": False}[args.attn],
+                          sample_kernel={"auto": None, "kernel": True, "torch": False}[args.sampler],
                           overlap=not args.no_overlap, codec_backend=args.codec, batch_chunk_frames=args.batch_chunk)
     t_prep = time.perf_counter()
     prep = runner.prepare()  # every graph captured (and every region compiled) before any request
@@ -177,7 +180,7 @@ def main() -> None:
     runner.start()
     res = {"device": torch.cuda.get_device_name() if cuda else "cpu",
            "model": Path(args.model).name if args.model else f"dummy-{args.dummy}", "dtype": args.dtype,
-           "gemv": not args.no_gemv, "attn": args.attn, "overlap": not args.no_overlap, "codec": args.codec,
+           "gemv": not args.no_gemv, "attn": args.attn, "sampler": args.sampler, "overlap": not args.no_overlap, "codec": args.codec,
            "cudnn_benchmark": args.cudnn_benchmark, "batch_chunk": args.batch_chunk, "slots": slots,
            "slots_auto": plan.describe() if plan else None, "max_context": ctx, "frames": args.frames,
            "load_s": t_prep - t_load, "startup_s": warm, "prepare": prep, "graphs": len(runner.graphs)}

@@ -67,6 +67,7 @@ class EngineSpec:
     codec: str = "torch"
     codec_fast: Optional[bool] = None
     attn_kernel: Optional[bool] = None
+    sample_kernel: Optional[bool] = None
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

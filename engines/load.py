@@ -65,7 +65,7 @@ def load_runner(spec: EngineSpec):
         runner = EngineRunner(engine, max_slots=slots, max_queue=spec.max_queue, max_context=spec.max_context,
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
-                              attn_kernel=spec.attn_kernel,
+                              attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               engine_cache=spec.engine_cache)
     runner.settings = chosen
     return runner

@@ -34,13 +34,19 @@ def control_mask(talker: Talker, device) -> torch.Tensor:
     return mask
 
 
-def sample_code0(logits, seen, penalty, suppress, eos_id: int, gen_step, min_new, st: SamplingTensors, seed,
-                 counter, k_cap: int = 0) -> torch.Tensor:
-    """Codebook 0 of the next frame `[B]`: repetition penalty, suppressed control ids, EOS masked while
-    gen_step < min_new (per row), then the draw (`draw_topk` over the k_cap best when k_cap is set).
-    Shared by the reference loop and the device step."""
+def code0_scores(logits, seen, penalty, suppress, eos_id: int, gen_step, min_new) -> torch.Tensor:
+    """The codebook-0 logits as they are drawn from `[B, V]` float32: repetition penalty, suppressed control
+    ids, EOS masked while gen_step < min_new (per row). Shared by the reference loop and the device step."""
     x = apply_repetition_penalty(logits.float(), seen, penalty).masked_fill(suppress, float("-inf"))
     x[:, eos_id] = torch.where(gen_step < min_new, torch.full_like(x[:, eos_id], float("-inf")), x[:, eos_id])
+    return x
+
+
+def sample_code0(logits, seen, penalty, suppress, eos_id: int, gen_step, min_new, st: SamplingTensors, seed,
+                 counter, k_cap: int = 0) -> torch.Tensor:
+    """Codebook 0 of the next frame `[B]`: `code0_scores`, then the draw (`draw_topk` over the k_cap best when
+    k_cap is set)."""
+    x = code0_scores(logits, seen, penalty, suppress, eos_id, gen_step, min_new)
     return draw_topk(x, st, seed, counter, k_cap) if k_cap else draw(x, st, seed, counter)
 
 

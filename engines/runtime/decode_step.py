@@ -23,11 +23,12 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from engines.model.generate import sample_code0
+from engines.model.generate import code0_scores
 from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
+from engines.runtime.sampler import device_draw
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,9 @@ class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
-                 kernel: bool = False):
+                 kernel: bool = False, sample_kernel: bool = False, tuning: bool = False):
         self.talker = talker
+        self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
         dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
         self.tw = StackWeights.of(talker.model, talker.cfg.max_position_embeddings)
@@ -161,7 +163,9 @@ class FastStep:
         self.proj = (proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else None
         self.sub_tables = [e.weight for e in cp.model.codec_embedding]
         self.lm = [h.weight for h in cp.lm_head]
-        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
+        # tuning: inductor times block-size variants of each generated kernel at compile time (cached on disk)
+        options = {"coordinate_descent_tuning": True} if tuning else None
+        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True, options=options)) if compile else (lambda f: f)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         gemv = gemv and compile
@@ -187,8 +191,8 @@ class FastStep:
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
                done, eos, limit, text_open, trailing_len, hold, k_cap: int = 0):
         eos_id = self.talker.cfg.codec_eos_token_id
-        code0 = sample_code0(self.lin(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new,
-                             SamplingTensors(do, temp, topk, topp), seed, gen_step * 16, k_cap)
+        scores = code0_scores(self.lin(hidden, head_w), seen, penalty, suppress, eos_id, gen_step, min_new)
+        code0 = self._draw(scores, SamplingTensors(do, temp, topk, topp), seed, gen_step, 0, k_cap)
         # a row whose next input needs a text row that has not arrived waits: this step changes nothing of it
         hold.copy_(text_open & (gen_step >= trailing_len) & ~done)
         hit = (code0 == eos_id) & ~done & ~hold
@@ -203,7 +207,13 @@ class FastStep:
 
     def _sub_code(self, x, norm_w, lm_w, do, temp, topk, topp, seed, gen_step, j: int, k_cap: int = 0):
         logits = self.lin(_rms(x[:, -1], norm_w, self.eps_p), lm_w)
-        st, counter = SamplingTensors(do, temp, topk, topp), gen_step * 16 + 1 + j
+        return self._draw(logits, SamplingTensors(do, temp, topk, topp), seed, gen_step, 1 + j, k_cap)
+
+    def _draw(self, logits, st, seed, gen_step, offset: int, k_cap: int):
+        """Draw j = `offset` of the frame (counter gen_step * 16 + offset): the kernel, or the torch form."""
+        if self.sample_kernel:
+            return device_draw(logits, st, seed, gen_step, offset)
+        counter = gen_step * 16 + offset
         return draw_topk(logits, st, seed, counter, k_cap) if k_cap else draw(logits, st, seed, counter)
 
     def _pred_step(self, x, layers, pk, pv, pos, cos, sin, norm_w, lm_w, do, temp, topk, topp, seed, gen_step,

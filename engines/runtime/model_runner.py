@@ -78,7 +78,13 @@ class ModelRunner:
             raise ValueError(f"runtime.attn_kernel: the Triton attention kernel cannot run on {self.device} "
                              "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
                              "leave it unset")
-        self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel)
+        sample_kernel = attention.available(self.device) if cfg.sample_kernel is None else cfg.sample_kernel
+        if sample_kernel and not attention.available(self.device):
+            raise ValueError(f"runtime.sample_kernel: the Triton sampling kernel cannot run on {self.device} "
+                             "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
+                             "leave it unset")
+        self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
+                             sample_kernel=sample_kernel, tuning=cfg.compile_tuning)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
@@ -187,12 +193,17 @@ class ModelRunner:
         """The top-k cap a step over `seqs` in batch bucket b sorts with: cfg.topk_cap when b >= topk_min_batch
         and every sampling row keeps at most that many ids (true for the official defaults, top-k 50), else 0
         (the whole vocabulary is sorted)."""
-        cap = self.cfg.topk_cap if b >= self.cfg.topk_min_batch else 0
+        cap = self.default_cap(b)
         for seq in seqs if cap else ():
             s = seq.settings
             if (s.do_sample and not 0 < s.top_k <= cap) or (s.subtalker_dosample and not 0 < s.subtalker_top_k <= cap):
                 return 0
         return cap
+
+    def default_cap(self, b: int) -> int:
+        """The top-k cap of batch bucket b for the official defaults (top-k 50): 0 with the sampling kernel
+        (it sorts nothing) and below cfg.topk_min_batch (the whole sort is faster there), else cfg.topk_cap."""
+        return 0 if self.fast.sample_kernel or b < self.cfg.topk_min_batch else self.cfg.topk_cap
 
     def will_capture(self, seqs: list, n: int) -> bool:
         """Whether a step over slots [0, n) needs a graph not captured yet (the caller drains first)."""
@@ -281,7 +292,7 @@ class ModelRunner:
         lengths = sorted({length_bucket(x, step, cap) for x in range(step, cap + step, step)})
         for b in self.buckets:
             for length in lengths:
-                k_cap = self.cfg.topk_cap if b >= self.cfg.topk_min_batch else 0  # the official defaults' variant
+                k_cap = self.default_cap(b)  # the official defaults' variant
                 if (b, length, k_cap) not in self.graphs:
                     self.run_step(b, length, k_cap)  # warm-up, compilation and capture on free rows (scratch only)
         self.drain()
