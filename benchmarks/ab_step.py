@@ -6,7 +6,7 @@ A variant is `fuse:topk_cap[:attn[:sampler[:tune]]]` (EngineRunner's `fuse` and 
 compiled regions; a top-k sampler sorting only the best `topk_cap` ids, 0 = the whole vocabulary; `attn`:
 `kernel` for the Triton decode-attention kernel, `torch` for the torch form; `sampler`: `kernel` for the
 Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each default the engine's choice;
-`tune`: inductor's coordinate-descent tuning of the compiled regions' kernels). For each
+`tune` / `notune`: inductor's coordinate-descent tuning of the one-row step's kernels, default on). For each
 variant and batch size: requests are admitted until the batch is full, then the step for that bucket
 is replayed `--reps` times between CUDA events (median reported), plus the kernels of one eager step
 (torch profiler). Compilation and capture are timed apart. Random weights of the real shape, bf16.
@@ -69,7 +69,7 @@ def kernels_per_step(runner: EngineRunner, n: int) -> int:
 
     runner.model.use_graphs = False
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():  # as the loop runs it
             step(runner, n)
             torch.cuda.synchronize()
     finally:
@@ -93,8 +93,8 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype, "rows": []}
     for v in args.variants.split(","):
         fuse, cap, *kinds = v.split(":")
-        tune = "tune" in kinds
-        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds if k != "tune"]
+        tune = "notune" not in kinds
+        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds if "tune" not in k]
                          + [None, None])[:2]
         runner = EngineRunner(eng, max_slots=max(batches), max_context=512, max_queue=4096, fuse=fuse,
                               topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, compile_tuning=tune)

@@ -14,6 +14,7 @@ from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
 
 
+@torch.no_grad()  # as the loop runs the step
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dummy", default="0.6b")

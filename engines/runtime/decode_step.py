@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch._dynamo
+import torch._inductor.config
 import torch.nn.functional as F
 
 from engines.model.generate import code0_scores
@@ -145,7 +146,7 @@ class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
-                 kernel: bool = False, sample_kernel: bool = False, tuning: bool = False):
+                 kernel: bool = False, sample_kernel: bool = False, tune_one_row: bool = False):
         self.talker = talker
         self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
@@ -163,9 +164,12 @@ class FastStep:
         self.proj = (proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else None
         self.sub_tables = [e.weight for e in cp.model.codec_embedding]
         self.lm = [h.weight for h in cp.lm_head]
-        # tuning: inductor times block-size variants of each generated kernel at compile time (cached on disk)
-        options = {"coordinate_descent_tuning": True} if tuning else None
-        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True, options=options)) if compile else (lambda f: f)
+        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
+        # the one-row step's regions are compiled with inductor's coordinate-descent tuning (block sizes of
+        # each generated kernel timed at compile time, kept in the on-disk cache): its reductions over the
+        # weights are memory-bound kernels whose default blocks leave bandwidth unused; many-row steps run
+        # matmul kernels that the tuning only made slower (docs/PERFORMANCE.md)
+        self.tune_one_row = tune_one_row and compile
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         gemv = gemv and compile
@@ -274,6 +278,13 @@ class FastStep:
         """One frame for every row of the slot table view `t` over the talker cache view `cache`; each
         emitted frame is also written to its row of `frames` (FrameStore.codes). In place. `k_cap` > 0:
         every row's top-k is at most k_cap, so only that many ids are sorted per draw (draw_topk)."""
+        b = t.hidden.shape[0]
+        if self.tune_one_row and b == 1:
+            with torch._inductor.config.patch(coordinate_descent_tuning=True):
+                return self._step(t, cache, pad, suppress, frames, k_cap)
+        return self._step(t, cache, pad, suppress, frames, k_cap)
+
+    def _step(self, t, cache, pad, suppress, frames, k_cap: int) -> None:
         b = t.hidden.shape[0]
         talker = self.talker
         code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
