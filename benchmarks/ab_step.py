@@ -112,6 +112,7 @@ def main() -> None:
             log.info("%s", row)
             drain(runner, handles)
         del runner
+        torch._dynamo.reset()  # the next variant compiles afresh (compiled entries are shared by code object)
         torch.cuda.empty_cache()
     text = json.dumps(out, indent=1)
     print(text)
