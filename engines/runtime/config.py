@@ -24,7 +24,6 @@ class EngineConfig:
     overlap: bool = True
     compile: Optional[bool] = None  # compile the step's regions with torch.compile; None: on CUDA
     gemv: bool = True  # compiled path: one-row matmuls as fused reductions (batch-1 bucket)
-    compile_tuning: bool = True  # compiled one-row step: inductor's coordinate-descent tuning of its kernels
     attn_kernel: Optional[bool] = None  # decode attention as one Triton kernel (None: NVIDIA GPUs from Ampere on)
     sample_kernel: Optional[bool] = None  # the step's draws as one Triton kernel each, no sort (None: as attn_kernel)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)

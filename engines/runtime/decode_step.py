@@ -141,28 +141,11 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-@dataclass
-class Regions:
-    """The step's compiled regions (the plain functions where nothing is compiled)."""
-
-    t_layer: object
-    p_layer: object
-    pred: object
-    tail: object
-    code0: object
-    first: object
-    sub: object
-    embed: object
-    next: object
-    final: object
-    norm: object
-
-
 class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
-                 kernel: bool = False, sample_kernel: bool = False, tune_one_row: bool = False):
+                 kernel: bool = False, sample_kernel: bool = False):
         self.talker = talker
         self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
@@ -180,6 +163,7 @@ class FastStep:
         self.proj = (proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else None
         self.sub_tables = [e.weight for e in cp.model.codec_embedding]
         self.lm = [h.weight for h in cp.lm_head]
+        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         gemv = gemv and compile
@@ -187,26 +171,19 @@ class FastStep:
         self.fuse = fuse
         self._t_layer = _stack_layer(talker.model, gemv, kernel)
         self._p_layer = _stack_layer(cp.model, gemv, kernel)
-        self.many = self._regions(compile, None)
-        # one-row calls (the single-stream step, one-row prefill) have regions of their own, compiled with
-        # inductor's coordinate-descent tuning (the block sizes of each generated kernel timed at compile
-        # time, kept in the on-disk cache): their reductions over the weights are memory-bound kernels whose
-        # default blocks leave bandwidth unused; the many-row steps' matmul neighbours only got slower under
-        # it (docs/PERFORMANCE.md). Other options make other compiled entries, never a shared one.
-        self.one = self._regions(compile, {"coordinate_descent_tuning": True}) if compile and tune_one_row \
-            else self.many
-
-    def _regions(self, compile: bool, options) -> "Regions":
-        wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True, options=options)) if compile \
-            else (lambda f: f)
+        self.t_layer = wrap(self._t_layer)
+        self.p_layer = wrap(self._p_layer)
         # fuse="pass": one region per predictor step (5 layers + sampling + next embedding) and one for
         # the talker's step (next input + 28 layers + norm): fusion across layer boundaries, fewer kernels
-        return Regions(wrap(self._t_layer), wrap(self._p_layer), wrap(self._pred_step), wrap(self._tail),
-                       wrap(self._code0), wrap(self._first_input), wrap(self._sub_code), wrap(self._sub_embed),
-                       wrap(self._next_input), wrap(self._final), wrap(_rms))
-
-    def regions(self, rows: int) -> "Regions":
-        return self.one if rows == 1 else self.many
+        self.r_pred = wrap(self._pred_step)
+        self.r_tail = wrap(self._tail)
+        self.r_code0 = wrap(self._code0)
+        self.r_first = wrap(self._first_input)
+        self.r_sub = wrap(self._sub_code)
+        self.r_embed = wrap(self._sub_embed)
+        self.r_next = wrap(self._next_input)
+        self.r_final = wrap(self._final)
+        self.r_norm = wrap(_rms)
 
     # ----- regions (pure tensor functions; compiled on the device path) ------------------------------------
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
@@ -281,51 +258,50 @@ class FastStep:
     # ----- entry points ----------------------------------------------------------------------------------------
     def talker_pass(self, x, pos, cache):
         """Run the talker layers on x `[B, T, H]` at `pos` `[B, T]` -> un-normed output `[B, T, H]`."""
-        w, layer = self.tw, self.regions(x.shape[0]).t_layer
+        w = self.tw
         for i, lw in enumerate(w.layers):
-            x = layer(x, lw, cache.k[i], cache.v[i], pos, w.cos, w.sin)
+            x = self.t_layer(x, lw, cache.k[i], cache.v[i], pos, w.cos, w.sin)
         return x
 
     def prefill(self, x, pos, cache, last):
         """Prompt rows `[B, T, H]` -> normed hidden at index `last` `[B]` of each row `[B, H]` (fills the cache)."""
         out = self.talker_pass(x, pos, cache)
-        norm = self.regions(x.shape[0]).norm
-        return norm(out[torch.arange(out.shape[0], device=out.device), last], self.tw.norm, self.eps_t)
+        return self.r_norm(out[torch.arange(out.shape[0], device=out.device), last], self.tw.norm, self.eps_t)
 
     def __call__(self, t, cache, pad, suppress, frames, k_cap: int = 0) -> None:
         """One frame for every row of the slot table view `t` over the talker cache view `cache`; each
         emitted frame is also written to its row of `frames` (FrameStore.codes). In place. `k_cap` > 0:
         every row's top-k is at most k_cap, so only that many ids are sorted per draw (draw_topk)."""
         b = t.hidden.shape[0]
-        talker, r = self.talker, self.regions(b)
-        code0 = r.code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
+        talker = self.talker
+        code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
                              t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit, t.text_open,
                             t.trailing_len, t.hold, k_cap)
-        x = r.first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)
+        x = self.r_first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)
         pk, pv, pw = [k[:b] for k in self.pcache.k], [v[:b] for v in self.pcache.v], self.pw
         codes = [code0]
         tables = [talker.model.codec_embedding.weight] + self.sub_tables
         for j in range(self.n_sub):
             pos = self.ppos[j][:b]
             if self.fuse == "pass":
-                code, x = r.pred(x, pw.layers, pk, pv, pos, pw.cos, pw.sin, pw.norm, self.lm[j], t.s_do,
+                code, x = self.r_pred(x, pw.layers, pk, pv, pos, pw.cos, pw.sin, pw.norm, self.lm[j], t.s_do,
                                       t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j,
                                       self.sub_tables[min(j, self.n_sub - 2)], self.proj, k_cap)
                 codes.append(code)
                 continue
             for i, lw in enumerate(pw.layers):
-                x = r.p_layer(x, lw, pk[i], pv[i], pos, pw.cos, pw.sin)
-            code = r.sub(x, pw.norm, self.lm[j], t.s_do, t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j,
+                x = self.p_layer(x, lw, pk[i], pv[i], pos, pw.cos, pw.sin)
+            code = self.r_sub(x, pw.norm, self.lm[j], t.s_do, t.s_temp, t.s_topk, t.s_topp, t.seed, t.gen_step, j,
                               k_cap)
             codes.append(code)
             if j + 1 < self.n_sub:
-                x = r.embed(code, self.sub_tables[j], self.proj)
+                x = self.r_embed(code, self.sub_tables[j], self.proj)
         common = (codes, t.codes, t.emit, t.done, t.hold, tables, t.trailing, t.trailing_len, t.gen_step, pad, t.pos,
                   cache.max_len, frames, t.frame_row, t.n_frames, t.bad, self.codebook)
         if self.fuse == "pass":
             w = self.tw
-            r.tail(*common, w.layers, cache.k, cache.v, w.cos, w.sin, w.norm, t.hidden)
+            self.r_tail(*common, w.layers, cache.k, cache.v, w.cos, w.sin, w.norm, t.hidden)
             return
-        x_in, pos = r.next(*common)
+        x_in, pos = self.r_next(*common)
         x = self.talker_pass(x_in, pos, cache)
-        r.final(x, self.tw.norm, t.hidden, t.pos, t.gen_step, t.hold)
+        self.r_final(x, self.tw.norm, t.hidden, t.pos, t.gen_step, t.hold)

@@ -84,8 +84,7 @@ class ModelRunner:
                              "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
                              "leave it unset")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
-                             sample_kernel=sample_kernel,
-                             tune_one_row=cfg.compile_tuning)
+                             sample_kernel=sample_kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
