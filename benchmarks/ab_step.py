@@ -2,10 +2,11 @@
 
     python -m benchmarks.ab_step --dummy 0.6b --batches 1,64,256 --variants layer:0,layer:64,pass:64
 
-A variant is `fuse:topk_cap[:attn[:sampler]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
+A variant is `fuse:topk_cap[:attn[:sampler[:rows]]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
 compiled regions; a top-k sampler sorting only the best `topk_cap` ids, 0 = the whole vocabulary; `attn`:
 `kernel` for the Triton decode-attention kernel, `torch` for the torch form; `sampler`: `kernel` for the
-Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each default the engine's choice). For each
+Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each default the engine's choice;
+`rows`: the one-row projections as Triton kernels, engines.runtime.rowproj). For each
 variant and batch size: requests are admitted until the batch is full, then the step for that bucket
 is replayed `--reps` times between CUDA events (median reported), plus the kernels of one eager step
 (torch profiler). Compilation and capture are timed apart. Random weights of the real shape, bf16.
@@ -92,9 +93,11 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name(), "model": f"dummy-{args.dummy}", "dtype": args.dtype, "rows": []}
     for v in args.variants.split(","):
         fuse, cap, *kinds = v.split(":")
-        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds] + [None, None])[:2]
+        rows = "rows" in kinds
+        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds if k != "rows"]
+                         + [None, None])[:2]
         runner = EngineRunner(eng, max_slots=max(batches), max_context=512, max_queue=4096, fuse=fuse,
-                              topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler)
+                              topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, row_kernel=rows)
         for b in batches:
             t0 = time.perf_counter()
             handles = fill(runner, b, 400)

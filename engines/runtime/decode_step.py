@@ -28,6 +28,7 @@ from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
+from engines.runtime.rowproj import project
 from engines.runtime.sampler import device_draw
 
 log = logging.getLogger(__name__)
@@ -97,17 +98,23 @@ def _gemv_or_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = N
     return _gemv(x, w, b) if x.shape[0] == 1 else F.linear(x, w, b)
 
 
-def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False, kernel: bool = False):
+def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False, kernel: bool = False,
+               row_kernel: bool = False):
     """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
     slots written) attends to cache slots <= its position. Returns the layer's output (residual form).
     `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only).
-    `kernel`: decode calls (T <= 2) run their attention as one Triton kernel (engines.runtime.attention)."""
+    `kernel`: decode calls (T <= 2) run their attention as one Triton kernel (engines.runtime.attention).
+    `row_kernel`: one-row calls run their projections as Triton kernels with the norms, the SiLU product and
+    the residuals fused in (engines.runtime.rowproj)."""
     attend = decode_attention if kernel else reference_attention
 
     def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
         one = gemv and x.shape[0] * x.shape[1] == 1
-        qkv = (_gemv if one else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
+        if row_kernel and x.shape[0] * x.shape[1] == 1:
+            qkv = project(x, wqkv, bqkv, norm=(ln1, eps))
+        else:
+            qkv = (_gemv if one else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
         # decode calls (one or two new tokens per row) may take the kernel; prompt chunks the torch form
         o = (attend if x.shape[1] <= 2 else reference_attention)(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc,
                                                                  n_heads, n_kv, eps)
@@ -115,6 +122,9 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
 
     def _post(x, o, wo, bo, ln2, wgu, wdown):
         """Output projection, residual, MLP, residual."""
+        if row_kernel and x.shape[0] * x.shape[1] == 1:
+            x = project(o, wo, bo, residual=x)
+            return project(project(x, wgu, norm=(ln2, eps), glu=True), wdown, residual=x)
         one = gemv and x.shape[0] * x.shape[1] == 1
         lin = _gemv if one else F.linear
         x = x + lin(o, wo, bo)
@@ -130,11 +140,12 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
     return layer
 
 
-def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool):
+def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool, row_kernel: bool):
     c = stack.cfg
     kernel = kernel and c.num_attention_heads % c.num_key_value_heads == 0 and _pow2(c.head_dim) \
         and _pow2(c.num_attention_heads // c.num_key_value_heads)
-    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv, kernel)
+    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv, kernel,
+                      row_kernel)
 
 
 def _pow2(n: int) -> bool:
@@ -145,7 +156,7 @@ class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
-                 kernel: bool = False, sample_kernel: bool = False):
+                 kernel: bool = False, sample_kernel: bool = False, row_kernel: bool = False):
         self.talker = talker
         self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
@@ -169,8 +180,8 @@ class FastStep:
         gemv = gemv and compile
         self.lin = _gemv_or_linear if gemv else F.linear
         self.fuse = fuse
-        self._t_layer = _stack_layer(talker.model, gemv, kernel)
-        self._p_layer = _stack_layer(cp.model, gemv, kernel)
+        self._t_layer = _stack_layer(talker.model, gemv, kernel, row_kernel)
+        self._p_layer = _stack_layer(cp.model, gemv, kernel, row_kernel)
         self.t_layer = wrap(self._t_layer)
         self.p_layer = wrap(self._p_layer)
         # fuse="pass": one region per predictor step (5 layers + sampling + next embedding) and one for

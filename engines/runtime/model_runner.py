@@ -83,8 +83,11 @@ class ModelRunner:
             raise ValueError(f"runtime.sample_kernel: the Triton sampling kernel cannot run on {self.device} "
                              "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
                              "leave it unset")
+        row_kernel = bool(cfg.row_kernel)
+        if row_kernel and not attention.available(self.device):
+            raise ValueError(f"row_kernel: the Triton one-row projections cannot run on {self.device}")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
-                             sample_kernel=sample_kernel)
+                             sample_kernel=sample_kernel, row_kernel=row_kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
