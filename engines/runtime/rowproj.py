@@ -62,9 +62,7 @@ if triton is not None:
         tl.store(out + n, y.to(dt), mask=inside)
 
 
-def _block_n(n: int) -> int:
-    """Output rows per program: about one program per multiprocessor (132 on an H100) or more."""
-    return max(4, min(32, 1 << max(0, (n // 128).bit_length() - 1)))
+BLOCK_N = 4  # output rows per program: many small programs keep enough weight loads in flight per SM
 
 
 def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, norm: tuple | None = None,
@@ -76,9 +74,9 @@ def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, nor
     out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)
     xr = x.reshape(k)
     nw, eps = norm if norm is not None else (xr, 0.0)
-    bn = _block_n(n)
+    bn = BLOCK_N
     _row_kernel[(triton.cdiv(n, bn),)](
         xr, nw, w, b if b is not None else xr, residual.reshape(n) if residual is not None else xr, out, eps, n,
         K=k, NORM=norm is not None, HAS_BIAS=b is not None, HAS_RES=residual is not None, GLU=glu,
-        BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(k), 4096 // bn), num_warps=4)
+        BLOCK_N=bn, BLOCK_K=min(triton.next_power_of_2(k), 1024), num_warps=4)
     return out

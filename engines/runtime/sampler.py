@@ -5,9 +5,9 @@ frame) to find the top-k threshold and the top-p cut, then softmaxes, cumsums an
 ten kernels per draw, ~20 us each sort at one row. `device_draw` is one launch, one program per row,
 the row's logits in registers:
 
-- the k-th largest score is found by a bitwise search over the scores' order-preserving 32-bit keys
-  (32 counting passes over the row, no sort); every id scoring at least that much is kept (ties with the
-  k-th are kept, as `draw` keeps them);
+- the k-th largest score is found by a digit-at-a-time search over the scores' order-preserving 32-bit
+  keys (8 counting passes of 4-bit digits over the row, no sort); every id scoring at least that much is
+  kept (ties with the k-th are kept, as `draw` keeps them);
 - top-p (only for rows with top_p < 1) is a second bitwise search: the smallest score whose better ids
   hold less than top_p of the kept probability; ids from there up are kept;
 - the draw is `draw`'s exponential race (argmax of p / E, E = -log u with the same counter-based uniforms),
@@ -51,7 +51,7 @@ if triton is not None:
 
     @triton.jit
     def _draw_kernel(logits, s_l, temp, topk, topp, do_sample, seed, gen_step, out, offset, V,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, DIGIT: tl.constexpr):
         b = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         inside = i < V
@@ -65,11 +65,14 @@ if triton is not None:
             bits = s.to(tl.int32, bitcast=True)
             key = tl.where(bits < 0, ~bits, bits | -2147483648).to(tl.uint32, bitcast=True)
             key = tl.where(inside, key, tl.zeros_like(key))
-            kth = tl.full((), 0, tl.uint32)  # the k-th largest key, a bit at a time from the top
-            for bit in tl.static_range(31, -1, -1):
-                cand = kth | tl.full((), 1 << bit, tl.uint32)
-                n = tl.sum(((key >= cand) & inside).to(tl.int32), axis=0)
-                kth = tl.where(n >= k, cand, kth)
+            # the k-th largest key, DIGIT bits at a time from the top: the largest digit whose candidate
+            # still has k keys at or above it (one count per digit value, all in one reduction)
+            kth = tl.full((), 0, tl.uint32)
+            digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
+            for step in tl.static_range(32 // DIGIT - 1, -1, -1):
+                cand = kth | (digits << (step * DIGIT))  # [2^DIGIT]
+                n = tl.sum(((key[None, :] >= cand[:, None]) & inside[None, :]).to(tl.int32), axis=1)
+                kth = kth | (tl.max(tl.where(n >= k, digits, 0), axis=0) << (step * DIGIT))
             keep = inside & (key >= kth)
             m = tl.max(tl.where(keep, s, float("-inf")), axis=0)
             e = tl.where(keep, tl.exp(s - m), 0.0)
@@ -95,12 +98,13 @@ if triton is not None:
 
 
 def device_draw(logits: torch.Tensor, st: SamplingTensors, seed: torch.Tensor, gen_step: torch.Tensor,
-                offset: int) -> torch.Tensor:
+                offset: int, digit: int = 4) -> torch.Tensor:
     """`draw(logits, st, seed, gen_step * 16 + offset)` as one kernel launch (see the module doc).
-    logits `[B, V]` with a contiguous last dimension; returns `[B]` int64."""
+    logits `[B, V]` with a contiguous last dimension; returns `[B]` int64. `digit`: bits per counting pass
+    of the top-k search (1, 2, 4 or 8; benchmarks/draw_kernel.py times them)."""
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     block = triton.next_power_of_2(v)
     _draw_kernel[(b,)](logits, logits.stride(0), st.temperature, st.top_k, st.top_p, st.do_sample, seed, gen_step,
-                       out, offset, v, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+                       out, offset, v, BLOCK=block, DIGIT=digit, num_warps=8 if block >= 4096 else 4)
     return out
