@@ -81,9 +81,9 @@ if triton is not None:
                 p = e / tl.sum(e, axis=0)
                 cut = tl.full((), 0, tl.uint32)  # the largest key whose better ids hold >= top_p of the mass
                 for bit in tl.static_range(31, -1, -1):
-                    cand = cut | tl.full((), 1 << bit, tl.uint32)
-                    mass = tl.sum(tl.where(keep & (key > cand), p, 0.0), axis=0)
-                    cut = tl.where(mass >= p_top, cand, cut)
+                    trial = cut | tl.full((), 1 << bit, tl.uint32)
+                    mass = tl.sum(tl.where(keep & (key > trial), p, 0.0), axis=0)
+                    cut = tl.where(mass >= p_top, trial, cut)
                 keep = keep & ((key > cut) | (s == m))  # the best id always stays
                 e = tl.where(keep, e, 0.0)
             # the race with engines.model.sampling.uniform_at's uniforms
