@@ -6,8 +6,9 @@ ten kernels per draw, ~20 us each sort at one row. `device_draw` is one launch, 
 the row's logits in registers:
 
 - the k-th largest score is found by a digit-at-a-time search over the scores' order-preserving 32-bit
-  keys (8 counting passes of 4-bit digits over the row, no sort); every id scoring at least that much is
-  kept (ties with the k-th are kept, as `draw` keeps them);
+  keys (16 counting passes of 2-bit digits over the row, no sort: on an H100 12.5 us per draw at one row,
+  against 14.8 us for 1-bit and 27.9 us for 4-bit digits: benchmarks/draw_kernel.py);
+  every id scoring at least that much is kept (ties with the k-th are kept, as `draw` keeps them);
 - top-p (only for rows with top_p < 1) is a second bitwise search: the smallest score whose better ids
   hold less than top_p of the kept probability; ids from there up are kept;
 - the draw is `draw`'s exponential race (argmax of p / E, E = -log u with the same counter-based uniforms),
@@ -98,10 +99,10 @@ if triton is not None:
 
 
 def device_draw(logits: torch.Tensor, st: SamplingTensors, seed: torch.Tensor, gen_step: torch.Tensor,
-                offset: int, digit: int = 4) -> torch.Tensor:
+                offset: int, digit: int = 2) -> torch.Tensor:
     """`draw(logits, st, seed, gen_step * 16 + offset)` as one kernel launch (see the module doc).
     logits `[B, V]` with a contiguous last dimension; returns `[B]` int64. `digit`: bits per counting pass
-    of the top-k search (1, 2, 4 or 8; benchmarks/draw_kernel.py times them)."""
+    of the top-k search (1, 2, 4 or 8; benchmarks/draw_kernel.py times them, 8 is far the slowest)."""
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     block = triton.next_power_of_2(v)
