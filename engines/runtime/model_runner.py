@@ -48,6 +48,16 @@ class Step:
     event: Optional[object]
 
 
+def kernel_choice(setting: str, wanted: Optional[bool], device: torch.device) -> bool:
+    """Whether a Triton kernel of the step runs: unset (None) where it can (engines.runtime.attention.available);
+    asked for where it cannot is a clear error."""
+    can = attention.available(device)
+    if wanted and not can:
+        raise ValueError(f"{setting}: the Triton kernel cannot run on {device} (it needs an NVIDIA GPU of compute "
+                         "capability 8.0 or later and the triton package); leave it unset")
+    return can if wanted is None else bool(wanted)
+
+
 class ModelRunner:
     def __init__(self, engine, cfg: EngineConfig, timings: dict):
         self.engine, self.cfg, self.timings = engine, cfg, timings
@@ -73,19 +83,9 @@ class ModelRunner:
             cache = Path(cfg.engine_cache or default_cache_dir(engine.root)) / INDUCTOR_DIR
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
             os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-        kernel = attention.available(self.device) if cfg.attn_kernel is None else cfg.attn_kernel
-        if kernel and not attention.available(self.device):
-            raise ValueError(f"runtime.attn_kernel: the Triton attention kernel cannot run on {self.device} "
-                             "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
-                             "leave it unset")
-        sample_kernel = attention.available(self.device) if cfg.sample_kernel is None else cfg.sample_kernel
-        if sample_kernel and not attention.available(self.device):
-            raise ValueError(f"runtime.sample_kernel: the Triton sampling kernel cannot run on {self.device} "
-                             "(it needs an NVIDIA GPU of compute capability 8.0 or later and the triton package); "
-                             "leave it unset")
-        row_kernel = bool(cfg.row_kernel)
-        if row_kernel and not attention.available(self.device):
-            raise ValueError(f"row_kernel: the Triton one-row projections cannot run on {self.device}")
+        kernel = kernel_choice("runtime.attn_kernel", cfg.attn_kernel, self.device)
+        sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
+        row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
                              sample_kernel=sample_kernel, row_kernel=row_kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
