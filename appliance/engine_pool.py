@@ -77,10 +77,14 @@ class EnginePool:
         return self.runners[0].clone_voice(ref_audio, ref_text)
 
     # -- routing ------------------------------------------------------------------------------------
+    def _pending(self, i: int) -> list:
+        """The handles given to engine `i` that have not ended (the ended ones are dropped; under the lock)."""
+        live = self._live[i] = [h for h in self._live[i] if not h.done]
+        return live
+
     def _occupancy(self, i: int) -> float:
         s = self.runners[i].stats()
-        live = self._live[i] = [h for h in self._live[i] if not h.done]
-        return max(s["active_slots"] + s["queued"], len(live)) / max(s["max_slots"], 1)
+        return max(s["active_slots"] + s["queued"], len(self._pending(i))) / max(s["max_slots"], 1)
 
     def streams_waiting(self, i: int) -> bool:
         """True when streams fill every slot of engine `i` or requests wait there behind streams."""
@@ -107,8 +111,8 @@ class EnginePool:
             except EngineBusy as exc:
                 busy = exc
                 continue
-            with self._lock:
-                self._live[i].append(handle)
+            with self._lock:  # ended handles go at each submit: the list stays as long as the work in flight
+                self._pending(i).append(handle)
                 if priority <= STREAM_PRIORITY:
                     self.streams[i] += 1
                     self._owner[handle] = i

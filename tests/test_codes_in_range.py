@@ -126,3 +126,23 @@ def test_say_on_a_checkpoint_that_ends_by_eos(eos_model, monkeypatch, capsys, tm
                      "english", "--greedy", "-o", str(out))
     assert code == 0, said
     assert sf.read(out)[0].size > 0
+
+
+def test_a_single_engine_pool_keeps_no_ended_request(eos_model):
+    """The pool counts the requests it handed each engine; with one engine it never ranks engines, and the
+    ended requests must still be let go (a daemon that runs for months submits millions)."""
+    from appliance.config import Config
+    from appliance.engine_host import load_runner
+    from appliance.engine_pool import BATCH_PRIORITY, EnginePool
+    from engines.runtime.stream import collect
+
+    cfg = Config()
+    cfg.model.path, cfg.runtime.max_slots = str(eos_model), "2"
+    pool = EnginePool([load_runner(cfg, device="cpu")])
+    pool.runners[0].start()
+    try:
+        for _ in range(4):
+            collect([pool.submit(r, BATCH_PRIORITY) for r in requests(2, frames=4)])
+            assert len(pool._live[0]) <= 2, len(pool._live[0])  # this round's two, at most
+    finally:
+        pool.stop()
