@@ -55,7 +55,8 @@ def test_kernel_draws_as_draw_does():
     finite ids than top-k), float and bf16-valued logits, 16 counters: the same ids as `draw` (the race uses
     the same uniforms), each inside its row's top-k and top-p."""
     out = run_interpreted(CASES + """
-    from engines.runtime.sampler import available, device_draw
+    from engines.runtime.attention import available  # the rule for every Triton kernel of the step
+    from engines.runtime.sampler import device_draw
     assert available(torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     same = total = 0

@@ -110,11 +110,11 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
 
     def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
-        one = gemv and x.shape[0] * x.shape[1] == 1
-        if row_kernel and x.shape[0] * x.shape[1] == 1:
+        one_row = x.shape[0] * x.shape[1] == 1
+        if row_kernel and one_row:
             qkv = project(x, wqkv, bqkv, norm=(ln1, eps))
         else:
-            qkv = (_gemv if one else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
+            qkv = (_gemv if gemv and one_row else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
         # decode calls (one or two new tokens per row) may take the kernel; prompt chunks the torch form
         o = (attend if x.shape[1] <= 2 else reference_attention)(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc,
                                                                  n_heads, n_kv, eps)
@@ -122,10 +122,11 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
 
     def _post(x, o, wo, bo, ln2, wgu, wdown):
         """Output projection, residual, MLP, residual."""
-        if row_kernel and x.shape[0] * x.shape[1] == 1:
+        one_row = x.shape[0] * x.shape[1] == 1
+        if row_kernel and one_row:
             x = project(o, wo, bo, residual=x)
             return project(project(x, wgu, norm=(ln2, eps), glu=True), wdown, residual=x)
-        one = gemv and x.shape[0] * x.shape[1] == 1
+        one = gemv and one_row
         lin = _gemv if one else F.linear
         x = x + lin(o, wo, bo)
         h = _rms(x, ln2, eps)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from engines.model.sampling import SamplingTensors
-from engines.runtime.attention import available  # noqa: F401  (the same rule: Triton on an Ampere+ GPU)
 
 try:
     import triton
