@@ -66,6 +66,7 @@ class RuntimeSection:
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling (None: NVIDIA GPUs from Ampere on; false for A/B)
     attn_kernel: Optional[bool] = None  # decode attention as one Triton kernel (None: Ampere GPUs on; false: A/B)
     sample_kernel: Optional[bool] = None  # sampling as one Triton kernel per draw, no sort (None: Ampere GPUs on)
+    layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
 
 

@@ -150,7 +150,8 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
                       threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
-                      attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, prefill_graphs=r.prefill_graphs, warmup=warmup)
+                      attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,
+                      prefill_graphs=r.prefill_graphs, warmup=warmup)
 
 
 def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:

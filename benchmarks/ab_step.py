@@ -2,11 +2,13 @@
 
     python -m benchmarks.ab_step --dummy 0.6b --batches 1,64,256 --variants layer:0,layer:64,pass:64
 
-A variant is `fuse:topk_cap[:attn[:sampler[:rows]]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
+A variant is `fuse:topk_cap[:attn[:sampler[:rows|layer|nopre|nolayer]]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
 compiled regions; a top-k sampler sorting only the best `topk_cap` ids, 0 = the whole vocabulary; `attn`:
 `kernel` for the Triton decode-attention kernel, `torch` for the torch form; `sampler`: `kernel` for the
 Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each default the engine's choice;
-`rows`: the one-row projections as Triton kernels, engines.runtime.rowproj). For each
+`rows`: the one-row projections as Triton kernels, engines.runtime.rowproj; `layer`: each one-row decoder layer
+as one persistent kernel, engines.runtime.layer_kernel; `nopre`: the same without loading weights ahead of its barriers;
+`nolayer`: the compiled layers for one row too; unnamed: the engine's choice). For each
 variant and batch size: requests are admitted until the batch is full, then the step for that bucket
 is replayed `--reps` times between CUDA events (median reported), plus the kernels of one eager step
 (torch profiler). Compilation and capture are timed apart. Random weights of the real shape, bf16.
@@ -23,6 +25,7 @@ import torch
 
 from benchmarks.bench import request
 from benchmarks.dummy_engine import dummy_engine
+from engines.runtime import layer_kernel
 from engines.runtime.runner import EngineRunner
 
 log = logging.getLogger("ab_step")
@@ -94,10 +97,13 @@ def main() -> None:
     for v in args.variants.split(","):
         fuse, cap, *kinds = v.split(":")
         rows = "rows" in kinds
-        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds if k != "rows"]
-                         + [None, None])[:2]
+        layers = True if "layer" in kinds or "nopre" in kinds else False if "nolayer" in kinds else None
+        layer_kernel.PRELOAD = "nopre" not in kinds
+        attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds
+                          if k not in ("rows", "layer", "nopre", "nolayer")] + [None, None])[:2]
         runner = EngineRunner(eng, max_slots=max(batches), max_context=512, max_queue=4096, fuse=fuse,
-                              topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, row_kernel=rows)
+                              topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, row_kernel=rows,
+                              layer_kernel=layers)
         for b in batches:
             t0 = time.perf_counter()
             handles = fill(runner, b, 400)

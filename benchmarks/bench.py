@@ -136,6 +136,9 @@ def main() -> None:
                     help="decode attention: the Triton kernel, the torch form, or the engine's choice (A/B)")
     ap.add_argument("--sampler", choices=["auto", "kernel", "torch"], default="auto",
                     help="the step's draws: the Triton kernel, the torch form (sorts), or the engine's choice (A/B)")
+    ap.add_argument("--layer", choices=["auto", "kernel", "torch"], default="auto",
+                    help="one stream's decoder layers: one persistent kernel each, the compiled torch form, or the "
+                         "engine's choice (A/B)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--no-overlap", action="store_true", help="read each step back before the next (A/B)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on", help="cuDNN autotuning of the codec convs")
@@ -172,6 +175,7 @@ def main() -> None:
     runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, gemv=not args.no_gemv,
                           attn_kernel={"auto": None, "kernel": True, "torch": False}[args.attn],
                           sample_kernel={"auto": None, "kernel": True, "torch": False}[args.sampler],
+                          layer_kernel={"auto": None, "kernel": True, "torch": False}[args.layer],
                           overlap=not args.no_overlap, codec_backend=args.codec, batch_chunk_frames=args.batch_chunk)
     t_prep = time.perf_counter()
     prep = runner.prepare()  # every graph captured (and every region compiled) before any request

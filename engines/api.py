@@ -68,6 +68,7 @@ class EngineSpec:
     codec_fast: Optional[bool] = None
     attn_kernel: Optional[bool] = None
     sample_kernel: Optional[bool] = None
+    layer_kernel: Optional[bool] = None
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

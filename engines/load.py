@@ -66,6 +66,7 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
+                              layer_kernel=spec.layer_kernel,
                               engine_cache=spec.engine_cache)
     runner.settings = chosen
     return runner

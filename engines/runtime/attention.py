@@ -94,8 +94,18 @@ if triton is not None:
                                  T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
                                  D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
                                  INTERPRET: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
+        attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, tl.program_id(0), tl.program_id(1),
+               s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot, eps, scale, T, H, KV, G, D, M,
+               BLOCK_S, PREC, INTERPRET)
+
+    @triton.jit
+    def attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, b, h,
+               s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
+               eps: tl.constexpr, scale: tl.constexpr, T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr,
+               G: tl.constexpr, D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
+               INTERPRET: tl.constexpr):
+        """Row b, key/value head h of the decode attention (the kernel's one program; the layer kernel of
+        engines.runtime.layer_kernel calls it from its attention phase)."""
         d = tl.arange(0, D)
         rot = tl.where(d < D // 2, d + D // 2, d - D // 2)
         sign = tl.where(d < D // 2, -1.0, 1.0)

@@ -28,6 +28,7 @@ from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
+from engines.runtime.layer_kernel import decoder_layer, new_counter
 from engines.runtime.rowproj import project
 from engines.runtime.sampler import device_draw
 
@@ -141,12 +142,36 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
     return layer
 
 
+def _attention_fits(stack: DecoderStack) -> bool:
+    """Whether the stack's heads suit the attention kernel (a power-of-two head width and query group)."""
+    c = stack.cfg
+    return c.num_attention_heads % c.num_key_value_heads == 0 and _pow2(c.head_dim) \
+        and _pow2(c.num_attention_heads // c.num_key_value_heads)
+
+
 def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool, row_kernel: bool):
     c = stack.cfg
-    kernel = kernel and c.num_attention_heads % c.num_key_value_heads == 0 and _pow2(c.head_dim) \
-        and _pow2(c.num_attention_heads // c.num_key_value_heads)
-    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv, kernel,
-                      row_kernel)
+    return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv,
+                      kernel and _attention_fits(stack), row_kernel)
+
+
+LAYER_KERNEL_MAX_HIDDEN = 1024  # wider stacks keep the compiled layer (the 1.7B talker: 86 vs 67 us a layer, H100)
+
+
+def _one_row_kernel(stack: DecoderStack, other, counter):
+    """The stack's layer: one-row calls as one persistent kernel each (engines.runtime.layer_kernel), the
+    rest through `other` (the compiled layer). Stacks up to LAYER_KERNEL_MAX_HIDDEN wide (both predictors, the
+    0.6B talker): where it measured faster (docs/PERFORMANCE.md)."""
+    if counter is None or not _attention_fits(stack) or stack.cfg.hidden_size > LAYER_KERNEL_MAX_HIDDEN:
+        return other
+    c = stack.cfg
+
+    def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
+        if x.shape[0] * x.shape[1] == 1:
+            return decoder_layer(x, w, kc, vc, pos, cos_tab, sin_tab, c.num_attention_heads, c.num_key_value_heads,
+                                 c.rms_norm_eps, counter)
+        return other(x, w, kc, vc, pos, cos_tab, sin_tab)
+    return layer
 
 
 def _pow2(n: int) -> bool:
@@ -157,7 +182,8 @@ class FastStep:
     """The whole decode step (see engines.runtime.slots.decode_step for its semantics) over fused regions."""
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
-                 kernel: bool = False, sample_kernel: bool = False, row_kernel: bool = False):
+                 kernel: bool = False, sample_kernel: bool = False, row_kernel: bool = False,
+                 layer_kernel: bool = False):
         self.talker = talker
         self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
@@ -183,8 +209,10 @@ class FastStep:
         self.fuse = fuse
         self._t_layer = _stack_layer(talker.model, gemv, kernel, row_kernel)
         self._p_layer = _stack_layer(cp.model, gemv, kernel, row_kernel)
-        self.t_layer = wrap(self._t_layer)
-        self.p_layer = wrap(self._p_layer)
+        # layer_kernel: a one-row layer call (one stream's step) is one persistent kernel, not compiled
+        counter = new_counter(dev) if layer_kernel else None
+        self.t_layer = _one_row_kernel(talker.model, wrap(self._t_layer), counter)
+        self.p_layer = _one_row_kernel(cp.model, wrap(self._p_layer), counter)
         # fuse="pass": one region per predictor step (5 layers + sampling + next embedding) and one for
         # the talker's step (next input + 28 layers + norm): fusion across layer boundaries, fewer kernels
         self.r_pred = wrap(self._pred_step)

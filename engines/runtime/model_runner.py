@@ -86,8 +86,9 @@ class ModelRunner:
         kernel = kernel_choice("runtime.attn_kernel", cfg.attn_kernel, self.device)
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
+        layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
-                             sample_kernel=sample_kernel, row_kernel=row_kernel)
+                             sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")

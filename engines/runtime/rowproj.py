@@ -29,27 +29,42 @@ if triton is not None:
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        inside = n < N
+        rows(x, nw, w, bias, res, out, eps, n, n < N, N, K, NORM, HAS_BIAS, HAS_RES, GLU, BLOCK_K, x, x, False)
+
+    @triton.jit
+    def rows(x, nw, w, bias, res, out, eps, n, inside, N, K: tl.constexpr, NORM: tl.constexpr,
+             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr, BLOCK_K: tl.constexpr, first, first2,
+             FIRST: tl.constexpr):
+        """Output rows `n` (where `inside`) of one projection (see the module doc): the kernel's block, and a
+        phase of the layer kernel (engines.runtime.layer_kernel). x and res are read through L2 (`.cg`): in the
+        layer kernel other programs wrote them in an earlier phase of the same launch. `FIRST`: the weight's
+        first K block (and the up half's, with GLU) is already loaded: `first`, `first2`."""
         dt = out.dtype.element_ty
         if NORM:
             ss = tl.zeros((BLOCK_K,), tl.float32)
             for k0 in tl.static_range(0, K, BLOCK_K):
-                xk = tl.load(x + k0 + tl.arange(0, BLOCK_K), mask=k0 + tl.arange(0, BLOCK_K) < K, other=0.0)
+                xk = tl.load(x + k0 + tl.arange(0, BLOCK_K), mask=k0 + tl.arange(0, BLOCK_K) < K, other=0.0,
+                             cache_modifier=".cg")
                 ss += xk.to(tl.float32) * xk.to(tl.float32)
             rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        acc = tl.zeros((n.shape[0], BLOCK_K), tl.float32)
+        acc2 = tl.zeros((n.shape[0], BLOCK_K), tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kin = k < K
-            xk = tl.load(x + k, mask=kin, other=0.0).to(tl.float32)
+            xk = tl.load(x + k, mask=kin, other=0.0, cache_modifier=".cg").to(tl.float32)
             if NORM:  # rms(): the normed row rounded, times the weight, rounded
                 xk = (tl.load(nw + k, mask=kin, other=0.0).to(tl.float32) * (xk * rstd).to(dt).to(tl.float32))
                 xk = xk.to(dt).to(tl.float32)
             m = inside[:, None] & kin[None, :]
-            acc += tl.load(w + n[:, None] * K + k[None, :], mask=m, other=0.0).to(tl.float32) * xk[None, :]
-            if GLU:
-                acc2 += tl.load(w + (N + n[:, None]) * K + k[None, :], mask=m, other=0.0).to(tl.float32) * xk[None, :]
+            if FIRST and k0 == 0:
+                acc += first.to(tl.float32) * xk[None, :]
+                if GLU:
+                    acc2 += first2.to(tl.float32) * xk[None, :]
+            else:
+                acc += tl.load(w + n[:, None] * K + k[None, :], mask=m, other=0.0).to(tl.float32) * xk[None, :]
+                if GLU:
+                    acc2 += tl.load(w + (N + n[:, None]) * K + k[None, :], mask=m, other=0.0).to(tl.float32) * xk[None, :]
         y = tl.sum(acc, axis=1)
         if HAS_BIAS:
             y += tl.load(bias + n, mask=inside, other=0.0).to(tl.float32)
@@ -58,7 +73,7 @@ if triton is not None:
             u = tl.sum(acc2, axis=1).to(dt).to(tl.float32)
             y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
         if HAS_RES:  # r + projection, added in the model's dtype
-            y = tl.load(res + n, mask=inside, other=0.0).to(tl.float32) + y.to(dt).to(tl.float32)
+            y = tl.load(res + n, mask=inside, other=0.0, cache_modifier=".cg").to(tl.float32) + y.to(dt).to(tl.float32)
         tl.store(out + n, y.to(dt), mask=inside)
 
 
