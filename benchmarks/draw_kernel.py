@@ -9,30 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-
 import torch
 
+from benchmarks.graph_timing import per_call_us
 from engines.model.sampling import SamplingTensors, draw
 from engines.runtime.sampler import device_draw
-
-
-def time_graph(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(16):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / 16)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -50,9 +31,11 @@ def main() -> None:
                                  torch.full((b,), 50, dtype=torch.long, device="cuda"), torch.ones(b, device="cuda"))
             seed = torch.arange(b, device="cuda")
             step = torch.zeros(b, dtype=torch.long, device="cuda")
-            row = {"rows": b, "vocab": v, "torch_us": time_graph(lambda: draw(x, st, seed, step * 16 + 1), args.reps)}
+            torch_us = per_call_us(lambda i: draw(x, st, seed, step * 16 + 1), 16, args.reps)
+            row = {"rows": b, "vocab": v, "torch_us": torch_us}
             for digit in (1, 2, 4):  # 8: 468 us at one row on an H100 (256 counts per pass)
-                row[f"kernel_d{digit}_us"] = time_graph(lambda: device_draw(x, st, seed, step, 1, digit), args.reps)
+                row[f"kernel_d{digit}_us"] = per_call_us(lambda i: device_draw(x, st, seed, step, 1, digit), 16,
+                                                        args.reps)
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     if args.json:

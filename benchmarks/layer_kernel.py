@@ -11,15 +11,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 
 import torch
 
+from benchmarks.graph_timing import per_call_us
 from engines.model.config import DecoderStackConfig
 from engines.model.layers import DecoderStack
 from engines.runtime import layer_kernel
 from engines.runtime.decode_step import StackWeights, make_layer
 
+CALLS, REPS = 120, 20  # calls per captured graph, replays
 SHAPES = {  # name: hidden, FFN, context (positions already in the cache)
     "predictor": (1024, 3072, 8),
     "talker-0.6b": (1024, 3072, 450),
@@ -35,27 +36,6 @@ def weights(hidden: int, inter: int) -> StackWeights:
     for p in st.parameters():
         p.data.normal_(0, 0.02)
     return StackWeights.of(st.to("cuda", torch.bfloat16), 2048)
-
-
-def per_call(fn, copies: int, calls: int = 120, reps: int = 20) -> float:
-    """Microseconds per call: `calls` calls `fn(i)` captured in one graph, i cycling over the weight copies
-    (more bytes than L2 holds, as a step's layers), median over replays."""
-    for i in range(copies):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i % copies)
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def kernel_times(fn, calls: int = 10) -> list:
@@ -93,7 +73,8 @@ def main() -> None:
         pos = torch.tensor([[ctx]], device="cuda")
         torch_layer = torch.compile(make_layer(16, 8, 128, 1e-6, gemv=True, kernel=True), fullgraph=True)
         row = {"shape": name, "weights_mb": mb, "weight_copies": len(ws)}
-        row["torch_us"] = per_call(lambda i: torch_layer(x, ws[i].layers[0], kc, vc, pos, w0.cos, w0.sin), len(ws))
+        row["torch_us"] = per_call_us(lambda i: torch_layer(x, ws[i].layers[0], kc, vc, pos, w0.cos, w0.sin),
+                                      CALLS, REPS, len(ws))
         counter = layer_kernel.new_counter(torch.device("cuda"))
         call = lambda i, split=False: layer_kernel.decoder_layer(  # noqa: E731
             x, ws[i].layers[0], kc, vc, pos, w0.cos, w0.sin, 16, 8, 1e-6, counter, split=split)
@@ -102,8 +83,8 @@ def main() -> None:
                 layer_kernel.NUM_WARPS, layer_kernel.ACC_ELEMS = warps, acc
                 for pre in (False, True):
                     layer_kernel.PRELOAD = pre
-                    row[f"kernel_w{warps}_a{acc}{'_pre' if pre else ''}_us"] = per_call(call, len(ws))
-            row[f"split_w{warps}_us"] = per_call(lambda i: call(i, True), len(ws))
+                    row[f"kernel_w{warps}_a{acc}{'_pre' if pre else ''}_us"] = per_call_us(call, CALLS, REPS, len(ws))
+            row[f"split_w{warps}_us"] = per_call_us(lambda i: call(i, True), CALLS, REPS, len(ws))
         layer_kernel.NUM_WARPS, layer_kernel.ACC_ELEMS, layer_kernel.PRELOAD = 8, 16384, True
         row["split_phases_us"] = kernel_times(lambda: call(0, True))
         row["torch_kernels_us"] = kernel_times(lambda: torch_layer(x, w0.layers[0], kc, vc, pos, w0.cos, w0.sin))

@@ -23,6 +23,59 @@ def run_interpreted(code: str) -> str:
     return out.stdout
 
 
+def interpreted_one_row_codes(setting: str) -> str:
+    """Through the interpreter, the fast step with the one-row kernel `setting` (an EngineRunner keyword) on,
+    one slot (the whole decode one row) and two (one- and two-row steps mixed), against the reference loop's
+    greedy codes (fp32); prints "same 2" when every request's codes are equal."""
+    return run_interpreted(f"""
+        import numpy as np
+        from tests.test_runtime import engine, reference, requests
+        from engines.runtime.runner import EngineRunner
+        eng = engine()
+        reqs = requests(2, frames=4)
+        ref = reference(eng, reqs)
+        kw = dict(max_context=256, {setting}=True, attn_kernel=False, sample_kernel=False)
+        solo = EngineRunner(eng, max_slots=1, **kw).synthesize(reqs[:1])[0].codes
+        assert np.array_equal(solo, ref[0][0]), (solo, ref[0][0])
+        out = EngineRunner(eng, max_slots=2, **kw).synthesize(reqs)
+        assert all(np.array_equal(o.codes, r) for o, (r, _) in zip(out, ref))
+        print("same", len(out))
+    """)
+
+
+def gpu_one_row_codes_equal_eager(setting: str) -> None:
+    """On CUDA in fp32, compiled regions and captured graphs with the one-row kernel `setting` on (one slot,
+    then two): the reference loop's greedy codes."""
+    import numpy as np
+    import torch
+
+    from engines.runtime.runner import EngineRunner
+    from tests.test_runtime import engine, reference, requests
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eng = engine(device="cuda")
+    reqs = requests(4)
+    ref = reference(eng, reqs)
+    for slots in (1, 2):
+        runner = EngineRunner(eng, max_slots=slots, max_context=256, **{setting: True})
+        assert runner.use_graphs
+        out = runner.synthesize(reqs)
+        for (codes, _), res in zip(ref, out):
+            assert np.array_equal(res.codes, codes)
+
+
+def asking_where_it_cannot_run_fails_clearly(setting: str) -> None:
+    """Asking for kernel `setting` (an EngineRunner keyword) on the CPU without the interpreter: the runner
+    does not start, and the error names runtime.`setting` and says to leave it unset."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from tests.test_runtime import engine
+        from engines.runtime.runner import EngineRunner
+        EngineRunner(engine(), max_slots=1, max_context=256, {setting}=True)
+    """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
+        text=True, timeout=300)
+    assert out.returncode != 0 and f"runtime.{setting}" in out.stderr and "leave it unset" in out.stderr
+
+
 def test_kernel_equals_torch_form_cache_writes_included():
     """One or two new tokens per row, rows at the first, a middle and the last cache slot, cache views
     that are row slices of a larger cache: same output and the same cache (fp32)."""
@@ -75,15 +128,7 @@ def test_runner_with_the_kernel_gives_the_reference_codes():
 
 
 def test_asking_for_the_kernel_where_it_cannot_run_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from pathlib import Path
-        from engines.engine import TTSEngine
-        from engines.runtime.runner import EngineRunner
-        eng = TTSEngine.load(Path("tests/data/tiny/cv_small"), device="cpu", dtype="float32")
-        EngineRunner(eng, max_slots=1, max_context=256, attn_kernel=True)
-    """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
-        text=True, timeout=300)
-    assert out.returncode != 0 and "runtime.attn_kernel" in out.stderr and "leave it unset" in out.stderr
+    asking_where_it_cannot_run_fails_clearly("attn_kernel")
 
 
 @pytest.mark.gpu

@@ -3,14 +3,12 @@ torch form: on the CPU through Triton's interpreter (phases launched one by one:
 one after another, so a grid barrier cannot run there), and on the GPU as one cooperative launch."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.test_attention_kernel import ROOT, run_interpreted
+from tests.test_attention_kernel import (asking_where_it_cannot_run_fails_clearly, gpu_one_row_codes_equal_eager,
+                                         interpreted_one_row_codes, run_interpreted)
 
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
@@ -74,20 +72,7 @@ def test_layer_equals_the_torch_form():
 def test_runner_with_the_layer_kernel_gives_the_reference_codes():
     """The fast step with every one-row layer pass through the kernel (one slot: the whole decode; two:
     one-row and two-row steps mixed): the reference loop's greedy codes (fp32)."""
-    out = run_interpreted("""
-        import numpy as np
-        from tests.test_runtime import engine, reference, requests
-        from engines.runtime.runner import EngineRunner
-        eng = engine()
-        reqs = requests(2, frames=4)
-        ref = reference(eng, reqs)
-        kw = dict(max_context=256, layer_kernel=True, attn_kernel=False, sample_kernel=False)
-        solo = EngineRunner(eng, max_slots=1, **kw).synthesize(reqs[:1])[0].codes
-        assert np.array_equal(solo, ref[0][0]), (solo, ref[0][0])
-        out = EngineRunner(eng, max_slots=2, **kw).synthesize(reqs)
-        assert all(np.array_equal(o.codes, r) for o, (r, _) in zip(out, ref))
-        print("same", len(out))
-    """)
+    out = interpreted_one_row_codes("layer_kernel")
     assert out.split() == ["same", "2"]
 
 
@@ -121,13 +106,7 @@ def test_the_kernel_takes_the_narrow_stacks_and_is_on_where_triton_runs():
 
 
 def test_asking_for_the_layer_kernel_where_it_cannot_run_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from tests.test_runtime import engine
-        from engines.runtime.runner import EngineRunner
-        EngineRunner(engine(), max_slots=1, max_context=256, layer_kernel=True)
-    """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
-        text=True, timeout=300)
-    assert out.returncode != 0 and "runtime.layer_kernel" in out.stderr and "leave it unset" in out.stderr
+    asking_where_it_cannot_run_fails_clearly("layer_kernel")
 
 
 @pytest.mark.gpu
@@ -173,19 +152,4 @@ def test_gpu_one_launch_equals_the_phases_launched_apart():
 def test_gpu_runner_with_the_layer_kernel_gives_the_eager_codes():
     """On CUDA in fp32, compiled regions and captured graphs with the layer kernel in every one-row layer
     pass (one slot, then two): the reference loop's greedy codes."""
-    import numpy as np
-    import torch
-
-    from engines.runtime.runner import EngineRunner
-    from tests.test_runtime import engine, reference, requests
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    eng = engine(device="cuda")
-    reqs = requests(4)
-    ref = reference(eng, reqs)
-    for slots in (1, 2):
-        runner = EngineRunner(eng, max_slots=slots, max_context=256, layer_kernel=True)
-        assert runner.use_graphs
-        out = runner.synthesize(reqs)
-        for (codes, _), res in zip(ref, out):
-            assert np.array_equal(res.codes, codes)
+    gpu_one_row_codes_equal_eager("layer_kernel")

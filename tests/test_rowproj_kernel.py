@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.test_attention_kernel import run_interpreted
+from tests.test_attention_kernel import gpu_one_row_codes_equal_eager, interpreted_one_row_codes, run_interpreted
 
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
@@ -50,20 +50,7 @@ def test_projections_equal_the_torch_form():
 def test_runner_with_the_row_kernels_gives_the_reference_codes():
     """The fast step with every one-row layer pass through the kernels (one slot: the whole decode; two:
     one-row and two-row steps mixed): the reference loop's greedy codes (fp32)."""
-    out = run_interpreted("""
-        import numpy as np
-        from tests.test_runtime import engine, reference, requests
-        from engines.runtime.runner import EngineRunner
-        eng = engine()
-        reqs = requests(2, frames=4)
-        ref = reference(eng, reqs)
-        kw = dict(max_context=256, row_kernel=True, attn_kernel=False, sample_kernel=False)
-        solo = EngineRunner(eng, max_slots=1, **kw).synthesize(reqs[:1])[0].codes
-        assert np.array_equal(solo, ref[0][0]), (solo, ref[0][0])
-        out = EngineRunner(eng, max_slots=2, **kw).synthesize(reqs)
-        assert all(np.array_equal(o.codes, r) for o, (r, _) in zip(out, ref))
-        print("same", len(out))
-    """)
+    out = interpreted_one_row_codes("row_kernel")
     assert out.split() == ["same", "2"]
 
 
@@ -84,19 +71,4 @@ def test_gpu_projections_equal_the_torch_form_at_real_shapes(dtype):
 def test_gpu_runner_with_the_row_kernels_gives_the_eager_codes():
     """On CUDA in fp32, compiled regions and captured graphs with the row kernels in every one-row layer
     pass (one slot, then two): the reference loop's greedy codes."""
-    import numpy as np
-    import torch
-
-    from engines.runtime.runner import EngineRunner
-    from tests.test_runtime import engine, reference, requests
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    eng = engine(device="cuda")
-    reqs = requests(4)
-    ref = reference(eng, reqs)
-    for slots in (1, 2):
-        runner = EngineRunner(eng, max_slots=slots, max_context=256, row_kernel=True)
-        assert runner.use_graphs
-        out = runner.synthesize(reqs)
-        for (codes, _), res in zip(ref, out):
-            assert np.array_equal(res.codes, codes)
+    gpu_one_row_codes_equal_eager("row_kernel")

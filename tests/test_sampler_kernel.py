@@ -3,14 +3,11 @@ Triton's interpreter (TRITON_INTERPRET=1 must be set before the kernel is define
 and compiled on the GPU."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.test_attention_kernel import ROOT, run_interpreted
+from tests.test_attention_kernel import asking_where_it_cannot_run_fails_clearly, run_interpreted
 
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
@@ -111,13 +108,7 @@ def test_runner_with_the_sampling_kernel_gives_the_reference_codes_any_batch():
 
 
 def test_asking_for_the_sampling_kernel_where_it_cannot_run_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from tests.test_runtime import engine
-        from engines.runtime.runner import EngineRunner
-        EngineRunner(engine(), max_slots=1, max_context=256, sample_kernel=True)
-    """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
-        text=True, timeout=300)
-    assert out.returncode != 0 and "runtime.sample_kernel" in out.stderr and "leave it unset" in out.stderr
+    asking_where_it_cannot_run_fails_clearly("sample_kernel")
 
 
 @pytest.mark.gpu
