@@ -32,9 +32,6 @@ import os
 
 import torch
 
-from engines.runtime.attention import attend
-from engines.runtime.rowproj import rows
-
 try:
     import triton
     import triton.language as tl
@@ -43,6 +40,10 @@ except ImportError:  # CPU builds: the layer keeps its torch form
 
 
 if triton is not None:
+    # the jit helpers exist only where Triton does (a plain install has none)
+    from engines.runtime.attention import attend
+    from engines.runtime.rowproj import rows
+
     @triton.jit
     def _grid_sync(bar, P):
         """Every program of the launch reaches this point before any goes on; their writes are visible."""
