@@ -75,12 +75,14 @@ echo "install.sh: accelerator: $ACCEL"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "install.sh: installing $TORCH_SPEC"
+  # numpy with it: torch warns at every import until numpy is there
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
-    "${PIP[@]}" --extra-index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
+    "${PIP[@]}" --extra-index-url "$TORCH_INDEX_URL" "$TORCH_SPEC" numpy
   else
-    "${PIP[@]}" "$TORCH_SPEC"
+    "${PIP[@]}" "$TORCH_SPEC" numpy
   fi
 fi
+"$VENV/bin/python" -c "import numpy" >/dev/null 2>&1 || "${PIP[@]}" numpy
 # keep the installed torch: the constraint stops pip from swapping it for another build
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-pin.txt"
 "$VENV/bin/python" -c "import torch; print(torch.__version__)" | sed 's/^/install.sh: torch /'

@@ -24,7 +24,13 @@ def daemon(config_path, instance, check, print_config):
     SIGTERM stops cleanly, SIGHUP reloads the configuration.
     """
     from appliance.config import ConfigError, as_dict, resolve
-    from appliance.daemon import main as daemon_main
+    from appliance.logs import error_line
+
+    try:
+        from appliance.daemon import main as daemon_main
+    except Exception as exc:  # noqa: BLE001 - a broken installation: one line (priority err), not a traceback
+        error_line(f"error: the daemon's code does not load ({type(exc).__name__}: {exc}); reinstall (./install.sh)")
+        sys.exit(1)
 
     path = config_path or group_config_path()
     if print_config:

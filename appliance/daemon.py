@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -25,7 +24,7 @@ from typing import Optional
 
 from appliance.compose import make_watcher, make_worker
 from appliance.config import ConfigError, resolve
-from appliance.logs import setup_logging  # noqa: F401 - also used by the CLI from here
+from appliance.logs import error_line, setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
 from appliance.settings import Settings, reloaded, settings
@@ -34,8 +33,8 @@ from appliance.supervise import Part, Supervisor
 
 log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
-                "http.mode", "wyoming", "jobs.home", "jobs.enabled", "jobs.voice", "jobs.language", "jobs.instruct",
-                "service.runtime_dir"}
+                "http.mode", "wyoming", "jobs.home", "jobs.queue", "jobs.queue_file", "jobs.enabled", "jobs.voice",
+                "jobs.language", "jobs.instruct", "service.runtime_dir"}
 QUEUE_PROBE_TIMEOUT_S = 5.0  # how long the status line, /health and /metrics wait for a locked SQLite queue
 
 
@@ -276,11 +275,12 @@ class Daemon:
 
 
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
-    """Entry point used by `tts-appliance daemon`."""
+    """Entry point used by `tts-appliance daemon`. Exit status 78 (EX_CONFIG) for a configuration that does
+    not resolve, 1 for a start that fails otherwise (the installation, the queue, the model), 0 after a stop."""
     try:
         cfg = resolve(config_path)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        error_line(f"config error: {exc}")
         return 78  # EX_CONFIG: systemd shows it as a configuration problem
     setup_logging(cfg.service.log_level)
     if instance:
@@ -288,8 +288,14 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
     try:
         s = settings(cfg, instance)  # an instance's device: appliance.settings.devices
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        error_line(f"config error: {exc}")
         return 78
+    from engines.load import code_error
+
+    broken = code_error()
+    if broken:
+        error_line(f"error: {broken}; reinstall (./install.sh); `tts-appliance info` describes the installation")
+        return 1
     if check_only:
         print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
         return 0
@@ -302,5 +308,6 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
 
         if isinstance(exc, (TTSError, ConfigError, QueueError, RuntimeError, OSError)):
             log.error("cannot start: %s", exc)
-            return 1
-        raise
+        else:  # a defect: its traceback goes to the log (at priority err under systemd), not raw to stderr
+            log.exception("cannot start: internal error: %s: %s", type(exc).__name__, exc)
+        return 1

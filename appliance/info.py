@@ -76,9 +76,12 @@ def model_info(s: Settings) -> dict:
 def engines_info(s: Settings) -> list:
     """The engines of the settings: one per device, each with what engines.load.settings decides for it
     (dtype, slots and why), its codec and CPU threads."""
-    from engines.load import settings as decided
+    from engines.load import code_error, settings as decided
 
     s.require_model()
+    broken = code_error()
+    if broken:
+        return {"error": broken}
     return [_guard(lambda spec: {**decided(spec), "codec": spec.codec, "threads": spec.threads}, spec)
             for spec in s.engines]
 

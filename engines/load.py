@@ -25,6 +25,23 @@ def device_context(device: str):
     return torch.cuda.device(torch.device(device)) if str(device).startswith("cuda") else contextlib.nullcontext()
 
 
+RUNTIME_MODULES = ("engines.runtime.runner", "engines.process.child")  # what an engine (process) imports
+
+
+def code_error() -> str | None:
+    """Why the engine's code cannot run on this installation (one of its modules fails to import: a package
+    missing or broken), or None. The daemon checks it before it starts and `info` reports it: without it a
+    daemon would start and then lose every engine."""
+    import importlib
+
+    for name in RUNTIME_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, no engine can run
+            return f"the engine's code does not load ({name}: {type(exc).__name__}: {exc})"
+    return None
+
+
 def settings(spec: EngineSpec) -> dict:
     """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
     the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
