@@ -76,3 +76,27 @@ def test_sigterm_mid_book_then_restart_finishes_it_with_sd_notify(tmp_path):
     finally:
         assert d2.stop() == 0
         q.close()
+
+
+def test_reload_keeps_the_queue_it_has_and_says_a_restart_changes_it(tmp_path):
+    """SIGHUP with another jobs.queue: the daemon says the key needs a restart and keeps working on the queue it
+    opened (it used to say "configuration reloaded" alone and go on with the old one without a word)."""
+    import yaml
+
+    cfg = base_config(tmp_path)
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        other = tmp_path / "other" / "queue.db"
+        cfg["jobs"]["queue"] = str(other)
+        d.path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "configuration reloaded" not in d.log_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        line = next(x for x in d.log_text().splitlines() if "configuration reloaded" in x)
+        assert "needs a restart to change: jobs.queue" in line, line
+        job = submit(d, "One short sentence.\n")
+        assert d.wait_job(job)["state"] == "done"
+        assert not other.exists() and (d.home / "queue.db").is_file()
+    finally:
+        assert d.stop() == 0
