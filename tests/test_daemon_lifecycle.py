@@ -100,3 +100,35 @@ def test_reload_keeps_the_queue_it_has_and_says_a_restart_changes_it(tmp_path):
         assert not other.exists() and (d.home / "queue.db").is_file()
     finally:
         assert d.stop() == 0
+
+
+def test_sigterm_to_the_whole_group_still_lets_in_flight_segments_finish(tmp_path):
+    """A SIGTERM that reaches every process of the daemon (systemd's default KillMode, Ctrl-C in a terminal)
+    used to kill the engine process at once: the daemon promised the in-flight segments their drain time and
+    in the same instant they failed, to be synthesized again after the restart. The engine process leaves
+    the signal to the daemon, which stops it once the work has drained."""
+    import os
+
+    from jobs.queue import Queue
+
+    cfg = base_config(tmp_path, runtime={"engine_process": True}, jobs={"watch": False, "batch_size": 2},
+                      service={"stop_timeout_s": 60.0})
+    d = Daemon(tmp_path, cfg).start(start_new_session=True)
+    job_id = submit(d, book_text(12), tokens=30)
+    q = Queue(d.home / "queue.db")
+    try:
+        deadline = time.monotonic() + 60
+        leased = []
+        while not leased and time.monotonic() < deadline:
+            leased = [s["idx"] for s in q.segments(job_id) if s["state"] == "leased"]
+            time.sleep(0.05)
+        assert leased, "no segment was leased"
+        os.killpg(d.proc.pid, signal.SIGTERM)
+        assert d.proc.wait(90) == 0, d.log_text()[-3000:]
+        log = d.log_text()
+        assert "in flight failed" not in log and "killed by" not in log, log[-3000:]
+        state = {s["idx"]: s["state"] for s in q.segments(job_id)}
+        assert all(state[i] == "done" for i in leased), (leased, state, log[-3000:])
+    finally:
+        q.close()
+        d.stop()

@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -199,6 +200,12 @@ def voice_to_cpu(voice):
 
 
 def main(argv: list[str]) -> int:
+    # The front stops this process (a "stop" message, after its in-flight work drained) and it ends by itself
+    # when the front goes away. A Ctrl-C in a terminal, or a SIGTERM sent to the whole service (systemd's
+    # default KillMode), reaches every process of the group at once: it is the front's to act on, not ours,
+    # else the work the front lets finish on a stop would die with us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(argv[1]))
     spec, init = pickle.loads(conn.recv_bytes())
     if init is not None:
