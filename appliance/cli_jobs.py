@@ -31,7 +31,7 @@ def _remote(cfg, paths, note: bool = False):
     from appliance.client import NO_DAEMON_ENV, DaemonUnreachable, daemon_client
 
     try:
-        client = daemon_client(paths.home, cfg.http.socket or None)
+        client = daemon_client(paths.home, cfg.http.socket or None, on_wait=lambda m: click.echo(f"note: {m}", err=True))
     except DaemonUnreachable as exc:
         fail(str(exc))
     if client is None and note and os.environ.get(NO_DAEMON_ENV, "") in ("", "0"):

@@ -19,9 +19,11 @@ import socket
 import stat
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 SOCKET_ENV = "TTS_APPLIANCE_SOCKET"
+ANSWER_S = 5.0  # a running daemon answers /health at once
+START_WAIT_S = 600.0  # a daemon that is starting may load and warm up a model that long (the unit's TimeoutStartSec)
 NO_DAEMON_ENV = "TTS_APPLIANCE_NO_DAEMON"
 log = logging.getLogger(__name__)
 
@@ -209,12 +211,24 @@ def _alive(pid) -> bool:
     return True
 
 
-def connect(path: str, origin: str) -> DaemonClient:
+def _say_waiting(message: str) -> None:
+    log.warning("%s", message)
+
+
+def connect(path: str, origin: str, on_wait: Callable[[str], None] = _say_waiting) -> DaemonClient:
     """A client of the daemon at `path` that answered /health; DaemonUnreachable naming `origin`
-    (where the path came from) otherwise."""
+    (where the path came from) otherwise. A socket that takes the connection but stays silent belongs to a
+    daemon that is starting (systemd's socket activation starts it on this very connection; loading a model
+    takes a while): `on_wait` is told once, then the answer is awaited up to START_WAIT_S."""
     client = DaemonClient(path)
     try:
-        client.health = client.read_health()
+        try:
+            client.health = client.read_health(ANSWER_S)
+        except TimeoutError:
+            on_wait(f"the daemon at {path} took the connection but has not answered yet: it is starting "
+                    f"(socket activation; loading the model). Waiting up to {START_WAIT_S:.0f} s (Ctrl-C stops "
+                    "waiting; systemctl status tts-appliance shows it)")
+            client.health = client.read_health(START_WAIT_S)
     except (OSError, DaemonError, http.client.HTTPException) as exc:
         raise DaemonUnreachable(
             f"cannot reach the tts-appliance daemon at {path} ({origin}): {_why(path, exc)}. Nothing was done; "
@@ -222,7 +236,8 @@ def connect(path: str, origin: str) -> DaemonClient:
     return client
 
 
-def daemon_client(home, configured_socket: Optional[str] = None) -> Optional[DaemonClient]:
+def daemon_client(home, configured_socket: Optional[str] = None,
+                  on_wait: Callable[[str], None] = _say_waiting) -> Optional[DaemonClient]:
     """The daemon to use for the spool folder `home` (see the module docstring): the socket of
     $TTS_APPLIANCE_SOCKET, else `configured_socket` (http.socket of the config), else the one a
     live daemon announced in HOME/daemon*.json. None only when no daemon is configured or running;
@@ -230,9 +245,9 @@ def daemon_client(home, configured_socket: Optional[str] = None) -> Optional[Dae
     if os.environ.get(NO_DAEMON_ENV, "") not in ("", "0"):
         return None
     if os.environ.get(SOCKET_ENV):
-        return connect(os.environ[SOCKET_ENV], f"${SOCKET_ENV}")
+        return connect(os.environ[SOCKET_ENV], f"${SOCKET_ENV}", on_wait)
     if configured_socket:
-        return connect(str(configured_socket), "http.socket of the config")
+        return connect(str(configured_socket), "http.socket of the config", on_wait)
     for f in sorted(Path(home).glob("daemon*.json")):
         try:
             info = json.loads(f.read_text(encoding="utf-8"))
@@ -242,7 +257,7 @@ def daemon_client(home, configured_socket: Optional[str] = None) -> Optional[Dae
         if not path:
             continue
         try:
-            return connect(path, f"announced in {f}")
+            return connect(path, f"announced in {f}", on_wait)
         except DaemonUnreachable:
             if _alive(pid):
                 raise

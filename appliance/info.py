@@ -162,6 +162,9 @@ def daemon_info(cfg: Config, timeout: float = 3.0) -> dict:
         try:
             return {"reachable": True, "socket": path,
                     "health": DaemonClient(path).read_health(timeout)}
+        except TimeoutError:
+            errors.append(f"{path}: took the connection, no answer within {timeout:.0f} s (starting: socket "
+                          "activation and loading the model take a while; try again)")
         except Exception as exc:  # noqa: BLE001 - no daemon there: try the next place
             errors.append(f"{path}: {exc}")
     return {"reachable": False, "tried": errors or ["no socket configured"]}
