@@ -247,8 +247,26 @@ def _read_yaml(path: Path):
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except PermissionError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}{_group_hint(path)}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _group_hint(path: Path) -> str:
+    """What to do about a config file this user may not read: the service's file is for its group."""
+    import grp
+    import stat
+
+    try:
+        st = path.stat()
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (OSError, KeyError):
+        return ""
+    if not st.st_mode & stat.S_IRGRP or group == "root":
+        return f" (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: ask its administrator)"
+    return (f". It is readable by group {group!r} (the service's users): sudo usermod -aG {group} $USER, "
+            "then log in again")
 
 
 def env_overrides(environ) -> dict:

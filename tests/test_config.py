@@ -3,6 +3,7 @@ command-line flags on top (`resolve`), the group's --config reaching every comma
 validation errors (unknown keys listed with the valid ones, wrong types, bad values)."""
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 import sys
@@ -186,3 +187,36 @@ def test_the_api_key_is_not_shown():
     cfg = resolve(environ={"TTS_APPLIANCE_HTTP__API_KEY": "s3cret"})
     assert cfg.http.api_key == "s3cret"
     assert as_dict(cfg)["http"]["api_key"] == "(set)" and "s3cret" not in json.dumps(as_dict(cfg))
+
+
+def test_a_config_file_of_the_service_group_says_how_to_join_it(tmp_path, monkeypatch):
+    """A user outside the service's group meets /etc/tts-appliance/config.yaml (0640 root:GROUP): the error names
+    the group and how to join it, not only "Permission denied" (the live systemd test runs it as such a user)."""
+    import grp
+    import pathlib
+
+    from appliance.config import ConfigError, resolve
+
+    conf = tmp_path / "config.yaml"
+    conf.write_text("model: {threads: 1}\n")
+    group = grp.getgrgid(os.getgid()).gr_name
+    if os.geteuid() == 0:  # as root (CI): give it a group one joins, as install.sh gives it tts-appliance
+        group = next(g for g in ("users", "nogroup", "daemon") if g in {e.gr_name for e in grp.getgrall()})
+        os.chown(conf, 0, grp.getgrnam(group).gr_gid)
+    os.chmod(conf, 0o640)
+    real = pathlib.Path.read_text
+
+    def denied(self, *a, **k):
+        if self == conf:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", denied)
+    with pytest.raises(ConfigError) as err:
+        resolve(conf)
+    msg = str(err.value)
+    assert "Permission denied" in msg
+    if group != "root":
+        assert f"usermod -aG {group} $USER" in msg, msg
+    else:  # a root-owned group is not one to join: the message says whom to ask
+        assert "ask its administrator" in msg, msg
