@@ -48,6 +48,23 @@ def _daemon_or_queue(home):
     return _remote(cfg, paths) or Queue(paths.ensure().db)
 
 
+def _no_queue(home, job_id: str):
+    fail(f"no job {job_id!r}: no daemon serves this user and there is no queue in {spool(home)[1].home} "
+         "(jobs.home; --home)")
+
+
+def _look_up(home, remote, local, none):
+    """What a reading command shows: `remote(client)` from the daemon when one serves (it may be the only
+    one allowed to read its queue), else `local(queue)` from the local queue opened read-only, or `none`
+    where no queue was made yet. A reading command never creates a spool folder or a queue."""
+    cfg, paths = spool(home)
+    client = _remote(cfg, paths)
+    if client is not None:
+        return _call(remote, client)
+    with Queue.reading(paths.db) as queue:
+        return none if queue is None else _call(local, queue)
+
+
 def _call(fn, *args):
     """`fn(*args)` with queue and daemon errors as click errors."""
     from appliance.client import DaemonError
@@ -241,8 +258,7 @@ def _submit_here(files, spec: JobSpec, s, queue: Queue, wait: bool, as_json: boo
 @json_option
 def status(job_id, home, as_json):
     """Show one job: state, progress, error and output folder."""
-    where = _daemon_or_queue(home)
-    s = _call(job_summary, where, job_id) if isinstance(where, Queue) else _call(where.job, job_id)
+    s = _look_up(home, lambda c: c.job(job_id), lambda q: job_summary(q, job_id), None) or _no_queue(home, job_id)
     emit(as_json, s, describe(s) + "".join(f"\n    segment {f['index']}: {f['error']}" for f in s["failed_segments"]))
 
 
@@ -253,11 +269,8 @@ def status(job_id, home, as_json):
 @json_option
 def list_jobs(states, home, as_json):
     """List jobs, oldest first."""
-    where = _daemon_or_queue(home)
-    if isinstance(where, Queue):
-        rows = [job_summary(where, j["id"], failed_segments=False) for j in where.jobs(states or None)]
-    else:
-        rows = _call(where.jobs, states)
+    rows = _look_up(home, lambda c: c.jobs(states),
+                    lambda q: [job_summary(q, j["id"], failed_segments=False) for j in q.jobs(states or None)], [])
     emit(as_json, rows, "\n".join(describe(s) for s in rows) or "no jobs")
 
 
@@ -352,9 +365,13 @@ def redo(job_id, index, seed, wait, home, as_json, **eng):
 @json_option
 def logs(job_id, home, as_json):
     """Show a job's log (submission, retries, failures, completion)."""
-    _, _, queue = open_queue(home)
-    _call(queue.job, job_id)
-    rows = queue.events(job_id)
+    def local(queue):
+        queue.job(job_id)  # QueueError naming the job when there is none
+        return queue.events(job_id)
+
+    rows = _look_up(home, lambda c: c.log(job_id), local, None)
+    if rows is None:
+        _no_queue(home, job_id)
     text = "\n".join(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['level']:<7} "
                      + (f"[segment {e['segment_idx']}] " if e["segment_idx"] is not None else "") + e["message"]
                      for e in rows)

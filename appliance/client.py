@@ -130,6 +130,10 @@ class DaemonClient:
         query = "&".join(f"state={s}" for s in states or ())
         return self.json("GET", "/v1/jobs" + (f"?{query}" if query else ""))
 
+    def log(self, job_id: str) -> list:
+        """The job's log entries, oldest first (GET /v1/jobs/{id}/log)."""
+        return self.json("GET", f"/v1/jobs/{job_id}/log")
+
     def cancel(self, job_id: str) -> dict:
         return self.json("DELETE", f"/v1/jobs/{job_id}")
 

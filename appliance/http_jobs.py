@@ -167,6 +167,17 @@ async def get_job(request):
     return web.json_response(await _q(request.app[CTX], job_summary, request.match_info["id"]))
 
 
+async def job_log(request):
+    """GET /v1/jobs/{id}/log: the job's log entries, oldest first (what `tts-appliance logs` shows)"""
+    job_id = request.match_info["id"]
+
+    def read(q):
+        q.job(job_id)  # 404 naming the job when there is none
+        return q.events(job_id)
+
+    return web.json_response(await _q(request.app[CTX], read))
+
+
 async def cancel_job(request):
     """DELETE /v1/jobs/{id}"""
     ctx, job_id = request.app[CTX], request.match_info["id"]
@@ -232,3 +243,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
     app.router.add_post("/v1/jobs/{id}/segments/{index}/redo", redo_segment)
     app.router.add_get("/v1/jobs/{id}/events", job_events)
+    app.router.add_get("/v1/jobs/{id}/log", job_log)

@@ -68,9 +68,9 @@ snapshot_download(repo_id=sys.argv[1], local_dir=sys.argv[2])" "$MODEL" "$MODEL_
   fi
 fi
 # config: written when absent; --model updates model.path in place (every command and the daemon read it)
-"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "$DATA" <<'PY'
+"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "${DATA#"$SYSROOT"}" <<'PY'
 import os, sys, yaml
-conf, model, tiny, models, mode, data = sys.argv[1:]
+conf, model, tiny, models, mode, data = sys.argv[1:]  # data: the spool folder as the service sees it
 cfg = (yaml.safe_load(open(conf)) or {}) if os.path.exists(conf) else {}
 current = (cfg.get("model") or {}).get("path")
 if not model and not current:
@@ -83,9 +83,10 @@ if not model and not current:
           "pass --model ID|PATH for real speech)")
 if model:
     cfg.setdefault("model", {})["path"] = model
-    if mode == "user":
-        cfg.setdefault("jobs", {}).setdefault("home", data)
-    else:  # so that every user's CLI finds the daemon (and says so when it cannot reach it)
+    # the service's spool folder in the file every command reads: a user's `info`, `preview` and reading
+    # commands then describe the service's queue, not a private one in their home
+    cfg.setdefault("jobs", {}).setdefault("home", data)
+    if mode == "system":  # so that every user's CLI finds the daemon (and says so when it cannot reach it)
         cfg.setdefault("http", {}).setdefault("socket", "/run/tts-appliance/api.sock")
     with open(conf, "w") as f:
         f.write("# written by install.sh; all keys with comments: configs/default.yaml\n")

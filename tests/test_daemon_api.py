@@ -284,3 +284,33 @@ def test_metrics(daemon):
         assert name in text, name
     count = [ln for ln in text.splitlines() if ln.startswith("tts_ttfa_seconds_count")][0]
     assert float(count.split()[1]) >= 1
+
+
+def test_reading_commands_of_a_user_with_another_home_read_the_daemons_queue(daemon, tmp_path, monkeypatch):
+    """A member of the service's group has a home of their own (no jobs.home, or another one): `logs`, `status`
+    and `list` show the daemon's jobs (they used to open a private queue for `logs`: "no job", and a spool
+    folder made in the user's home), and no reading command creates anything there."""
+    from appliance.cli import cli
+
+    from appliance.client import DaemonClient
+    from jobs.settings import JobSpec
+
+    book = tmp_path / "logs.txt"
+    book.write_text(book_text(1))
+    job_id, _ = DaemonClient(daemon.socket).submit_file(book, JobSpec(voice="ryan", sampling={"max_new_tokens": 4}))
+    daemon.wait_job(job_id)
+    own = tmp_path / "own-home"
+    monkeypatch.setenv("TTS_APPLIANCE_HOME", str(own))
+    monkeypatch.setenv("TTS_APPLIANCE_SOCKET", daemon.socket)
+    r = CliRunner().invoke(cli, ["logs", job_id, "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("done" in e["message"] or "finished" in e["message"] for e in json.loads(r.stdout)), r.output
+    assert CliRunner().invoke(cli, ["status", job_id, "--json"]).exit_code == 0
+    assert job_id in CliRunner().invoke(cli, ["list", "--json"]).output
+    r = CliRunner().invoke(cli, ["logs", "nope"])
+    assert r.exit_code != 0 and "nope" in r.output
+    monkeypatch.delenv("TTS_APPLIANCE_SOCKET")  # no daemon for this home: nothing to read, nothing made
+    for args in (["logs", job_id], ["status", job_id], ["list"]):
+        r = CliRunner().invoke(cli, args)
+        assert (r.exit_code == 0) == (args == ["list"]), r.output
+    assert not own.exists(), sorted(own.rglob("*"))

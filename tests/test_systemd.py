@@ -190,6 +190,7 @@ def test_setup_script_installs_and_uninstalls_keeping_user_data(tmp_path):
     cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
     assert Path(cfg.model.path).resolve() == (ROOT / "tests/data/tiny/cv_small").resolve()
     assert cfg.http.socket == "/run/tts-appliance/api.sock"  # the CLI of every user finds the daemon
+    assert cfg.jobs.home == "/var/lib/tts-appliance"  # and info, preview, logs read the service's queue
     conf = root / "etc/tts-appliance/config.yaml"
     assert oct(conf.stat().st_mode & 0o777) == "0o640"  # it may hold jobs.queue's password
     conf.chmod(0o644)  # as an earlier version left it: a re-install tightens it
