@@ -220,3 +220,35 @@ def test_a_config_file_of_the_service_group_says_how_to_join_it(tmp_path, monkey
         assert f"usermod -aG {group} $USER" in msg, msg
     else:  # a root-owned group is not one to join: the message says whom to ask
         assert "ask its administrator" in msg, msg
+
+
+def test_the_shipped_file_lists_every_key_once_with_its_own_comment():
+    """configs/default.yaml says it holds all keys, commented: every key of every section is written there (the
+    values match the dataclasses: test above), and no line carries two comments (one key's comment on another's
+    line)."""
+    import dataclasses
+
+    import yaml
+
+    text = (ROOT / "configs" / "default.yaml").read_text()
+    data = yaml.safe_load(text)
+    for name, section in as_dict(Config()).items():
+        missing = sorted(set(section) - set(data.get(name) or {}))
+        assert not missing, f"configs/default.yaml lacks {name}: {missing}"
+    assert [f.name for f in dataclasses.fields(Config) if f.name in data] == list(data)
+    doubled = [line for line in text.splitlines() if line.split("#", 1)[-1].count("  #") and ": " in line]
+    assert not doubled, doubled
+
+
+def test_the_commands_the_docs_say_take_json_are_those_that_do():
+    """README.md and docs/APPLIANCE.md name the commands with --json; the command line is the truth."""
+    import re
+
+    from appliance.cli import cli
+
+    has = {name for name, cmd in cli.commands.items() if any("--json" in p.opts for p in cmd.params)}
+    for doc in ("README.md", "docs/APPLIANCE.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        m = re.search(r"commands that report \(([^)]*)\)", text)
+        assert m, f"{doc}: no list of the commands that take --json"
+        assert set(m.group(1).replace(" ", "").split(",")) == has, (doc, m.group(1), sorted(has))
