@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 import pytest
@@ -263,3 +264,111 @@ def test_security_exposure_is_low(box):
     assert max(scores.values()) <= 3.5, scores
     print(f"exposure: {scores}")
 
+
+
+# -- an admin's day: the people who use the service, and the service stopping mid-book ----------------------
+MEMBER, OUTSIDER_NAME = "member", "outsider"
+BOOK = "\n\n".join(f"Paragraph {i} of the long book is read aloud by the service." for i in range(40)) + "\n"
+
+
+def person(c: Container, name: str, member: bool) -> tuple[int, list[int]]:
+    """A real login user in the container (home folder, passwd entry), in group tts-appliance or not."""
+    if c.run("id", "-u", name, check=False).returncode:
+        c.run("useradd", "-m", "-s", "/bin/sh", *(["-G", "tts-appliance"] if member else []), name)
+    uid = int(c.run("id", "-u", name).stdout)
+    gids = [int(g) for g in c.run("id", "-G", name).stdout.split()]
+    return uid, gids
+
+
+def cli(c: Container, name: str, member: bool, *args: str, timeout: float = 300) -> "subprocess.CompletedProcess":
+    """`tts-appliance ARGS` as the user `name` would type it in a login shell (the installed command)."""
+    return c.run("env", f"HOME=/home/{name}", f"USER={name}", "/usr/local/bin/tts-appliance", *args,
+                 user=person(c, name, member), check=False, timeout=timeout)
+
+
+def queue_rows(c: Container, job_id: str) -> dict:
+    """{segment index: (state, audio path)} of a job, read from the service's queue as root."""
+    code = ("import json, sys\nfrom jobs.queue import Queue\nq = Queue(sys.argv[1])\n"
+            "print(json.dumps({s['idx']: [s['state'], s['audio_path']] for s in q.segments(sys.argv[2])}))")
+    r = c.run(str(nspawn_util.interpreter()[0] / "bin/python"), "-c", code, "/var/lib/tts-appliance/queue.db", job_id)
+    return {int(k): tuple(v) for k, v in json.loads(r.stdout).items()}
+
+
+def test_a_cli_call_wakes_the_stopped_service_and_waits_for_it(box):
+    box.run("systemctl", "stop", SERVICE, timeout=120)
+    assert show(box, "tts-appliance.socket", "SubState")["SubState"] == "listening"
+    r = cli(box, MEMBER, True, "list", "--json")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{journal(box)[-2000:]}"
+    assert json.loads(r.stdout) is not None and "timed out" not in r.stderr
+    assert "it is starting" in r.stderr, r.stderr  # the wait is said, not silent
+    assert show(box, SERVICE, "ActiveState")["ActiveState"] == "active"
+
+
+def test_someone_outside_the_group_is_told_to_join_it(box):
+    ensure_active(box)
+    r = cli(box, OUTSIDER_NAME, False, "list")
+    assert r.returncode != 0 and "usermod -aG tts-appliance" in r.stderr, r.stdout + r.stderr
+
+
+def test_stop_mid_book_lets_in_flight_segments_finish_and_none_is_redone(box):
+    ensure_active(box)
+    box.run("tee", "/home/member/book.txt", input=BOOK, user=person(box, MEMBER, True))
+    r = cli(box, MEMBER, True, "submit", "/home/member/book.txt", "--voice", "ryan", "--format", "wav",
+            "--max-new-tokens", "60", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = json.loads(r.stdout)[0]["job_id"]
+    leased = wait_for(lambda: [i for i, (s, _) in queue_rows(box, job_id).items() if s == "leased"], 120,
+                      "segments in flight", box)
+    since = box.run("date", "+%Y-%m-%d %H:%M:%S").stdout.strip()
+    box.run("systemctl", "stop", SERVICE, timeout=120)
+    stopped = queue_rows(box, job_id)
+    log = box.run("journalctl", "--no-pager", "-o", "cat", "-u", SERVICE, "--since", since).stdout
+    assert "in flight failed" not in log and "killed by" not in log, log[-3000:]
+    assert all(stopped[i][0] == "done" for i in leased), (leased, stopped, log[-3000:])
+    assert not [i for i, (s, _) in stopped.items() if s == "leased"], stopped
+    assert any(s != "done" for s, _ in stopped.values()), "the book ended before the stop: make it longer"
+    box.run("systemctl", "start", SERVICE, timeout=180)
+
+    def finished():
+        rows = queue_rows(box, job_id)
+        return rows if all(s == "done" for s, _ in rows.values()) else None
+
+    after = wait_for(finished, 300, "the book finished after the restart", box)
+    redone = [i for i, (s, path) in stopped.items() if s == "done" and after[i][1] != path]
+    assert not redone, f"segments synthesized again after the restart: {redone}"
+    logs = cli(box, MEMBER, True, "logs", job_id)
+    assert logs.returncode == 0 and logs.stdout.strip(), logs.stdout + logs.stderr
+
+
+def test_a_member_reads_the_services_queue_and_makes_nothing_of_their_own(box):
+    ensure_active(box)
+    jobs = json.loads(get(box, "/v1/jobs", group_member(box))["body"])
+    assert jobs, "an earlier test left no job"
+    job_id = jobs[-1]["id"]
+    for args in (["logs", job_id], ["status", job_id], ["list"]):
+        r = cli(box, MEMBER, True, *args)
+        assert r.returncode == 0 and r.stdout.strip(), (args, r.stdout, r.stderr)
+        assert "no job" not in r.stdout + r.stderr
+    r = cli(box, MEMBER, True, "info", "--json")
+    assert r.returncode == 0, r.stderr
+    paths = json.loads(r.stdout)["paths"]
+    assert paths["home"] == "/var/lib/tts-appliance" and "error" not in paths["jobs"], paths
+    assert sum(paths["jobs"].values()) >= len(jobs), paths
+    box.run("tee", "/home/member/short.txt", input="A short text to preview.\n", user=person(box, MEMBER, True))
+    r = cli(box, MEMBER, True, "preview", "/home/member/short.txt")
+    assert r.returncode == 0 and "segments" in r.stdout, r.stdout + r.stderr
+    own = box.run("find", "/home/member", "-name", "tts-appliance*", check=False).stdout.strip()
+    assert not own, f"a reading command made a private spool: {own}"
+
+
+def test_errors_are_at_priority_err_in_the_journal(box):
+    ensure_active(box)
+    box.run("tee", "/etc/tts-appliance/config.d/zz-broken.yaml", input="model: {threads: many}\n")
+    try:
+        assert box.run("systemctl", "reload", SERVICE, check=False).returncode != 0
+    finally:
+        box.run("rm", "-f", "/etc/tts-appliance/config.d/zz-broken.yaml")
+    err = box.run("journalctl", "--no-pager", "-o", "cat", "-p", "err", "-u", SERVICE, check=False).stdout
+    assert "config error" in err and "threads" in err, err[-2000:]
+    info = box.run("journalctl", "--no-pager", "-o", "cat", "-p", "info", "-u", SERVICE).stdout
+    assert "ready: http" in info and "ready: http" not in err  # the rest keeps its own priority
