@@ -16,7 +16,8 @@ Server -> client:
     {"type": "error", "message": ..., "code": ...}, then the server closes with the reason and 1008 (bad
         input, a client too slow or silent), 1013 (busy: try again later) or 1011 (server error)
 The server reads the socket until it closes, also while it speaks the last text, so standard keepalive
-pings (e.g. the `websockets` package's, every 20 s) are answered however long the speech takes.
+pings (e.g. the `websockets` package's, every 20 s) are answered however long the speech takes; they are
+not messages: only data frames count as the client's activity for http.read_timeout_s.
 
 text_mode "words" (the default): the model's streaming-text mode (engines.runtime.text_feed). Each
 complete word goes to the model as it comes, so audio starts after the first word; when the model has
@@ -126,17 +127,34 @@ class LiveSession:
 
     # -- client messages -------------------------------------------------------------------------
     async def _read(self):
-        """Read messages (answering pings) until the client leaves (-> GONE) or sends session.close
-        (-> CLOSE); input_text.end queues END and reading goes on."""
+        """Read messages until the client leaves (-> GONE) or sends session.close (-> CLOSE); input_text.end
+        queues END and reading goes on. Pings are answered here (the socket has no autoping), and only data
+        frames restart the idle clock: a client whose library pings every few seconds but sends no text is
+        still dropped after http.read_timeout_s while the session waits for its text."""
         idle = self.ctx.cfg.http.read_timeout_s
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + idle
         while True:
             try:
-                msg = await self.ws.receive(timeout=idle)
+                left = deadline - clock()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                msg = await self.ws.receive(timeout=left)
             except asyncio.TimeoutError:
+                deadline = clock() + idle
                 if self.ended or (self.speaking or not self.queue.empty()) and self.feed is None:
                     continue  # waiting for audio is not idling (an utterance waiting for words is)
                 raise ApiError(408, f"no message for {idle:g} s; send input_text.append or input_text.end",
                                "timeout") from None
+            if msg.type == WSMsgType.PING:
+                try:
+                    await self.ws.pong(msg.data)
+                except ConnectionResetError:
+                    return GONE
+                continue
+            if msg.type == WSMsgType.PONG:
+                continue
+            deadline = clock() + idle
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                 return GONE
             if msg.type == WSMsgType.ERROR:
@@ -365,7 +383,8 @@ async def live(request: web.Request) -> web.WebSocketResponse:
     ctx = request.app[CTX]
     if not ctx.accepting:
         raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
-    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes)
+    # autoping off: LiveSession._read answers pings itself, so that they do not restart its idle clock
+    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes, autoping=False)
     await ws.prepare(request)
     session = LiveSession(ctx, ws)
     try:

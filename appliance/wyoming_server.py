@@ -13,8 +13,13 @@ Events handled (JSON header line + optional payload, see the `wyoming` package):
                                 (audio-start before the first audio, audio-chunk per chunk)
     synthesize-stop          -> the rest is spoken, then audio-stop and synthesize-stopped
 Streaming clients also send a plain `synthesize` for servers that do not stream; it is ignored
-while a text stream is open. Failures are answered with an `error` event (text, code). The protocol
-carries no speaking speed. Text is spoken with the pronunciation lexicon of jobs.lexicon.
+while a text stream is open. A failure (unknown voice or language, busy engine, a protocol error, a bug)
+is answered with an `error` event (text, code), and then the server closes the connection: no audio-stop
+or synthesize-stopped follows. Clients wait for those or for the connection's end (Home Assistant's reads
+until audio-stop, its streaming reader until synthesize-stopped, both until the connection ends; they
+ignore `error`), so closing is what ends every client's wait, and it ends it as a failure rather than as
+a short clip. The protocol carries no speaking speed. Text is spoken with the pronunciation lexicon of
+jobs.lexicon.
 """
 from __future__ import annotations
 
@@ -40,7 +45,6 @@ from appliance.languages import language_tags, model_language
 from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
-OK, FAILED, DROP = "ok", "failed", "drop"
 ATTRIBUTION = Attribution(name="Qwen", url="https://github.com/QwenLM/Qwen3-TTS")
 
 
@@ -66,6 +70,22 @@ class TtsHandler(AsyncEventHandler):
                                     supports_synthesize_streaming=True)])
 
     async def handle_event(self, event: Event) -> bool:
+        """Serve one event; False ends the connection (after an error event: see the module doc)."""
+        try:
+            return await self._handle(event)
+        except (ConnectionError, BrokenPipeError):
+            raise
+        except Exception as exc:  # a bug: this connection ends with an error event, the daemon goes on
+            log.exception("wyoming: %s failed", event.type)
+            return await self.fail(f"internal error: {type(exc).__name__}", "internal_error")
+
+    async def fail(self, text: str, code: str) -> bool:
+        """Send an error event; returns False: the connection is closed after it."""
+        log.info("wyoming: %s (%s); closing the connection", text, code)
+        await self.write_event(Error(text, code).event())
+        return False
+
+    async def _handle(self, event: Event) -> bool:
         if Describe.is_type(event.type):
             await self.write_event(self.info().event())
         elif SynthesizeStart.is_type(event.type):
@@ -73,18 +93,16 @@ class TtsHandler(AsyncEventHandler):
             self.stream_text, self.audio_started = "", False
         elif SynthesizeChunk.is_type(event.type):
             if self.stream_text is None:
-                await self.write_event(Error("synthesize-chunk without synthesize-start", "protocol").event())
-                return True
+                return await self.fail("synthesize-chunk without synthesize-start", "protocol")
             lang = language_code(self.stream_language) or "en"
             text = self.stream_text + SynthesizeChunk.from_event(event).text
             sentences, self.stream_text = split_streamed(text, lang)
             for s in sentences:
-                if await self.speak(s, self.stream_voice, self.stream_language) == DROP:
+                if not await self.speak(s, self.stream_voice, self.stream_language):
                     return False
         elif SynthesizeStop.is_type(event.type):
             rest, self.stream_text = (self.stream_text or "").strip(), None
-            result = await self.speak(rest, self.stream_voice, self.stream_language) if rest else OK
-            if result == DROP:
+            if rest and not await self.speak(rest, self.stream_voice, self.stream_language):
                 return False
             await self.end_audio()
             await self.write_event(SynthesizeStopped().event())
@@ -93,11 +111,9 @@ class TtsHandler(AsyncEventHandler):
                 return True  # the non-streaming copy of an open text stream
             syn = Synthesize.from_event(event)
             self.audio_started = False
-            result = await self.speak(syn.text, *self.voice_of(event))
-            if result == DROP:
+            if not await self.speak(syn.text, *self.voice_of(event)):
                 return False
-            if result == OK:
-                await self.end_audio()
+            await self.end_audio()
         else:
             log.debug("wyoming: ignoring %s", event.type)
         return True
@@ -117,9 +133,9 @@ class TtsHandler(AsyncEventHandler):
         await self.write_event(AudioStop().event())
         self.audio_started = False
 
-    async def speak(self, text: str, voice: Optional[str], language: str) -> str:
-        """Stream one piece of text as audio chunks -> OK, FAILED (an error event was sent) or DROP
-        (the client is gone or the daemon stops)."""
+    async def speak(self, text: str, voice: Optional[str], language: str) -> bool:
+        """Stream one piece of text as audio chunks -> True; False when the exchange is over: an error event
+        was sent (the connection is to be closed), or the client is gone."""
         d = self.d
         voice = voice or d.cfg.wyoming.default_voice or d.host.default_voice()
         if voice == "default" and not d.host.engine.voices:
@@ -127,12 +143,11 @@ class TtsHandler(AsyncEventHandler):
         try:
             text = file_lexicon(d.cfg.jobs.lexicon).apply(text)
         except LexiconError as exc:
-            await self.write_event(Error(str(exc), "lexicon").event())
-            return FAILED
+            return await self.fail(str(exc), "lexicon")
         req = d.host.request(text, voice=voice, language=language)
         if req is None:
-            await self.write_event(Error("no voice: this Base checkpoint needs a saved voice", "no_voice").event())
-            return FAILED
+            return await self.fail("no voice: this Base checkpoint needs a saved voice (POST /v1/voices adds "
+                                   "one; name it as the voice or set wyoming.default_voice)", "no_voice")
         try:
             async with serve_stream(d, "wyoming", req) as stream:
                 async for chunk in stream.chunks():
@@ -142,19 +157,16 @@ class TtsHandler(AsyncEventHandler):
                     await self.write_event(AudioChunk(rate=stream.sample_rate, width=2, channels=1,
                                                       audio=pcm16(chunk)).event())
                 stream.outcome = "ok"
-            return OK
+            return True
         except ShuttingDown as exc:
-            await self.write_event(Error(str(exc), "busy").event())
-            return DROP
+            return await self.fail(str(exc), "busy")
         except EngineBusy as exc:
-            await self.write_event(Error(str(exc), "busy").event())
-            return FAILED
+            return await self.fail(f"{exc}; try again in {d.cfg.runtime.retry_after_s} s", "busy")
         except TTSError as exc:
-            await self.write_event(Error(str(exc), type(exc).__name__).event())
-            return FAILED
+            return await self.fail(str(exc), type(exc).__name__)
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away mid-stream; request cancelled")
-            return DROP
+            return False
 
 
 async def client_connected(daemon, reader, writer) -> None:

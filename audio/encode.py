@@ -9,7 +9,8 @@
 
 wav, flac: 16-bit, the very samples `pcm16` gives (libsndfile would round differently). ogg: Opus
 when this libsndfile writes it at the rate, else Vorbis; opus: Ogg Opus. mp3: when this libsndfile
-can write MP3. m4b (files only): AAC with chapter marks, title/author/cover, through ffmpeg; its audio
+can write MP3; its tags and chapter marks (an ID3v2.4 tag, `audio.id3`) go in front of the audio when
+the file is closed, so a file object gets none. m4b (files only): AAC with chapter marks, title/author/cover, through ffmpeg; its audio
 is spooled to an unnamed file beside the target as it comes (a book's length costs disk, not memory).
 Writes are not atomic: durable files go through `jobs.assemble.StreamedFile`.
 """
@@ -27,6 +28,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 import soundfile as sf
+
+from audio.id3 import write_id3
 
 # libsndfile (major format, subtype) per format; ogg's subtype depends on the machine (ogg_codec)
 SOUNDFILE = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
@@ -90,10 +93,12 @@ def _open_soundfile(target, sr: int, fmt: str, tags: dict) -> sf.SoundFile:
 
 
 class SoundFileEncoder:
-    """The formats libsndfile writes (wav, flac, ogg, opus, mp3), chunk by chunk."""
+    """The formats libsndfile writes (wav, flac, ogg, opus, mp3), chunk by chunk. An mp3 file's tags are
+    not libsndfile's (an ID3v1 tag: Latin-1, 30 bytes a field): `close` writes them, with the chapter marks."""
 
     def __init__(self, target, sample_rate: int, fmt: str, tags: dict):
-        self.f = _open_soundfile(target, sample_rate, fmt, tags)
+        self.id3 = (Path(target), tags) if fmt == "mp3" and isinstance(target, (str, Path)) else None
+        self.f = _open_soundfile(target, sample_rate, fmt, {} if fmt == "mp3" else tags)
         self.codec = self.f.subtype
 
     def write(self, audio: np.ndarray) -> None:
@@ -102,7 +107,10 @@ class SoundFileEncoder:
         f.write(np.frombuffer(pcm16(audio), "<i2") if f.subtype == "PCM_16" else np.asarray(audio, dtype=np.float32))
 
     def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
+        """Finish the file -> the codec; an mp3 file gets its ID3v2 tag (tags and `chapters`) now."""
         self.f.close()
+        if self.id3 is not None:
+            write_id3(self.id3[0], self.id3[1], chapters)
         return self.codec
 
     def abort(self) -> None:

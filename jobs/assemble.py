@@ -1,6 +1,7 @@
 """Audio files: atomic writes, click-free joins, loudness levelling, chapter and book files.
 
-Encoding by format (wav, flac, opus, mp3, m4b) lives in `audio.encode`, chapter marks in `jobs.chapter_tags`; `StreamedFile` writes it block by
+Encoding by format (wav, flac, opus, mp3, m4b) lives in `audio.encode` (with the chapter marks of m4b and mp3),
+those of flac and opus in `jobs.chapter_tags`; `StreamedFile` writes it block by
 block and atomically. `assemble_book` writes one file per chapter and one for the whole book. Memory
 does not grow with the book: segments are read, joined and encoded one at a time (`join_blocks`), and
 a chapter reaches the book file through an unnamed spool file on disk.
@@ -198,8 +199,9 @@ class StreamedFile:
         self._enc.write(audio)
 
     def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
-        """Finish the file with these chapter marks (m4b: by ffmpeg; mp3, flac, opus: tags written by
-        `jobs.chapter_tags`) and rename it into place -> the codec ("" when no audio came: no file)."""
+        """Finish the file with these chapter marks (m4b: by ffmpeg; mp3: its ID3v2 tag, `audio.id3`; flac,
+        opus: comments written by `jobs.chapter_tags`) and rename it into place -> the codec ("" when no
+        audio came: no file)."""
         if self._enc is None:
             return ""
         enc, self._enc = self._enc, None

@@ -303,6 +303,48 @@ def test_a_client_that_stops_mid_utterance_is_dropped(daemon):
     assert health["engine"]["active_slots"] == 0, health
 
 
+def test_pings_do_not_keep_a_silent_client(daemon):
+    """A client whose library pings more often than http.read_timeout_s (1.5 s here; the `websockets`
+    package's default keepalive pings every 20 s, the daemon's default timeout is 30 s) but sends no text
+    after its first piece is still dropped: its pings are answered, but only messages count. The session
+    ends with the timeout's error event and a 1008 close, and its slot is freed. (Each answered ping used to
+    restart the server's receive timer: such a client held its slot for as long as it stayed connected.)"""
+    from websockets.asyncio.client import unix_connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def go():
+        events = []
+        async with unix_connect(daemon.socket, "ws://localhost/v1/audio/speech/live", ping_interval=0.2,
+                                ping_timeout=10.0) as ws:
+            await ws.send(json.dumps({"type": "session.update", "voice": "ryan", "seed": 1}))
+            await ws.send(json.dumps({"type": "input_text.append", "text": "Hello there and then "}))
+
+            async def collect():
+                try:
+                    async for msg in ws:
+                        events.append(json.loads(msg) if isinstance(msg, str) else msg)
+                except ConnectionClosed:  # 1008 is not a normal close: the iterator raises
+                    pass
+
+            try:
+                await asyncio.wait_for(collect(), 30)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"a client that only pings was not dropped in 30 s: {kinds_of(events)}")
+            return events, ws.close_code, ws.close_reason, ws.latency
+
+    events, code, reason, latency = asyncio.run(go())
+    assert latency > 0, "the client's pings were never answered"
+    assert any(isinstance(e, bytes) for e in events), kinds_of(events)  # its first words were spoken
+    assert events[-1]["type"] == "error" and "no message for 1.5 s" in events[-1]["message"], kinds_of(events)
+    assert code == 1008 and reason == events[-1]["message"][:123], (code, reason)
+    for _ in range(100):
+        health = daemon.get("/health")[1]
+        if health["engine"]["active_slots"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["engine"]["active_slots"] == 0, health
+
+
 def test_words_arriving_while_an_utterance_ends_go_to_the_next_one():
     """An utterance whose request ends early (frame cap) is ended and replaced; words the client sends while the
     session reports `text.done` for it must go to the replacement, never to the ended feed (seen as

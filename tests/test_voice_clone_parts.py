@@ -216,6 +216,22 @@ def test_resample_length_and_content():
     assert resample(x, 16000, 16000) is x
 
 
+def test_resampled_lengths_follow_the_official_rule():
+    """librosa.resample (the official package's resampler) makes ceil(n * ratio) samples, the ratio rounded to a
+    float first: at 22.05, 11.025 and 44.1 kHz that is one sample more than the exact ceil(n * 24000 / sr) for
+    about 0.5% of lengths (tests/test_clone_oracle.py checks against librosa itself)."""
+    rng = np.random.default_rng(0)
+    differs = 0
+    for sr in (22050, 11025, 44100, 16000, 48000, 8000, 32000):
+        x = _tone(sr, 3.0)
+        step = sr // math.gcd(sr, 24000)  # lengths where n * 24000 / sr is whole: where the float may land above
+        for n in sorted({*range(step, 40 * step, step), *rng.integers(sr // 2, 3 * sr, 30).tolist()}):
+            official = int(np.ceil(n * (float(24000) / sr)))
+            differs += official != math.ceil(n * 24000 / sr)
+            assert len(resample(x[:n], sr, 24000)) == official, (n, sr)
+    assert differs >= 10  # the lengths tried include those where the two rules part
+
+
 def test_load_audio_sources_and_stereo(tmp_path):
     st = _tone(24000, 1.0, channels=2)
     path = tmp_path / "st.wav"

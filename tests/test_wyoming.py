@@ -131,18 +131,117 @@ def test_streaming_text_in_audio_out_per_sentence(daemon):
     assert line and float(line[0].split()[1]) >= 3
 
 
-def test_unknown_voice_is_an_error_event(daemon):
-    from wyoming.client import AsyncUnixClient
+async def until_end(client, stop: str, timeout: float = 20.0) -> tuple[list, bool]:
+    """Read as Home Assistant's Wyoming TTS client does: until `stop` (audio-stop; synthesize-stopped when it
+    streams text) or the connection's end, ignoring `error` -> (events, whether the connection ended)."""
+    events = []
+
+    async def read():
+        while True:
+            ev = await client.read_event()
+            if ev is None:
+                return True
+            events.append(ev)
+            if ev.type == stop:
+                return False
+
+    try:
+        return events, await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"still waiting for {stop} or the connection's end after {timeout} s: "
+                             f"{[e.type for e in events]}") from None
+
+
+def assert_error_then_end(events, ended, code):
+    """An error event, then the connection's end: nothing else after the error (no audio-stop)."""
     from wyoming.error import Error
+
+    types = [e.type for e in events]
+    assert ended and types and types[-1] == "error", types
+    err = Error.from_event(events[-1])
+    assert err.code == code, err
+    return err
+
+
+def test_unknown_voice_is_an_error_event_and_the_connection_ends(daemon):
+    """Home Assistant's client reads until audio-stop or the connection's end and ignores `error`: after the
+    error the server closes the connection, so that client returns (it waited forever before)."""
+    from wyoming.client import AsyncUnixClient
     from wyoming.tts import Synthesize, SynthesizeVoice
 
     async def go():
         async with AsyncUnixClient(daemon.wyoming) as c:
             await c.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event())
-            return await collect(c, "error")
+            return await until_end(c, "audio-stop")
 
-    err = Error.from_event(run(go())[-1])
-    assert "unknown voice" in err.text and err.code == "VoiceNotFound"
+    err = assert_error_then_end(*run(go()), "VoiceNotFound")
+    assert "unknown voice 'nobody'" in err.text
+    test_describe_lists_voices_and_languages(daemon)  # the daemon still serves
+
+
+def test_an_error_in_a_text_stream_ends_the_connection(daemon):
+    """Streaming text as Home Assistant sends it (start, chunks, the compat synthesize, stop): the first failing
+    sentence's error ends the exchange; no audio-stop or synthesize-stopped dresses it up as a short clip."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            voice = SynthesizeVoice(name="nobody")
+            await c.write_event(SynthesizeStart(voice=voice).event())
+            for text in ("First one. ", "Second one. ", "Third"):
+                await c.write_event(SynthesizeChunk(text=text).event())
+            await c.write_event(Synthesize(text="First one. Second one. Third", voice=voice).event())
+            await c.write_event(SynthesizeStop().event())
+            return await until_end(c, "synthesize-stopped")
+
+    events, ended = run(go())
+    assert_error_then_end(events, ended, "VoiceNotFound")
+    assert [e.type for e in events].count("error") == 1
+
+
+def test_a_chunk_without_a_start_is_an_error_and_the_end(daemon):
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import SynthesizeChunk
+
+    async def go():
+        async with AsyncUnixClient(daemon.wyoming) as c:
+            await c.write_event(SynthesizeChunk(text="Hello. ").event())
+            return await until_end(c, "audio-stop")
+
+    assert_error_then_end(*run(go()), "protocol")
+
+
+def test_a_busy_engine_is_an_error_and_the_end(tmp_path):
+    """Every slot and queue place taken (max_slots 1, max_queue 1): a Wyoming request gets a `busy` error
+    saying when to try again, then the connection ends."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    from test_daemon_slots import engine, open_stream, read_some, wait_for
+
+    cfg = base_config(tmp_path, runtime={"max_slots": 1, "max_queue": 1, "retry_after_s": 3},
+                      model={"max_frames": 2000}, jobs={"enabled": False, "watch": False})
+    d = Daemon(tmp_path, cfg).start()
+    held = []
+    try:
+        held.append(open_stream(d))
+        read_some(held[0])  # it plays: its slot is taken
+        assert wait_for(lambda: engine(d)["active_slots"] == 1, 30.0)
+        held.append(open_stream(d))  # waits in the admission queue
+        assert wait_for(lambda: engine(d)["queued"] == 1, 30.0)
+
+        async def go():
+            async with AsyncUnixClient(d.wyoming) as c:
+                await c.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice(name="ryan")).event())
+                return await until_end(c, "audio-stop")
+
+        err = assert_error_then_end(*run(go()), "busy")
+        assert "try again in 3 s" in err.text, err
+    finally:
+        for s in held:
+            s.close()
+        assert d.stop() == 0
 
 
 def test_a_client_closing_mid_event_is_one_info_line(daemon):
@@ -182,7 +281,7 @@ def test_text_is_spoken_with_the_config_lexicon(tmp_path):
         sent.append(event)
 
     handler.write_event = write_event
-    assert run(handler.speak("Qwen speaks.", "ryan", "english")) == "failed"
+    assert run(handler.speak("Qwen speaks.", "ryan", "english")) is False
     assert asked == ["chwen speaks."] and sent[0].type == "error"
 
 

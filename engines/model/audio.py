@@ -1,7 +1,7 @@
 """Reference-audio loading for voice cloning: decode, mix to mono, resample to 24 kHz.
 
 Mirrors the official package: soundfile decodes as float32, channels are averaged, and the result
-is resampled with soxr's high-quality mode and fixed to ceil(n * target / source) samples (what
+is resampled with soxr's high-quality mode and fixed to `resampled_length` samples (what
 librosa.resample's default `soxr_hq` does). soxr is a dependency; if it is missing we fall back to
 scipy's polyphase resampler, which is close but not sample-identical (a warning is logged).
 """
@@ -56,11 +56,20 @@ def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(audio, dtype=np.float32), sr
 
 
+def resampled_length(n: int, orig_sr: int, target_sr: int) -> int:
+    """Samples of `n` resampled from `orig_sr` to `target_sr`, as librosa.resample (the official package's
+    resampler) sizes its output: ceil(n * ratio) with the ratio rounded to a float first. The exact
+    ceil(n * target / orig) is one sample shorter for about 0.5% of lengths at 22.05, 11.025 and 44.1 kHz
+    (where n * ratio lands a hair above a whole number), which changes a reference's last codec frame."""
+    ratio = float(target_sr) / orig_sr
+    return int(math.ceil(n * ratio))
+
+
 def resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     """Resample mono float32 audio like librosa.resample(res_type='soxr_hq', fix=True)."""
     if orig_sr == target_sr:
         return audio
-    n_out = int(math.ceil(audio.shape[-1] * float(target_sr) / orig_sr))
+    n_out = resampled_length(audio.shape[-1], orig_sr, target_sr)
     try:
         import soxr
 
