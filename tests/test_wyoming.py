@@ -78,7 +78,10 @@ def test_a_language_the_model_lacks_is_an_error_event(daemon):
         async with AsyncUnixClient(daemon.wyoming) as c:
             await c.write_event(SynthesizeStart(voice=SynthesizeVoice(language="sw-KE")).event())
             await c.write_event(SynthesizeChunk(text="Habari. ").event())
-            await c.write_event(SynthesizeStop().event())
+            try:  # the server may have answered the chunk's sentence with the error and closed already
+                await c.write_event(SynthesizeStop().event())
+            except (ConnectionError, BrokenPipeError):
+                pass
             return await collect(c, "error")
 
     err = Error.from_event(run(go())[-1])
@@ -188,11 +191,14 @@ def test_an_error_in_a_text_stream_ends_the_connection(daemon):
     async def go():
         async with AsyncUnixClient(daemon.wyoming) as c:
             voice = SynthesizeVoice(name="nobody")
-            await c.write_event(SynthesizeStart(voice=voice).event())
-            for text in ("First one. ", "Second one. ", "Third"):
-                await c.write_event(SynthesizeChunk(text=text).event())
-            await c.write_event(Synthesize(text="First one. Second one. Third", voice=voice).event())
-            await c.write_event(SynthesizeStop().event())
+            events = [SynthesizeStart(voice=voice), *(SynthesizeChunk(text=t) for t in ("First one. ", "Second one. ",
+                                                                                      "Third")),
+                      Synthesize(text="First one. Second one. Third", voice=voice), SynthesizeStop()]
+            try:  # the server answers the first sentence with the error and closes, maybe before all is sent
+                for e in events:
+                    await c.write_event(e.event())
+            except (ConnectionError, BrokenPipeError):
+                pass
             return await until_end(c, "synthesize-stopped")
 
     events, ended = run(go())
