@@ -372,3 +372,19 @@ def test_errors_are_at_priority_err_in_the_journal(box):
     assert "config error" in err and "threads" in err, err[-2000:]
     info = box.run("journalctl", "--no-pager", "-o", "cat", "-p", "info", "-u", SERVICE).stdout
     assert "ready: http" in info and "ready: http" not in err  # the rest keeps its own priority
+
+
+def test_a_bad_config_fails_once_at_priority_err_and_is_not_retried(box):
+    ensure_active(box)
+    before = int(show(box, SERVICE, "NRestarts")["NRestarts"])
+    box.run("tee", "/etc/tts-appliance/config.d/zz-broken.yaml", input="jobs: {nope: 1}\n")
+    try:
+        assert box.run("systemctl", "restart", SERVICE, check=False, timeout=180).returncode != 0
+        time.sleep(8)  # RestartSec=5: a restart would have come by now
+        s = show(box, SERVICE, "ActiveState", "NRestarts", "ExecMainStatus")
+        assert (s["ActiveState"], s["ExecMainStatus"], int(s["NRestarts"])) == ("failed", "78", before), s
+        err = box.run("journalctl", "--no-pager", "-o", "cat", "-p", "err", "-u", SERVICE, check=False).stdout
+        assert "config error" in err and "nope" in err, err[-2000:]
+    finally:
+        box.run("rm", "-f", "/etc/tts-appliance/config.d/zz-broken.yaml")
+    box.run("systemctl", "start", SERVICE, timeout=180)
