@@ -95,16 +95,17 @@ class Daemon:
         QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends
         (for the whole process: the queue workers report to the same `OUTAGE`)."""
         from jobs.queue import QueueError, QueueUnavailable
+        from jobs.queue.location import redact
         from jobs.queue.outage import OUTAGE
 
         known = True
         try:
             state = QueueState(*self.queue_counts(QUEUE_PROBE_TIMEOUT_S))
         except (QueueError, QueueUnavailable) as exc:
-            state = QueueState(error=" ".join(str(exc).split()) or type(exc).__name__)
+            state = QueueState(error=redact(" ".join(str(exc).split()) or type(exc).__name__))
         except Exception as exc:  # noqa: BLE001 - a driver error (sqlite3, psycopg): the queue is as good as down
             known = False
-            state = QueueState(error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+            state = QueueState(error=redact(f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
         if state.ok:
             OUTAGE.ok("status")
         else:  # said once per process, with what the queue workers find (jobs.queue.outage)

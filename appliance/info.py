@@ -34,8 +34,10 @@ def _guard(fn: Callable, *args) -> dict:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - a report shows what failed instead of failing
+        from jobs.queue.location import redact
+
         log.debug("info: %s failed", getattr(fn, "__name__", fn), exc_info=True)
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": redact(f"{type(exc).__name__}: {exc}")}
 
 
 def program_info(cfg: Config, config_path: Optional[str]) -> dict:
@@ -119,7 +121,7 @@ def codec_info(s: Settings) -> dict:
 
 def paths_info(cfg: Config) -> dict:
     from jobs.queue import Queue, QueueError, QueueUnavailable
-    from jobs.queue.store import redact
+    from jobs.queue.location import redact
 
     paths = cfg.home()
     try:

@@ -1,23 +1,36 @@
-"""The daemon's log set-up, shared by its engine processes (engines.process runs it there first)."""
+"""The daemon's log set-up, shared by its engine processes (engines.process runs it there first) and the
+command line: every line passes the queue's password mask (`jobs.queue.location.redact`), tracebacks too."""
 from __future__ import annotations
 
 import logging
 import os
 import sys
 
+from jobs.queue.location import redact
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class Masked(logging.Formatter):
+    """A formatter whose output never shows the queue database's password; `journald`: `<N>` priority
+    prefixes instead of timestamps."""
+
+    def __init__(self, journald: bool = False):
+        super().__init__("%(name)s: %(message)s" if journald else FORMAT)
+        self.journald = journald
+
+    def format(self, record):
+        text = redact(super().format(record))
+        if not self.journald:
+            return text
+        pri = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}.get(record.levelno, 2)
+        return f"<{pri}>{text}"
+
 
 def setup_logging(level: str) -> None:
     """Log to stdout; under journald with `<N>` priority prefixes instead of timestamps."""
-    journald = bool(os.environ.get("JOURNAL_STREAM"))
-
-    class Prefix(logging.Formatter):
-        def format(self, record):
-            pri = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}.get(record.levelno, 2)
-            return f"<{pri}>" + super().format(record) if journald else super().format(record)
-
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(Prefix("%(name)s: %(message)s" if journald
-                                else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(Masked(journald=bool(os.environ.get("JOURNAL_STREAM"))))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

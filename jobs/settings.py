@@ -36,9 +36,9 @@ class Paths:
     @property
     def db(self) -> Path | str:
         """Where the queue lives: what `jobs.queue.Queue` opens. QueueError when jobs.queue or the
-        file of jobs.queue_file names none (`jobs.queue.store.parse_location`)."""
+        file of jobs.queue_file names none (`jobs.queue.location.parse_location`)."""
         from jobs.queue import QueueError
-        from jobs.queue.store import parse_location, read_location_file
+        from jobs.queue.location import parse_location, read_location_file
 
         try:
             if self.queue_file:

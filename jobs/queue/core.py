@@ -27,7 +27,8 @@ from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate
-from jobs.queue.store import QueueUnavailable, is_url, open_store, parse_location, redact
+from jobs.queue.location import is_url, parse_location, redact
+from jobs.queue.store import QueueUnavailable, open_store
 from jobs.queue.submissions import Submissions
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class JobSettings(Protocol):
 class Queue(Leases, Records, Assemblies, InboxFiles, Submissions):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
-    `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`store.parse_location`:
+    `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:
     a string that is neither is refused). Start-up problems (unreachable
     server, wrong credentials, a SQLite file that cannot be opened, a schema from a newer version)
     raise `QueueError` in one line. `read_only` (reports; see `reading`): the database is neither
