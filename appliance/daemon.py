@@ -276,6 +276,21 @@ class Daemon:
         log.info("stopped%s", f" after a failure (exit status {self.exit_code})" if self.exit_code else "")
 
 
+def check(s: Settings) -> int:
+    """`daemon --check`: the configuration resolved (done by now), and its queue opened read only within a
+    few seconds (`jobs.queue.check`): 0, or 78 (EX_CONFIG) with what fails in one line."""
+    from jobs.queue import QueueError
+    from jobs.queue.check import check_queue
+
+    try:
+        queue = check_queue(s.paths.db)
+    except QueueError as exc:
+        print(f"config error: queue: {exc}", file=sys.stderr)
+        return 78
+    print(f"config OK ({', '.join(s.config.sources) or 'built-in defaults'}); queue {queue}")
+    return 0
+
+
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
     """Entry point used by `tts-appliance daemon`."""
     try:
@@ -292,8 +307,7 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         print(f"config error: {exc}", file=sys.stderr)
         return 78
     if check_only:
-        print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
-        return 0
+        return check(s)
     log.info("config: %s", ", ".join(cfg.sources) or "built-in defaults")
     try:
         return Daemon(s, config_path, instance).run()

@@ -71,10 +71,11 @@ def test_commands_never_show_the_password(tmp_path, password):
         r = run_cli(tmp_path, url, *args)
         out = r.stdout + r.stderr
         assert not shows_password(out) and "Traceback" not in out, (args, out[-3000:])
-        if args[0] == "daemon" and bad:
-            assert r.returncode == 78, out  # EX_CONFIG: a malformed URL
+        if args[0] == "daemon":
+            assert r.returncode == 78, out  # EX_CONFIG: a malformed URL, or a server that cannot be reached
             [line] = r.stderr.strip().splitlines()
-            assert line.startswith("config error: ") and "'%' not followed by two hex digits" in line, line
+            assert line.startswith("config error: "), line
+            assert ("'%' not followed by two hex digits" if bad else "refused") in line, line
         elif bad:
             assert r.returncode != 0 and "the password holds a '%'" in out, out
     if not bad:  # info reports the queue it could not read, masked

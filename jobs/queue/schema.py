@@ -69,19 +69,19 @@ class SchemaTooNew(Exception):
 def migrate(store, where: str) -> None:
     """Apply the schema steps `store` lacks (one writer at a time); refuse a newer schema. A schema that
     is up to date is only read: opening a queue neither waits for nor blocks another writer."""
-    if store.has_table("migrations") and not _pending(store, where):
+    if store.has_table("migrations") and not pending(store, where):
         return
     with store.tx(lock=True) as c:
         c.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT, applied_at "
                   + store.ddl["real"] + ")")
-        for number, name, steps in _pending(c, where):
+        for number, name, steps in pending(c, where):
             for sql in steps:
                 c.execute(sql.format(**store.ddl))
             c.execute("INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, ?)", (number, name, time.time()))
             log.info("queue %s: applied migration %d (%s)", where, number, name)
 
 
-def _pending(store, where: str) -> list[tuple[int, str, list[str]]]:
+def pending(store, where: str) -> list[tuple[int, str, list[str]]]:
     """The schema steps the database lacks; SchemaTooNew when it has one this version does not know."""
     done = {r[0] for r in store.execute("SELECT id FROM migrations").fetchall()}
     if done and max(done) > LATEST:
