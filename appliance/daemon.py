@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Optional
 
 from appliance.compose import make_watcher, make_worker
@@ -28,6 +28,7 @@ from appliance.config import ConfigError, resolve
 from appliance.logs import setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
+from appliance.queue_view import QueueState, QueueView
 from appliance.settings import Settings, reloaded, settings
 from appliance.sdnotify import Notifier
 from appliance.supervise import Part, Supervisor
@@ -36,20 +37,6 @@ log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
                 "http.mode", "wyoming", "jobs.home", "jobs.enabled", "jobs.voice", "jobs.language", "jobs.instruct",
                 "service.runtime_dir"}
-QUEUE_PROBE_TIMEOUT_S = 5.0  # how long the status line, /health and /metrics wait for a locked SQLite queue
-
-
-@dataclass
-class QueueState:
-    """The queue as the status line, /health and /metrics see it: counts by state, or why it cannot be read."""
-
-    segments: dict = field(default_factory=dict)
-    jobs: dict = field(default_factory=dict)
-    error: Optional[str] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 class Daemon:
@@ -68,6 +55,7 @@ class Daemon:
         self.supervisor = Supervisor()
         self.exit_code = 0
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
+        self.queue = QueueView(self.paths, instance)  # its counts; this daemon among those sharing the queue
 
     @property
     def cfg(self):
@@ -80,37 +68,9 @@ class Daemon:
         return self.settings.job_defaults
 
     # -- queue side ------------------------------------------------------------------------------
-    def queue_counts(self, busy_timeout_s: float = 30.0) -> tuple[dict, dict]:
-        """(segment counts, job counts) by state, on a connection of their own (raises QueueError and the like)."""
-        from jobs.queue import Queue
-
-        q = Queue(self.paths.db, busy_timeout_s=busy_timeout_s)
-        try:
-            return q.counts(), q.job_counts()
-        finally:
-            q.close()
-
     def queue_state(self) -> QueueState:
-        """The queue's counts, or why it cannot be read now (database down, file unreadable, locked past
-        QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends
-        (for the whole process: the queue workers report to the same `OUTAGE`)."""
-        from jobs.queue import QueueError, QueueUnavailable
-        from jobs.queue.location import redact
-        from jobs.queue.outage import OUTAGE
-
-        known = True
-        try:
-            state = QueueState(*self.queue_counts(QUEUE_PROBE_TIMEOUT_S))
-        except (QueueError, QueueUnavailable) as exc:
-            state = QueueState(error=redact(" ".join(str(exc).split()) or type(exc).__name__))
-        except Exception as exc:  # noqa: BLE001 - a driver error (sqlite3, psycopg): the queue is as good as down
-            known = False
-            state = QueueState(error=redact(f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
-        if state.ok:
-            OUTAGE.ok("status")
-        else:  # said once per process, with what the queue workers find (jobs.queue.outage)
-            OUTAGE.failed("status", state.error, exc_info=not known)
-        return state
+        """The queue's counts, or why it cannot be read now (appliance.queue_view): never raises."""
+        return self.queue.state()
 
     def _start_workers(self) -> None:
         for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
@@ -164,14 +124,15 @@ class Daemon:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
-        self.queue_counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads
-        self.notifier.status("loading model")
-        self.host.load()  # (and the warm-up request, model.warmup)
-        self._start_workers()
-        try:
+        self.queue.counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads;
+        try:                 # this daemon is recorded there, and daemons sharing it with another spool folder warned of
+            self.notifier.status("loading model")
+            self.host.load()  # (and the warm-up request, model.warmup)
+            self._start_workers()
             asyncio.run(self._serve())
         finally:
             self.announce.unlink(missing_ok=True)
+            self.queue.leave()
             self.notifier.close()
         return self.exit_code
 

@@ -6,6 +6,7 @@ The spool folder ("home") holds everything the batch side keeps on disk:
     audio/        content-addressed segment audio (audio/ab/abcdef....wav)
     output/       finished books, one folder per job (chapter files, book file, manifest.json)
     inbox/        watched folder; processing/, done/, failed/ next to it
+    spool.id      the folder's identity: daemons sharing a queue compare it (jobs.queue.daemons)
 
 It is `jobs.home` of the settings (`appliance.config.resolve`: `--home`, the config files,
 `TTS_APPLIANCE_HOME`), else `~/.local/share/tts-appliance`.

@@ -9,7 +9,7 @@ retries, a `dead` end state (`failed`) with the last error, each segment's audio
 once. Several processes may share one queue: each opens its own `Queue`. Only this package touches
 the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
 assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
-submits in `submissions.Submissions`.
+submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 from jobs.queue.assembly import Assemblies
+from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
@@ -53,7 +54,7 @@ class JobSettings(Protocol):
     def to_json(self) -> str: ...
 
 
-class Queue(Leases, Records, Assemblies, InboxFiles, Submissions):
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:

@@ -3,7 +3,8 @@
 Tables: `jobs`, `chapters`, `segments`, `audio_cache` (content key -> audio file), `events` (the
 job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files` (watched folder)
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
-at once) and `submissions` (idempotency keys of submits: jobs.queue.submissions). `jobs.assembly_attempts`:
+at once), `submissions` (idempotency keys of submits: jobs.queue.submissions) and `daemons` (the daemons
+sharing the queue and their spool folders: jobs.queue.daemons). `jobs.assembly_attempts`:
 jobs.queue.assembly. DDL says `{id}` and `{real}` where the two databases spell a type differently.
 """
 from __future__ import annotations
@@ -56,6 +57,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ]),
     (6, "a job's segments by chapter (books follow their chapters, not every segment row)", [
         "CREATE INDEX segments_job ON segments (job_id, chapter_idx, idx)",
+    ]),
+    (7, "daemons sharing the queue and their spool folders (jobs.queue.daemons)", [
+        """CREATE TABLE daemons (id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started TEXT,
+            home TEXT NOT NULL, spool TEXT, instance TEXT, started_at {real}, seen_at {real})""",
     ]),
 ]
 
