@@ -9,6 +9,7 @@ import socket
 import time
 import uuid
 
+import psycopg
 import pytest
 import yaml
 
@@ -57,6 +58,14 @@ def test_a_reachable_postgresql_queue_passes_and_a_wrong_one_fails(pg, check, tm
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     _fails(check(queue=f"postgresql://tts:secret@127.0.0.1:{closed}/tts"), "refused", "is PostgreSQL running")
+
+    from jobs.queue import Queue
+
+    Queue(url).close()  # the tables, owned by tts; a role that may connect but not read them:
+    role = f"r{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.url("postgres"), autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'secret'")
+    _fails(check(queue=url.replace("//tts:", f"//{role}:")), "cannot read the queue database", "permission denied")
 
     secret = tmp_path / "queue.url"
     secret.write_text(url + "\n")

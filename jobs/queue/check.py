@@ -14,6 +14,7 @@ from jobs.queue.core import Queue
 from jobs.queue.location import is_url, redact
 from jobs.queue.records import QueueError
 from jobs.queue.schema import LATEST, SchemaTooNew, pending
+from jobs.queue.store import QueueUnavailable
 
 CHECK_TIMEOUT_S = 5.0  # a PostgreSQL connection, or a SQLite lock, waits no longer (a reload must not hang)
 
@@ -24,16 +25,21 @@ def check_queue(location: str | Path, timeout_s: float = CHECK_TIMEOUT_S) -> str
     not there yet passes when its folder can be made and written, as the daemon will."""
     if not is_url(location):
         _check_sqlite(Path(location))
-    with Queue.reading(location, timeout_s) as queue:
-        if queue is None:
-            return f"{redact(str(location))}: reachable, no queue yet (the first daemon or job command makes it)"
-        try:
+    try:
+        with Queue.reading(location, timeout_s) as queue:
+            if queue is None:
+                return f"{redact(str(location))}: reachable, no queue yet (the first daemon or job command makes it)"
             steps = pending(queue.store, queue.where)
-        except SchemaTooNew as exc:
-            raise QueueError(str(exc)) from None
-        kind = "" if is_url(location) else " (SQLite)"
-        todo = f"; the next start adds schema steps up to {LATEST}" if steps else ""
-        return f"{queue.where}{kind}: reachable{todo}"
+    except QueueError:
+        raise
+    except (QueueUnavailable, SchemaTooNew) as exc:
+        raise QueueError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the driver's word (e.g. permission denied): one line, not a traceback
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise QueueError(redact(f"cannot read the queue database {location}: {why}")) from None
+    kind = "" if is_url(location) else " (SQLite)"
+    todo = f"; the next start adds schema steps up to {LATEST}" if steps else ""
+    return f"{redact(str(location))}{kind}: reachable{todo}"
 
 
 def _check_sqlite(path: Path) -> None:
