@@ -16,6 +16,7 @@ import click
 
 from engines.model.errors import TTSError
 from jobs.queue import QueueError
+from jobs.queue.location import redact
 
 from appliance.cli_common import (config_path, emit, home_option, json_option, load_runner, model_options,
                                   run_settings, settings)
@@ -24,8 +25,12 @@ log = logging.getLogger("tts_appliance")
 
 
 def setup_logging(verbose: int) -> None:
+    from appliance.logs import Masked
+
     level = logging.WARNING - 10 * verbose
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()  # stderr, as basicConfig's
+    handler.setFormatter(Masked())
+    logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
 class CommandError(click.ClickException):
@@ -36,10 +41,11 @@ class CommandError(click.ClickException):
         self.kind, self.exit_code, self.as_json = kind, exit_code, as_json
 
     def show(self, file=None) -> None:
+        message = redact(self.message)  # a queue URL quoted by a message of some library shows no password
         if self.as_json:
-            click.echo(json.dumps({"error": {"message": self.message, "type": self.kind, "exit_code": self.exit_code}}))
+            click.echo(json.dumps({"error": {"message": message, "type": self.kind, "exit_code": self.exit_code}}))
         else:
-            click.echo(f"error: {self.message}", err=True)
+            click.echo(f"error: {message}", err=True)
 
 
 def _wants_json(args) -> bool:

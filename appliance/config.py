@@ -329,7 +329,7 @@ def check(cfg: Config, origin: str = "config") -> Config:
 
 def check_queue(jobs: JobsSection, origin: str) -> None:
     """jobs.queue parsed strictly (a typo must not become a SQLite file); jobs.queue_file an absolute path."""
-    from jobs.queue.store import parse_location
+    from jobs.queue.location import parse_location
 
     if jobs.queue and jobs.queue_file:
         raise ConfigError(f"{origin}: set jobs.queue or jobs.queue_file, not both")
@@ -397,12 +397,12 @@ def resolve(config_path: Optional[str | os.PathLike] = None, *, model=None, devi
 
 def as_dict(cfg: Config) -> dict:
     """The effective configuration as plain data (for `daemon --print-config`)."""
-    from jobs.queue.store import redact
+    from jobs.queue.location import parse_location, redact
 
     out = {name: {f.name: getattr(getattr(cfg, name), f.name) for f in fields(getattr(cfg, name))}
            for name in SECTIONS if is_dataclass(getattr(cfg, name))}
     if cfg.jobs.queue:
-        out["jobs"]["queue"] = redact(cfg.jobs.queue)  # the database password is not shown
+        out["jobs"]["queue"] = redact(str(parse_location(cfg.jobs.queue)))  # the database password is not shown
     if cfg.http.api_key:
         out["http"]["api_key"] = "(set)"  # nor the API key
     return out

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Optional
 
 from appliance.compose import make_watcher, make_worker
@@ -27,6 +27,7 @@ from appliance.config import ConfigError, resolve
 from appliance.logs import error_line, setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
 from appliance.metrics import Metrics
+from appliance.queue_view import QueueState, QueueView
 from appliance.settings import Settings, reloaded, settings
 from appliance.sdnotify import Notifier
 from appliance.supervise import Part, Supervisor
@@ -35,20 +36,6 @@ log = logging.getLogger("tts_appliance.daemon")
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
                 "http.mode", "wyoming", "jobs.home", "jobs.queue", "jobs.queue_file", "jobs.enabled", "jobs.voice",
                 "jobs.language", "jobs.instruct", "service.runtime_dir"}
-QUEUE_PROBE_TIMEOUT_S = 5.0  # how long the status line, /health and /metrics wait for a locked SQLite queue
-
-
-@dataclass
-class QueueState:
-    """The queue as the status line, /health and /metrics see it: counts by state, or why it cannot be read."""
-
-    segments: dict = field(default_factory=dict)
-    jobs: dict = field(default_factory=dict)
-    error: Optional[str] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 class Daemon:
@@ -67,6 +54,7 @@ class Daemon:
         self.supervisor = Supervisor()
         self.exit_code = 0
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
+        self.queue = QueueView(self.paths, instance)  # its counts; this daemon among those sharing the queue
 
     @property
     def cfg(self):
@@ -79,36 +67,9 @@ class Daemon:
         return self.settings.job_defaults
 
     # -- queue side ------------------------------------------------------------------------------
-    def queue_counts(self, busy_timeout_s: float = 30.0) -> tuple[dict, dict]:
-        """(segment counts, job counts) by state, on a connection of their own (raises QueueError and the like)."""
-        from jobs.queue import Queue
-
-        q = Queue(self.paths.db, busy_timeout_s=busy_timeout_s)
-        try:
-            return q.counts(), q.job_counts()
-        finally:
-            q.close()
-
     def queue_state(self) -> QueueState:
-        """The queue's counts, or why it cannot be read now (database down, file unreadable, locked past
-        QUEUE_PROBE_TIMEOUT_S): never raises. An outage is logged once when it begins and once when it ends
-        (for the whole process: the queue workers report to the same `OUTAGE`)."""
-        from jobs.queue import QueueError, QueueUnavailable
-        from jobs.queue.outage import OUTAGE
-
-        known = True
-        try:
-            state = QueueState(*self.queue_counts(QUEUE_PROBE_TIMEOUT_S))
-        except (QueueError, QueueUnavailable) as exc:
-            state = QueueState(error=" ".join(str(exc).split()) or type(exc).__name__)
-        except Exception as exc:  # noqa: BLE001 - a driver error (sqlite3, psycopg): the queue is as good as down
-            known = False
-            state = QueueState(error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-        if state.ok:
-            OUTAGE.ok("status")
-        else:  # said once per process, with what the queue workers find (jobs.queue.outage)
-            OUTAGE.failed("status", state.error, exc_info=not known)
-        return state
+        """The queue's counts, or why it cannot be read now (appliance.queue_view): never raises."""
+        return self.queue.state()
 
     def _start_workers(self) -> None:
         for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
@@ -162,14 +123,15 @@ class Daemon:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
-        self.queue_counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads
-        self.notifier.status("loading model")
-        self.host.load()  # (and the warm-up request, model.warmup)
-        self._start_workers()
-        try:
+        self.queue.counts()  # a queue that cannot be opened (jobs.queue) stops the start before the model loads;
+        try:                 # this daemon is recorded there, and daemons sharing it with another spool folder warned of
+            self.notifier.status("loading model")
+            self.host.load()  # (and the warm-up request, model.warmup)
+            self._start_workers()
             asyncio.run(self._serve())
         finally:
             self.announce.unlink(missing_ok=True)
+            self.queue.leave()
             self.notifier.close()
         return self.exit_code
 
@@ -274,6 +236,21 @@ class Daemon:
         log.info("stopped%s", f" after a failure (exit status {self.exit_code})" if self.exit_code else "")
 
 
+def check(s: Settings) -> int:
+    """`daemon --check`: the configuration resolved (done by now), and its queue opened read only within a
+    few seconds (`jobs.queue.check`): 0, or 78 (EX_CONFIG) with what fails in one line."""
+    from jobs.queue import QueueError
+    from jobs.queue.check import check_queue
+
+    try:
+        queue = check_queue(s.paths.db)
+    except QueueError as exc:
+        error_line(f"config error: queue: {exc}")
+        return 78
+    print(f"config OK ({', '.join(s.config.sources) or 'built-in defaults'}); queue {queue}")
+    return 0
+
+
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
     """Entry point used by `tts-appliance daemon`. Exit status 78 (EX_CONFIG) for a configuration that does
     not resolve, 1 for a start that fails otherwise (the installation, the queue, the model), 0 after a stop."""
@@ -297,8 +274,7 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         error_line(f"error: {broken}; reinstall (./install.sh); `tts-appliance info` describes the installation")
         return 1
     if check_only:
-        print(f"config OK ({', '.join(cfg.sources) or 'built-in defaults'})")
-        return 0
+        return check(s)
     log.info("config: %s", ", ".join(cfg.sources) or "built-in defaults")
     try:
         return Daemon(s, config_path, instance).run()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -34,8 +35,10 @@ def _guard(fn: Callable, *args) -> dict:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - a report shows what failed instead of failing
+        from jobs.queue.location import redact
+
         log.debug("info: %s failed", getattr(fn, "__name__", fn), exc_info=True)
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": redact(f"{type(exc).__name__}: {exc}")}
 
 
 def program_info(cfg: Config, config_path: Optional[str]) -> dict:
@@ -122,7 +125,8 @@ def codec_info(s: Settings) -> dict:
 
 def paths_info(cfg: Config) -> dict:
     from jobs.queue import Queue, QueueError, QueueUnavailable
-    from jobs.queue.store import redact
+    from jobs.queue.daemons import host_name
+    from jobs.queue.location import redact
 
     paths = cfg.home()
     try:
@@ -139,6 +143,9 @@ def paths_info(cfg: Config) -> dict:
             with Queue.reading(db) as queue:  # read only: the report never creates or migrates the queue
                 if queue is not None:
                     out["jobs"] = queue.job_counts()
+                    out["daemons"] = [{"host": host_name(d["host"]), "pid": d["pid"], "home": d["home"],
+                                       "instance": d["instance"], "seen_s_ago": round(time.time() - d["seen_at"], 1)}
+                                      for d in queue.daemons()]  # those sharing the queue, and their spool folders
         except (QueueError, QueueUnavailable) as exc:
             out["jobs"] = {"error": str(exc)}
     return out
@@ -223,6 +230,18 @@ def _jobs_lines(j: dict, engines) -> list[str]:
             f"guard {'on' if w['guard'] else 'off'}", f"  inbox: {inbox}", f"  jobs that name none: {defaults}"]
 
 
+def _paths_lines(q: dict) -> list[str]:
+    """The paths, then the daemons sharing the queue (each with its spool folder)."""
+    lines = [f"  {k}: {v}" for k, v in q.items() if v is not None and k != "daemons"]
+    homes = {d["home"] for d in q.get("daemons", ())}
+    for d in q.get("daemons", ()):
+        at = f"@{d['instance']}" if d.get("instance") else ""
+        lines.append(f"  daemon{at} pid {d['pid']} on {d['host']}: spool folder {d['home']}, seen {d['seen_s_ago']} s ago")
+    if len(homes) > 1:
+        lines.append("  the daemons sharing this queue have different spool folders (jobs.home): see docs/SCALE.md")
+    return lines
+
+
 def render(r: dict) -> str:
     """The report as text (what `tts-appliance info` prints)."""
     out = []
@@ -254,7 +273,7 @@ def render(r: dict) -> str:
         + (f", {b['audio_s_per_s']} audio-s/s" if b.get("audio_s_per_s") else "") for b in k["built"]],
         *[f"  {name}: skipped at build: {why}" for name, why in k["skipped"].items()],
         f"  uses {k['uses']} (runtime.codec {k['runtime_codec']}): {k['why']}"])
-    section("paths", r["paths"], lambda q: [f"  {k}: {v}" for k, v in q.items() if v is not None])
+    section("paths", r["paths"], _paths_lines)
     d = r["daemon"]
     if d.get("reachable"):
         h = d["health"]

@@ -1,4 +1,5 @@
-"""The daemon's log set-up, shared by its engine processes (engines.process runs it there first).
+"""The daemon's log set-up, shared by its engine processes (engines.process runs it there first) and the
+command line: every line passes the queue's password mask (`jobs.queue.location.redact`), tracebacks too.
 
 Under systemd, stdout and stderr go to the journal, which reads a `<N>` syslog priority at the start of
 each line (SyslogLevelPrefix=, on by default) and files a line without one at the unit's default, info.
@@ -14,6 +15,9 @@ import os
 import sys
 import threading
 
+from jobs.queue.location import redact
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}  # syslog's numbers
 
 
@@ -34,18 +38,23 @@ def with_priority(text: str, priority: int) -> str:
 
 
 def error_line(message: str, file=None) -> None:
-    """Write an error message for a person: plain on a terminal, at priority err in the journal."""
+    """Write an error message for a person (password masked): plain on a terminal, at priority err in the
+    journal."""
     file = file or sys.stderr
+    message = redact(message)
     print(with_priority(message, 3) if to_journal(file) else message, file=file, flush=True)
 
 
-class _Formatter(logging.Formatter):
-    def __init__(self, journald: bool):
-        super().__init__("%(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+class Masked(logging.Formatter):
+    """A formatter whose output never shows the queue database's password; `journald`: `<N>` priority
+    prefixes on every line instead of timestamps."""
+
+    def __init__(self, journald: bool = False):
+        super().__init__("%(name)s: %(message)s" if journald else FORMAT)
         self.journald = journald
 
     def format(self, record):
-        text = super().format(record)
+        text = redact(super().format(record))
         return with_priority(text, PRIORITY.get(record.levelno, 2)) if self.journald else text
 
 
@@ -60,7 +69,7 @@ def setup_logging(level: str) -> None:
     """Log to stdout; under journald with `<N>` priority prefixes on every line instead of timestamps; uncaught
     exceptions (main thread or any other) go through the log, so they carry a priority too."""
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_Formatter(to_journal(sys.stdout)))
+    handler.setFormatter(Masked(journald=to_journal(sys.stdout)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -6,6 +6,7 @@ The spool folder ("home") holds everything the batch side keeps on disk:
     audio/        content-addressed segment audio (audio/ab/abcdef....wav)
     output/       finished books, one folder per job (chapter files, book file, manifest.json)
     inbox/        watched folder; processing/, done/, failed/ next to it
+    spool.id      the folder's identity: daemons sharing a queue compare it (jobs.queue.daemons)
 
 It is `jobs.home` of the settings (`appliance.config.resolve`: `--home`, the config files,
 `TTS_APPLIANCE_HOME`), else `~/.local/share/tts-appliance`.
@@ -36,9 +37,9 @@ class Paths:
     @property
     def db(self) -> Path | str:
         """Where the queue lives: what `jobs.queue.Queue` opens. QueueError when jobs.queue or the
-        file of jobs.queue_file names none (`jobs.queue.store.parse_location`)."""
+        file of jobs.queue_file names none (`jobs.queue.location.parse_location`)."""
         from jobs.queue import QueueError
-        from jobs.queue.store import parse_location, read_location_file
+        from jobs.queue.location import parse_location, read_location_file
 
         try:
             if self.queue_file:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from appliance.config import ConfigError, as_dict, load_config
 from jobs.queue import Queue, QueueError
-from jobs.queue.store import parse_location, redact
+from jobs.queue.location import parse_location, redact
 from jobs.settings import resolve_home
 
 from pg_util import pg_server

@@ -9,7 +9,7 @@ retries, a `dead` end state (`failed`) with the last error, each segment's audio
 once. Several processes may share one queue: each opens its own `Queue`. Only this package touches
 the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
 assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
-submits in `submissions.Submissions`.
+submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`.
 """
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 from jobs.queue.assembly import Assemblies
+from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate
-from jobs.queue.store import QueueUnavailable, is_url, open_store, parse_location, redact
+from jobs.queue.location import is_url, parse_location, redact
+from jobs.queue.store import QueueUnavailable, open_store
 from jobs.queue.submissions import Submissions
 
 log = logging.getLogger(__name__)
@@ -52,10 +54,10 @@ class JobSettings(Protocol):
     def to_json(self) -> str: ...
 
 
-class Queue(Leases, Records, Assemblies, InboxFiles, Submissions):
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
-    `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`store.parse_location`:
+    `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:
     a string that is neither is refused). Start-up problems (unreachable
     server, wrong credentials, a SQLite file that cannot be opened, a schema from a newer version)
     raise `QueueError` in one line. `read_only` (reports; see `reading`): the database is neither

@@ -3,7 +3,8 @@
 Tables: `jobs`, `chapters`, `segments`, `audio_cache` (content key -> audio file), `events` (the
 job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files` (watched folder)
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
-at once) and `submissions` (idempotency keys of submits: jobs.queue.submissions). `jobs.assembly_attempts`:
+at once), `submissions` (idempotency keys of submits: jobs.queue.submissions) and `daemons` (the daemons
+sharing the queue and their spool folders: jobs.queue.daemons). `jobs.assembly_attempts`:
 jobs.queue.assembly. DDL says `{id}` and `{real}` where the two databases spell a type differently.
 """
 from __future__ import annotations
@@ -57,6 +58,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (6, "a job's segments by chapter (books follow their chapters, not every segment row)", [
         "CREATE INDEX segments_job ON segments (job_id, chapter_idx, idx)",
     ]),
+    (7, "daemons sharing the queue and their spool folders (jobs.queue.daemons)", [
+        """CREATE TABLE daemons (id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started TEXT,
+            home TEXT NOT NULL, spool TEXT, instance TEXT, started_at {real}, seen_at {real})""",
+    ]),
 ]
 
 LATEST = MIGRATIONS[-1][0]
@@ -69,19 +74,19 @@ class SchemaTooNew(Exception):
 def migrate(store, where: str) -> None:
     """Apply the schema steps `store` lacks (one writer at a time); refuse a newer schema. A schema that
     is up to date is only read: opening a queue neither waits for nor blocks another writer."""
-    if store.has_table("migrations") and not _pending(store, where):
+    if store.has_table("migrations") and not pending(store, where):
         return
     with store.tx(lock=True) as c:
         c.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT, applied_at "
                   + store.ddl["real"] + ")")
-        for number, name, steps in _pending(c, where):
+        for number, name, steps in pending(c, where):
             for sql in steps:
                 c.execute(sql.format(**store.ddl))
             c.execute("INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, ?)", (number, name, time.time()))
             log.info("queue %s: applied migration %d (%s)", where, number, name)
 
 
-def _pending(store, where: str) -> list[tuple[int, str, list[str]]]:
+def pending(store, where: str) -> list[tuple[int, str, list[str]]]:
     """The schema steps the database lacks; SchemaTooNew when it has one this version does not know."""
     done = {r[0] for r in store.execute("SELECT id FROM migrations").fetchall()}
     if done and max(done) > LATEST:

@@ -10,84 +10,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
+
+from jobs.queue.location import is_url, redact
 
 log = logging.getLogger(__name__)
 
 
 class QueueUnavailable(Exception):
     """The queue database cannot be reached right now (workers back off and try again)."""
-
-
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-
-
-def is_url(location) -> bool:
-    """Whether `location` (as `parse_location` returns it) names a PostgreSQL database."""
-    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
-
-
-def parse_location(value: str | Path) -> str | Path:
-    """The queue `jobs.queue` names, strictly: a `postgresql://` or `postgres://` URL (scheme in any
-    case; returned in lower case) or the absolute path of a SQLite file (`~` expanded). Anything else
-    (`postgresql:/db`, `postgresql+psycopg://...`, `mysql://...`, a relative path) raises ValueError
-    naming the key: a typo must not become a private SQLite file named after the URL. A `Path` is
-    taken as given (code, not an admin, chose it)."""
-    if isinstance(value, Path):
-        return value
-    text = str(value).strip()
-    scheme = _SCHEME.match(text)
-    if scheme:
-        name, rest = scheme.group(1).lower(), text[scheme.end():]
-        if name in POSTGRES_SCHEMES and rest.startswith("//"):
-            return f"{name}:{rest}"
-        form = "postgresql://user@host[:port]/database"
-        if name in POSTGRES_SCHEMES:
-            raise ValueError(f"jobs.queue = {redact(text)!r}: a PostgreSQL queue is a URL of the form {form}")
-        raise ValueError(f"jobs.queue = {redact(text)!r}: unknown scheme {scheme.group(1)!r}; give {form} "
-                         "(PostgreSQL), the absolute path of a SQLite file, or nothing (HOME/queue.db)")
-    path = Path(text).expanduser()
-    if not text or not path.is_absolute():
-        raise ValueError(f"jobs.queue = {redact(text)!r}: a SQLite queue is an absolute file path (leave jobs.queue "
-                         "unset for HOME/queue.db); a PostgreSQL queue is a postgresql://user@host/database URL")
-    return path
-
-
-def read_location_file(path: str | Path) -> str | Path:
-    """The queue named by the first line of `path` (jobs.queue_file: a file only the service reads,
-    e.g. a systemd credential), parsed as `parse_location` does."""
-    try:
-        with open(Path(path).expanduser(), encoding="utf-8") as f:
-            line = f.readline().strip()
-    except OSError as exc:
-        raise ValueError(f"jobs.queue_file = {str(path)!r}: cannot read it ({exc.strerror}); it holds the queue "
-                         "URL and must be readable by the service (e.g. mode 0640, group tts-appliance)") from None
-    try:
-        return parse_location(line)
-    except ValueError as exc:
-        raise ValueError(f"jobs.queue_file = {str(path)!r}: {exc}") from None
-
-
-def _hide_userinfo(m: re.Match) -> str:
-    token = m.group(0)
-    head, at, tail = token.rpartition("@")
-    start = head.find("://")
-    colon = head.find(":", start + 3 if start >= 0 else 0)
-    return token if colon < 0 else f"{head[:colon + 1]}***{at}{tail}"
-
-
-def redact(text: str) -> str:
-    """`text` (a database URL, or a message quoting one) with passwords hidden, fit for logs and errors:
-    in every word with an `@`, what lies between the first `:` of its user part and its last `@`
-    (`postgresql://tts:***@db/tts`; also a mistyped URL, and a password holding `@`), and `password=`
-    parameters."""
-    text = re.sub(r"[^\s'\"]+@[^\s'\"]*", _hide_userinfo, text)
-    return re.sub(r"(?i)(\bpassword=)[^\s&'\"]*", r"\1***", text)
 
 
 _SQLITE_AWAY = ("locked", "busy", "disk i/o", "unable to open", "readonly", "disk is full")
@@ -184,6 +118,32 @@ def to_pyformat(sql: str) -> str:
     return "".join(out)
 
 
+_CONNECT_HINTS = (  # (words of the library's message, what to do), first match wins
+    (("password authentication failed", "no password supplied", "authentication failed"),
+     "authentication failed: check the user name and password of jobs.queue (or of jobs.queue_file, or "
+     "~/.pgpass) and the server's pg_hba.conf"),
+    (("does not exist",), "create the database (createdb -O USER DATABASE, docs/SCALE.md) or fix its name in the URL"),
+    (("connection refused",), "is PostgreSQL running there, listening on that address and port?"),
+    (("timeout expired", "timed out"), "no answer within {timeout} s: is the host reachable (a firewall; under "
+                                       "systemd the unit's IPAddressAllow, docs/SCALE.md)?"),
+    (("resolve host", "translate host name", "name or service not known"), "unknown host: check the host name"),
+    (("no route to host", "network is unreachable", "operation not permitted"),
+     "the host cannot be reached from here (routing, a firewall; under systemd the unit's IPAddressAllow, "
+     "docs/SCALE.md)"),
+)
+
+
+def connect_failure(exc: Exception, timeout_s: float) -> str:
+    """Why a PostgreSQL connection failed, in one line (the password masked), with what to do where the
+    library's message says which of the usual causes it was."""
+    reason = redact(" ".join(str(exc).split()) or type(exc).__name__)
+    lowered = f"{type(exc).__name__} {reason}".lower()
+    for words, hint in _CONNECT_HINTS:
+        if any(w in lowered for w in words):
+            return f"{reason}; {hint.format(timeout=timeout_s)}"
+    return reason
+
+
 class PostgresStore:
     """A PostgreSQL database through psycopg 3. Claims lock rows with `FOR UPDATE ... SKIP LOCKED`,
     so workers on several hosts never wait on each other's segments."""
@@ -208,12 +168,12 @@ class PostgresStore:
 
     def _connect(self) -> None:
         psycopg = self._psycopg
+        timeout_s = max(2, int(self.connect_timeout_s))  # libpq's shortest
         try:
-            self.conn = psycopg.connect(self.location, autocommit=True,
-                                        connect_timeout=max(1, int(self.connect_timeout_s)))
-        except psycopg.OperationalError as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise QueueUnavailable(f"cannot connect to the queue database {redact(self.location)}: {reason}") from exc
+            self.conn = psycopg.connect(self.location, autocommit=True, connect_timeout=timeout_s)
+        except psycopg.Error as exc:  # a server that refuses, or (ProgrammingError) a URL the library cannot read
+            raise QueueUnavailable(f"cannot connect to the queue database {redact(self.location)}: "
+                                   f"{connect_failure(exc, timeout_s)}") from exc
         if self.read_only:
             self.conn.execute("SET default_transaction_read_only = on")
 
@@ -224,7 +184,7 @@ class PostgresStore:
         except Exception:  # noqa: BLE001 - already broken
             pass
         self.conn = None
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = redact(" ".join(str(exc).split()) or type(exc).__name__)
         return QueueUnavailable(f"lost the queue database {redact(self.location)}: {reason}")
 
     def _ready(self):
