@@ -172,7 +172,18 @@ def test_group_config_reaches_every_command(tmp_path):
     cfg = write(tmp_path / "c.yaml", f"jobs: {{home: {home}}}\n")
     env = {"TTS_APPLIANCE_NO_DAEMON": "1", "TTS_APPLIANCE_MODEL": None, "TTS_APPLIANCE_HOME": None}
     r = CliRunner().invoke(cli, ["--config", str(cfg), "list", "--json"], env=env)
-    assert r.exit_code == 0 and json.loads(r.output) == [] and (home / "queue.db").is_file(), r.output
+    assert r.exit_code == 0 and json.loads(r.output) == [] and not home.exists(), r.output  # reading makes nothing
+    from jobs.document import Chapter, Document
+    from jobs.queue import Queue
+    from jobs.settings import JobSpec, resolve_home
+    from jobs.submit import submit_document
+
+    paths = resolve_home(home).ensure()
+    q = Queue(paths.db)
+    job = submit_document(q, paths, Document(chapters=[Chapter("One", ["Alpha is read."])]), JobSpec(voice="ryan"))
+    q.close()
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "list", "--json"], env=env)
+    assert r.exit_code == 0 and [j["id"] for j in json.loads(r.output)] == [job], r.output  # the config's spool
     r = CliRunner().invoke(cli, ["--config", str(cfg), "say", "Hi."], env=env)
     assert r.exit_code == 2 and "no model: pass --model PATH" in r.output and str(cfg) in r.output, r.output
     r = CliRunner().invoke(cli, ["--config", str(cfg), "work", "--until-idle"], env=env)
