@@ -1,0 +1,1 @@
+"""The narrated EPUB (EPUB 3 with Media Overlays)."""
