@@ -28,7 +28,8 @@ class TextRun:
 class Element:
     """An element that holds a source's runs (up to the one that holds them all), by byte offsets: where its
     start tag begins (`open`) and its end tag ends (`close`), where its first character that is not a space
-    begins (`first`) and its last ends (`last`); `parent` numbers its parent."""
+    begins (`first`) and its last ends (`last`); `parent` numbers its parent; `phrasing`: an inline element
+    (a span may take it in)."""
 
     number: int
     parent: int
@@ -36,6 +37,7 @@ class Element:
     close: int
     first: int
     last: int
+    phrasing: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,13 @@ class TextSource:
 
     def to_list(self) -> list:
         return [self.doc, [[r.start, r.end, r.parent, r.raw] for r in self.runs],
-                [[e.number, e.parent, e.open, e.close, e.first, e.last] for e in self.elements]]
+                [[e.number, e.parent, e.open, e.close, e.first, e.last, int(e.phrasing)] for e in self.elements]]
 
     @classmethod
     def from_list(cls, data) -> "TextSource":
         doc, runs, elements = data
         return cls(_text(doc), tuple(TextRun(*(_int(x) for x in r[:3]), _text(r[3])) for r in runs),
-                   tuple(Element(*(_int(x) for x in e)) for e in elements))
+                   tuple(Element(*(_int(x) for x in e[:6]), phrasing=bool(_int(e[6]))) for e in elements))
 
 
 @dataclass

@@ -50,11 +50,12 @@ class Scan:
     """The tags and the runs of character data of one file: runs are (start, stop, parent) with `parent` the
     number of the innermost open element (0: none), so runs of the same parent are siblings. `elements`:
     number -> [its parent's number, where its start tag begins, where its end tag ends, where its first
-    character that is not a space begins and its last ends (-1, -1: none)], all character offsets."""
+    character that is not a space begins and its last ends (-1, -1: none), all character offsets; its local
+    name, lower case]."""
 
     tags: list[Tag]
     runs: list[tuple[int, int, int]]
-    elements: dict[int, list[int]] = field(default_factory=dict)
+    elements: dict[int, list] = field(default_factory=dict)
 
     def run_at(self, offset: int) -> Optional[int]:
         """The index of the run that holds character offset `offset`, or None."""
@@ -70,7 +71,7 @@ def scan(text: str) -> Optional[Scan]:
     tags: list[Tag] = []
     runs: list[tuple[int, int, int]] = []
     stack: list[tuple[str, int]] = []
-    elements: dict[int, list[int]] = {}
+    elements: dict[int, list] = {}
     count, pos, seen_root, last_text = 0, 0, False, -1
     while True:
         lt = text.find("<", pos)
@@ -103,7 +104,7 @@ def scan(text: str) -> Optional[Scan]:
             tags.append(Tag(m.group("start"), attrs, lt, pos, m.end("attrs"), empty=empty))
             if not empty:
                 count += 1
-                elements[count] = [stack[-1][1] if stack else 0, lt, -1, -1, -1]
+                elements[count] = [stack[-1][1] if stack else 0, lt, -1, -1, -1, tags[-1].local]
                 stack.append((m.group("start"), count))
         elif m.group("cdata") and stack:
             runs.append((lt, pos, -1))  # no span goes into a CDATA section: a parent of its own

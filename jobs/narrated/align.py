@@ -167,10 +167,10 @@ class Locator:
         if top not in above:
             return None
         x, node = a.start, pa
-        while node != top and elements[node].first == a.start:
+        while node != top and elements[node].first == a.start and elements[node].phrasing:
             x, node = elements[node].open, elements[node].parent
         y, node_b = b.stop, pb
-        while node_b != top and elements[node_b].last == b.stop:
+        while node_b != top and elements[node_b].last == b.stop and elements[node_b].phrasing:
             y, node_b = elements[node_b].close, elements[node_b].parent
         return (x, y) if node == top and node_b == top else None
 
