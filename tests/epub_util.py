@@ -69,7 +69,8 @@ CH1 = xhtml("The Morning", """<section epub:type="chapter" id="c1">
 <h1>The <em>Morning</em></h1>
 <p id="p1">The morning was <em>cold and grey. Nobody at the table</em> spoke a word at breakfast.
 Tom &amp; Anna left <i>early</i>, long before the others had woken.</p>
-<p>She said: \u201c<strong>Wait for me</strong>,\u201d and ran. He waited<a epub:type="noteref" href="#n1">1</a> by the door.</p>
+<p>She said: \u201c<strong>Wait for me</strong>,\u201d and ran. He waited<a epub:type="noteref"
+href="#n1">1</a> by the door.</p>
 <aside epub:type="footnote" id="n1"><p>He always waited.</p></aside>
 </section>""")
 CH2 = xhtml("The Station", """<section epub:type="chapter" id="c2">

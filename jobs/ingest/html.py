@@ -176,7 +176,8 @@ class _Parser(HTMLParser):
         self._flush()
 
 
-def html_to_blocks(text: str, skip_footnotes: bool = True, positions: Optional[Scan] = None) -> tuple[list[Block], dict]:
+def html_to_blocks(text: str, skip_footnotes: bool = True,
+                   positions: Optional[Scan] = None) -> tuple[list[Block], dict]:
     """Parse HTML text into blocks; returns (blocks, metadata with title/lang/author). With `positions` (the
     `jobs.ingest.xmlscan.scan` of `text`) every block's `runs` lists the indexes of the runs its text came from."""
     p = _Parser(skip_footnotes, positions, text)

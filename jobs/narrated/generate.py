@@ -141,8 +141,8 @@ def _opf(toc: list[tuple[str, str]], lang: str, title: str, author: str,
         items[path] = out.tell()
         out.write("/>\n")
     marks["manifest_end"] = out.tell()
-    out.write("  </manifest>\n  <spine>\n" + "".join(f'    <itemref idref="c{n:03d}"/>\n' for n in range(1, len(toc) + 1))
-              + "  </spine>\n</package>\n")
+    spine = "".join(f'    <itemref idref="c{n:03d}"/>\n' for n in range(1, len(toc) + 1))
+    out.write(f"  </manifest>\n  <spine>\n{spine}  </spine>\n</package>\n")
     text = out.getvalue()
     size = {k: len(text[:v].encode("utf-8")) for k, v in {**marks, **items}.items()}
     package.metadata_end, package.manifest_end = size["metadata_end"], size["manifest_end"]

@@ -36,13 +36,12 @@ def insert(data: bytes, inserts: Sequence[tuple[int, int, str]]) -> bytes:
 def span_inserts(size: int, spans: Sequence[tuple[str, Sequence[Sequence[int]]]]
                  ) -> tuple[list[tuple[int, int, str]], set[str]]:
     """The tags that wrap each segment's pieces -> (inserts, the ids wrapped): `spans` is [(id, [[start, end],
-    ...]), ...] in reading order; the first piece gets the id, the next ones `id-2`, `id-3` ... A segment whose
-    pieces do not follow the previous one's (or lie outside the file's `size` bytes) is left unwrapped, with
-    a warning."""
+    ...]), ...]; the first piece gets the id, the next ones `id-2`, `id-3` ... A segment whose pieces overlap
+    another's (or lie outside the file's `size` bytes) is left unwrapped, with a warning."""
     out: list[tuple[int, int, str]] = []
     wrapped: set[str] = set()
     done = 0
-    for span_id, pieces in spans:
+    for span_id, pieces in sorted(spans, key=lambda s: s[1][0][0] if s[1] else -1):
         flat = [x for piece in pieces for x in piece]
         if not pieces or flat != sorted(flat) or flat[0] < done or flat[-1] > size or any(a >= b for a, b in pieces):
             log.warning("narration: the text of %s is not where it was found; it is spoken, not highlighted", span_id)

@@ -82,15 +82,16 @@ def _pars(package: EpubPackage, folder: str, chapters, segments, outputs) -> tup
         member = f"{folder}/audio/{ch['idx'] + 1:03d}.mp3"
         for row, span in zip(by_chapter.get(ch["idx"], []), out.spans):
             source = json.loads(row.get("metadata") or "{}").get("source")
-            if span is None or not source or source["doc"] not in package.items:
+            if span is None or not source or not source["ranges"] or source["doc"] not in package.items:
                 continue
             begin, end = milliseconds(span[0]), milliseconds(span[1])
             if end > begin:
-                pars.setdefault(source["doc"], []).append(
-                    Par(source["doc"], f"{package.prefix}-s{row['idx']}", member, begin, end, tuple(map(tuple, source["ranges"]))))
+                ranges = tuple(tuple(r) for r in source["ranges"])
+                span_id = f"{package.prefix}-s{row['idx']}"
+                pars.setdefault(source["doc"], []).append(Par(source["doc"], span_id, member, begin, end, ranges))
                 audio[member] = out.path
-    order = list(package.items)
-    return {doc: pars[doc] for doc in sorted(pars, key=order.index)}, audio
+    order = list(package.items)  # files in spine order, a file's pars in the order of its text
+    return {doc: sorted(pars[doc], key=lambda p: p.ranges[0][0]) for doc in sorted(pars, key=order.index)}, audio
 
 
 def _files(book: SafeZip, package: EpubPackage, folder: str, pars: dict, audio: dict, job: dict):
@@ -122,9 +123,10 @@ def _files(book: SafeZip, package: EpubPackage, folder: str, pars: dict, audio: 
         raise AssemblyError("no segment of the job was found in the book's text, so nothing can be narrated "
                             "(see the job's log); choose an audio format for this document")
     total = clock(sum(d for _, d in durations))
-    spec = json.loads(job.get("spec") or "{}")
+    voice = json.loads(job.get("spec") or "{}").get("voice") or ""
+    narrator = Path(voice).stem if voice.endswith(".voice") else voice  # a saved voice by its name, not its path
     changed[package.opf] = insert(book.read(package.opf), opf_inserts(
-        package, items, overlays, [(i, clock(d)) for i, d in durations], total, spec.get("voice") or ""))
+        package, items, overlays, [(i, clock(d)) for i, d in durations], total, narrator))
     return changed, added
 
 
