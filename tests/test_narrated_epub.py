@@ -285,3 +285,15 @@ def test_markup_that_is_not_plainly_well_formed_gets_no_positions():
     found = scan('<?xml version="1.0"?>\n<p id="x">a <em>b</em> c<br/></p>\n')
     assert [found.runs[i][2] for i in range(len(found.runs))] == [1, 2, 1]
     assert found.elements[2][3:5] == [found.runs[1][0], found.runs[1][1]]
+
+
+def test_epub_is_a_book_format_of_the_cli_the_sidecar_and_the_api():
+    from click.testing import CliRunner
+
+    from appliance.cli import cli
+    from jobs.settings import JobSpec, audio_format
+
+    assert JobSpec.parse({"format": "epub"}).format == "epub"  # POST /v1/jobs
+    assert JobSpec.from_dict({"format": "EPUB"}).format == "epub"  # a sidecar
+    assert audio_format("epub") == "mp3" and audio_format("flac") == "flac"
+    assert "epub" in CliRunner().invoke(cli, ["submit", "--help"]).output
