@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from epub_util import CH1, OPF, epubcheck, epubcheck_missing, make_epub
+from epub_util import CH1, CH2, OPF, epubcheck, epubcheck_missing, make_epub
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "data" / "tiny" / "cv_small"
@@ -242,7 +242,8 @@ def test_positions_cross_the_sandbox_and_point_at_the_bytes(tmp_path):
     assert all(z.read(d)[at:].startswith(b"</head>") for d, at in package.heads.items())
 
 
-def test_an_epub_2_or_one_with_overlays_becomes_a_new_epub(tmp_path, caplog):
+def test_an_epub_that_cannot_carry_the_narration_becomes_a_new_epub(tmp_path, caplog):
+    """An EPUB 2, one with overlays already, one whose files are not UTF-8: a simple EPUB of the text."""
     from jobs.ingest import load_document
     from jobs.narrated.prepare import prepare_narration
     from jobs.settings import JobSpec
@@ -251,9 +252,12 @@ def test_an_epub_2_or_one_with_overlays_becomes_a_new_epub(tmp_path, caplog):
     old = make_epub(tmp_path / "old.epub", {"OEBPS/content.opf": OPF.replace('version="3.0"', 'version="2.0"')})
     taken = make_epub(tmp_path / "taken.epub", {"OEBPS/content.opf": OPF.replace(
         'href="text/ch1.xhtml"', 'href="text/ch1.xhtml" media-overlay="mo"')})
-    for path, why in ((old, "it is EPUB 2.0"), (taken, "it has media overlays")):
+    wide = make_epub(tmp_path / "wide.epub", {f"OEBPS/text/{name}.xhtml": text.replace(
+        'encoding="UTF-8"', 'encoding="UTF-16"').encode("utf-16") for name, text in (("ch1", CH1), ("ch2", CH2))})
+    for path, why in ((old, "it is EPUB 2.0"), (taken, "it has media overlays"),
+                      (wide, "none of its text could be found")):
         doc = load_document(path)
-        assert doc.package.problem.startswith(why)
+        assert path is wide or doc.package.problem.startswith(why)
         chapters = document_chapters(doc, JobSpec(format="epub", language="english"))
         with caplog.at_level("INFO"):
             entry = prepare_narration(tmp_path / "home", doc, chapters, path, "en", "T", None)

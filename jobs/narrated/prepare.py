@@ -3,7 +3,8 @@ where each segment's text lies in it.
 
 An EPUB 3 input is its own book: a copy of the very file the sandboxed reader read (checked by its sha256)
 goes to `HOME/narration/`. Any other input (or an EPUB that cannot carry overlays: EPUB 2, overlays already,
-a package document that is not plain UTF-8 XML) gets a simple EPUB of its text (`jobs.narrated.generate`).
+a package document that is not plain UTF-8 XML, no text found in its files) gets a simple EPUB of its text
+(`jobs.narrated.generate`).
 Each segment then learns its place (`jobs.narrated.align`): its metadata's `source` is `{"doc": zip member,
 "ranges": [[start, end], ...]}` (byte ranges that nest), which the queue keeps with the segment row; a segment
 that is not found keeps none and is spoken but not highlighted. The job's meta keeps `narration`:
@@ -29,8 +30,11 @@ def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, l
                       language: str, title: str, author: Optional[str]) -> dict:
     """Store the book the narration goes into and give each segment of `chapters` its source; returns the
     job meta's `narration` entry. `source`: the input file (an EPUB 3 input is narrated in place)."""
-    package, generated = doc.package, False
-    if package is not None and package.problem is None and source is not None and Path(source).is_file():
+    package, generated, total = doc.package, False, sum(len(segs) for _, segs in chapters)
+    problem = package.problem if package is not None else None
+    if package is not None and problem is None and (source is None or not Path(source).is_file()):
+        problem = "the input file is not at hand"
+    if package is not None and problem is None:
         data = Path(source).read_bytes()
         if hashlib.sha256(data).hexdigest() != package.sha256:
             raise IngestError(f"{Path(source).name} changed while it was read; submit it again")
@@ -40,15 +44,16 @@ def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, l
             if pi is None:
                 return chapter.title_source
             return chapter.sources[pi] if chapter.sources else None
-    else:
+
+        missing = bind(chapters, source_of)
+        if missing == total:
+            problem = "none of its text could be found in its files (not plain UTF-8 XML?)"
+    if package is None or problem is not None:
         if package is not None:
-            log.info("the narrated EPUB is a new EPUB of the book's text: %s", package.problem or "no input file")
+            log.info("the narrated EPUB is a new EPUB of the book's text: %s", problem)
         data, package, made = generate_epub(doc, chapters, language, title, author)
         generated = True
-
-        def source_of(ci: int, pi: Optional[int]) -> Optional[TextSource]:
-            return made.get((ci, pi))
-    missing, total = bind(chapters, source_of), sum(len(segs) for _, segs in chapters)
+        missing = bind(chapters, lambda ci, pi: made.get((ci, pi)))
     if missing:
         log.warning("%d of %d segments were not found in the book's text: they are spoken, not highlighted",
                     missing, total)
@@ -72,6 +77,7 @@ def bind(chapters: Sequence[tuple[str, list]], source_of) -> int:
                 finders[where] = Locator(found) if found is not None and found.runs else None
             finder = finders[where]
             ranges = finder.find(seg.original) if finder is not None else None
+            seg.metadata.pop("source", None)
             if ranges:
                 seg.metadata["source"] = {"doc": finder.source.doc, "ranges": [list(r) for r in ranges]}
             else:
