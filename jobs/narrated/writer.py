@@ -146,4 +146,3 @@ def _write_zip(path: Path, book: SafeZip, changed: dict, added: list) -> None:
                 out.write(content, name, compress_type=zipfile.ZIP_STORED)
             else:
                 out.writestr(name, content, compress_type=zipfile.ZIP_DEFLATED)
-
