@@ -157,7 +157,8 @@ def follow(client, job_ids: list[str], progress: bool = True) -> dict:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--voice", help="Speaker name (see the model's voices) or a saved voice file.")
 @click.option("--language", help="Language name (e.g. english) or auto (default: jobs.language of the config).")
-@click.option("--format", "fmt", default="flac", show_default=True, type=click.Choice(FORMATS))
+@click.option("--format", "fmt", default="flac", show_default=True, type=click.Choice(FORMATS),
+              help="Audio format of the book, or epub: a narrated EPUB (EPUB 3 with Media Overlays), audio in mp3.")
 @click.option("--title", help="Book title (default: from the document or file name).")
 @click.option("--author", help="Book author (default: from the document).")
 @click.option("--priority", default=0, show_default=True, help="Higher runs first.")

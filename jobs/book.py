@@ -26,7 +26,7 @@ from jobs.assemble import AssemblyError, BookMeta, BookWriter, Chapter, JoinSett
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.queue.assembly import ASSEMBLY_TRIES
-from jobs.settings import JobSpec, Paths
+from jobs.settings import JobSpec, Paths, audio_format
 from jobs.subtitles import write_job_subtitles
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ class JobBook:
             except Exception as exc:  # noqa: BLE001 - its audio file is unreadable: finish() says so
                 self.error = exc
                 return 0
-            self.writer = BookWriter(self.out_dir, self.sample_rate, self.spec.format, self.meta, self.settings)
+            self.writer = BookWriter(self.out_dir, self.sample_rate, audio_format(self.spec.format), self.meta,
+                                     self.settings)
         n = 0
         while self.next < len(self.chapters):
             ch = self.chapters[self.next]
@@ -179,7 +180,7 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
     tries = queue.assembly_attempt(job_id)
     job, chapters, segs = queue.job(job_id), queue.chapters(job_id), queue.segments(job_id)
     n_failed = sum(1 for s in segs if s["state"] != "done")
-    outputs, book_path, codec, sample_rate, error, subtitles = None, None, None, None, None, None
+    outputs, book_path, codec, sample_rate, error, subtitles, epub = None, None, None, None, None, None, None
     try:
         if tries > ASSEMBLY_TRIES:
             if book is not None:
@@ -193,6 +194,10 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
             book = JobBook(job, chapters, paths.output / job_id, join)
         book_path, outputs, codec, sample_rate = book.finish(segs)
         subtitles = write_job_subtitles(outputs, _texts(chapters, segs), book_path)
+        if JobSpec.from_dict(json.loads(job["spec"])).format == "epub":
+            from jobs.narrated.writer import write_narrated_epub
+
+            epub = write_narrated_epub(job, chapters, segs, outputs, paths.output / job_id)
         state = "partial" if n_failed else "done"
         if n_failed:
             error = f"{n_failed} of {len(segs)} segments failed; `tts-appliance retry {job_id}` requeues them"
@@ -205,7 +210,7 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
                                   "(a restart of the daemon also tries once more)")
     job["state"], job["error"], job["finished_at"] = state, error, time.time()
     manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate,
-                              subtitles)
+                              subtitles, epub)
     try:
         write_manifest(paths.output / job_id / "manifest.json", manifest)
     except OSError as exc:

@@ -22,9 +22,9 @@ def _r(x: Optional[float]) -> Optional[float]:
 def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict],
                    outputs: Optional[Sequence[ChapterOut]] = None, book_path: Optional[Path] = None,
                    codec: Optional[str] = None, sample_rate: Optional[int] = None,
-                   subtitles: Optional[dict] = None) -> dict:
+                   subtitles: Optional[dict] = None, epub: Optional[Path] = None) -> dict:
     """Assemble the manifest dict from queue rows and (when assembled) the chapter outputs; `subtitles` as
-    `jobs.subtitles.write_job_subtitles` returns it."""
+    `jobs.subtitles.write_job_subtitles` returns it; `epub`: the narrated EPUB (format epub)."""
     spec = json.loads(job["spec"]) if isinstance(job.get("spec"), str) else job.get("spec")
     by_chapter: dict[int, list[dict]] = {}
     for s in segments:
@@ -73,7 +73,7 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
         "settings": spec,
         "output": {"book": str(book_path) if book_path else None, "format": (spec or {}).get("format"),
                    "codec": codec, "sample_rate": sample_rate,
-                   "subtitles": (subtitles or {}).get("book") or None},
+                   "subtitles": (subtitles or {}).get("book") or None, "epub": str(epub) if epub else None},
         "chapter_list": [{"title": c["title"], "start_s": c["book_start_s"], "end_s": c["book_end_s"]}
                          for c in out_chapters if c["book_end_s"] is not None and c["book_end_s"] > c["book_start_s"]],
         "chapters": out_chapters,

@@ -7,7 +7,10 @@ word is cut only when it alone exceeds the budget. Segments never cross a
 paragraph. Pauses: ``sentence_pause_ms`` after a segment ending a sentence
 inside a paragraph, ``clause_pause_ms`` after a split at a comma/dash (0 after
 a bare word split), ``paragraph_pause_ms`` at a paragraph end, and
-``chapter_pause_ms`` after the chapter's last segment. Inline tags (`text.tags`) are taken out:
+``chapter_pause_ms`` after the chapter's last segment. ``pack_sentences`` False keeps every sentence a
+segment of its own (a narrated EPUB highlights what one segment says: a sentence).
+Each segment's metadata says where it came from: ``chapter_index`` and ``paragraph_index`` in the
+document (None for a title) and ``kind``. Inline tags (`text.tags`) are taken out:
 ``[voice=NAME]`` runs become segments of their own with ``metadata["voice"]``, and a ``[pause=S]``
 ends a segment with that pause (``metadata["pause_tag"]``). With
 ``speak_chapter_titles`` the title is its own segment (``metadata["kind"] ==
@@ -41,6 +44,7 @@ class SegmentOptions:
     paragraph_pause_ms: int = 600
     chapter_pause_ms: int = 1500
     speak_chapter_titles: bool = True
+    pack_sentences: bool = True
 
     def budget(self, lang: str) -> tuple[int, int]:
         max_chars = self.max_chars or (120 if lang in CJK else 300)
@@ -56,8 +60,8 @@ class _Unit:
 
 
 class _Segmenter:
-    def __init__(self, lang: str, max_chars: int, min_chars: int, lexicon: Optional[Lexicon]):
-        self.lang, self.max, self.min, self.lexicon = lang, max_chars, min_chars, lexicon
+    def __init__(self, lang: str, max_chars: int, min_chars: int, lexicon: Optional[Lexicon], pack: bool = True):
+        self.lang, self.max, self.min, self.lexicon, self.pack = lang, max_chars, min_chars, lexicon, pack
         self.joiner = "" if lang in ("zh", "ja") else " "
 
     def norm(self, text: str) -> str:
@@ -118,6 +122,8 @@ class _Segmenter:
 
     def paragraph(self, text: str) -> list[list[_Unit]]:
         """Group one paragraph's units into segments; a last one under ``min`` borrows from its neighbour."""
+        if not self.pack:  # a sentence a segment (one too long for the budget: its pieces, packed)
+            return [g for s in split_sentences(text, self.lang) for g in self._pack(self.fit(s, "sentence"), self.max)]
         units = [u for s in split_sentences(text, self.lang) for u in self.fit(s, "sentence")]
         groups = self._pack(units, self.max)
         while len(groups) >= 2 and self._len(groups[-1]) < self.min and len(groups[-2]) > 1:
@@ -164,7 +170,7 @@ def segment_document(
     options = options or SegmentOptions()
     lang = resolve_language(language, doc)
     max_chars, min_chars = options.budget(lang)
-    seg = _Segmenter(lang, max_chars, min_chars, lexicon)
+    seg = _Segmenter(lang, max_chars, min_chars, lexicon, options.pack_sentences)
     pauses = {"sentence": options.sentence_pause_ms, "clause": options.clause_pause_ms, "word": 0}
     result: list[list[SegmentText]] = []
     tags = TagState()  # voice tags stay open across paragraphs and chapters

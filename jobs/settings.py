@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Optional
 
 DEFAULT_HOME = Path("~/.local/share/tts-appliance")
-FORMATS = ("wav", "flac", "opus", "mp3", "m4b")  # the names the speech API uses too (opus: Ogg Opus)
+FORMATS = ("wav", "flac", "opus", "mp3", "m4b", "epub")  # the audio ones are the speech API's names (opus: Ogg Opus)
+# epub: a narrated EPUB (EPUB 3 with Media Overlays, jobs.narrated) with its audio as mp3, an EPUB core media type
+AUDIO_FORMATS = {"epub": "mp3"}
+
+
+def audio_format(fmt: str) -> str:
+    """The format of a job's audio files (chapters, book) for its `format`."""
+    return AUDIO_FORMATS.get(fmt, fmt)
 FORMAT_ALIASES = {"ogg": "opus"}  # earlier name, still read from stored jobs, sidecars and API specs
 
 

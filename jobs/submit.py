@@ -139,7 +139,8 @@ def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str
     from jobs.segment import SegmentOptions, segment_document
 
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
-    per_chapter = segment_document(doc, language, SegmentOptions(), Lexicon(spec.lexicon) if spec.lexicon else None)
+    options = SegmentOptions(pack_sentences=spec.format != "epub")  # a narrated EPUB highlights each sentence
+    per_chapter = segment_document(doc, language, options, Lexicon(spec.lexicon) if spec.lexicon else None)
     found = [(ch.title or f"Chapter {i + 1}", segs)
              for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
     if not select:
@@ -169,8 +170,15 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
 
             write_bytes_atomic(cover, doc.cover)
         meta.update(cover_path=str(cover), cover_mime=doc.cover_mime)
-    return queue.add_job(spec, chapters if chapters is not None else document_chapters(doc, spec), sources, meta,
-                         job_id=job_id)
+    chapters = chapters if chapters is not None else document_chapters(doc, spec)
+    if spec.format == "epub":
+        from jobs.narrated.prepare import prepare_narration
+        from jobs.segment import resolve_language
+
+        source = Path(sources[0]) if sources else None
+        meta["narration"] = prepare_narration(paths.home, doc, chapters, source, resolve_language(spec.language, doc),
+                                              spec.title or "", spec.author)
+    return queue.add_job(spec, chapters, sources, meta, job_id=job_id)
 
 
 def submit_file(queue: Queue, paths: Paths, path: str | Path, spec: JobSpec,

@@ -5,6 +5,8 @@ samples of the joined audio: segment lengths plus the pauses it inserted), so th
 the millisecond the formats can express. A cue's text is the segment's text as the document had
 it (not the normalized form sent to the model); failed segments have no audio and no cue.
 
+A narrated EPUB's clips (`jobs.narrated`) are these times, from the same spans and the same rounding.
+
 Files go next to the audio: `chapters/NN - Title.srt|.vtt` beside each chapter file and
 `<book>.srt|.vtt` beside the book file.
 """
@@ -28,12 +30,21 @@ class Cue:
     text: str
 
 
-def _stamp(seconds: float, sep: str) -> str:
-    ms = max(0, int(round(seconds * 1000)))
+def milliseconds(seconds: float) -> int:
+    """A time as the whole milliseconds the cues (and a narrated EPUB's clips) say."""
+    return max(0, int(round(seconds * 1000)))
+
+
+def clock(ms: int, sep: str = ".") -> str:
+    """`HH:MM:SS.mmm` (`sep` between seconds and milliseconds): WebVTT's and SMIL's clock value."""
     h, rest = divmod(ms, 3_600_000)
     m, rest = divmod(rest, 60_000)
     s, ms = divmod(rest, 1000)
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def _stamp(seconds: float, sep: str) -> str:
+    return clock(milliseconds(seconds), sep)
 
 
 def _clean(text: str) -> str:

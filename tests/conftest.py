@@ -1,6 +1,7 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun;
+`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun (an
+`epubcheck` test too: Debian's epubcheck validates the narrated EPUBs);
 likewise an `oracle` test (the official qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1."""
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ REQUIRED = {
     "system": (REQUIRE_SYSTEM, "install what .ci/run installs as root, or unset the variable where it cannot run"),
     "oracle": (REQUIRE_ORACLE, "build the oracle with tests/fixtures/oracle_venv.sh (./install.sh --dev does), "
                                "or unset the variable where it cannot run"),
+    "epubcheck": (REQUIRE_SYSTEM, "apt-get install epubcheck (.ci/run and ./install.sh --dev do as root), "
+                                  "or unset the variable where it cannot run"),
 }
 # the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;
 # set before engines is imported (it is read once), inherited by the daemons the tests start
@@ -43,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A skipped `system` (`oracle`) test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
+    """A skipped `system` or `epubcheck` (`oracle`) test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
     ($TTS_APPLIANCE_REQUIRE_ORACLE_TESTS) is set (not 0)."""
     outcome = yield
     report = outcome.get_result()

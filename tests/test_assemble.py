@@ -125,9 +125,10 @@ def test_book_files_carry_chapter_marks(tmp_path, fmt):
 
 def test_job_format_names_match_the_speech_api():
     from appliance.http_speech import FORMATS as API
-    from jobs.settings import FORMATS, JobSpec
+    from jobs.settings import FORMATS, JobSpec, audio_format
 
-    assert set(FORMATS) - {"m4b"} <= set(API)  # one name per format: opus is Ogg Opus in both
+    # one name per format: opus is Ogg Opus in both; a narrated EPUB's audio is mp3
+    assert {audio_format(f) for f in FORMATS} - {"m4b"} <= set(API) and audio_format("epub") == "mp3"
     assert JobSpec(format="ogg").format == "opus"  # the earlier name, in stored jobs and sidecars
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from jobs.document import Chapter
+from jobs.document import Chapter, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ class Block:
     text: str
     level: int = PATTERN_LEVEL
     lines: list[str] = field(default_factory=list)  # original lines (plain text), for TOC detection
+    runs: Optional[list[int]] = None  # HTML read with positions: the indexes of the runs its text came from
+    source: Optional[TextSource] = None  # where its text lies in the input file (EPUB)
 
 
 TOC_TITLE_RE = re.compile(r"^\s*(table of contents|contents|inhalt|inhaltsverzeichnis|table des matières|índice)\s*[:.]?\s*$", re.I)
@@ -123,13 +125,21 @@ def strip_footnote_markers(text: str) -> str:
     return FOOTNOTE_MARK_RE.sub("", text)
 
 
-def _drop_trailing_footnotes(paras: list[str]) -> list[str]:
+def _footnotes_start(paras: list[str]) -> int:
+    """Where a chapter's trailing footnotes begin (len(paras): none)."""
     end = len(paras)
     while end > 0 and FOOTNOTE_BLOCK_RE.match(paras[end - 1]):
         end -= 1
     if end < len(paras) and end > 0 and NOTES_HEADING_RE.match(paras[end - 1]):
         end -= 1
-    return paras[:end]
+    return end
+
+
+def _joined_source(first: Optional[TextSource], second: Optional[TextSource]) -> Optional[TextSource]:
+    """The source of two headings read as one title: their runs together when they are of one file."""
+    if first is None or second is None or first.doc != second.doc:
+        return first or second
+    return TextSource(first.doc, first.runs + second.runs, tuple(dict.fromkeys(first.elements + second.elements)))
 
 
 def _split_level(blocks: list[Block], promote_title: bool) -> tuple[Optional[int], Optional[str]]:
@@ -165,22 +175,28 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
         if starts:
             if current is not None and not current.paragraphs and current.title and not getattr(current, "_merged", False):
                 current.title = _join_titles(current.title, b.text)
+                current.title_source = _joined_source(current.title_source, b.source)
                 current._merged = True  # type: ignore[attr-defined]
             else:
-                current = Chapter(title=b.text, paragraphs=[])
+                current = Chapter(title=b.text, paragraphs=[], sources=[], title_source=b.source)
                 chapters.append(current)
             continue
         if current is None:
-            current = Chapter(title="", paragraphs=[])
+            current = Chapter(title="", paragraphs=[], sources=[])
             chapters.append(current)
         text = " ".join(b.text.split())
         if text:
             current.paragraphs.append(text)
+            current.sources.append(b.source)
     for ch in chapters:
         if options.skip_footnotes:
-            ch.paragraphs = _drop_trailing_footnotes(ch.paragraphs)
-            ch.paragraphs = [p for p in (strip_footnote_markers(p).strip() for p in ch.paragraphs) if p]
+            end = _footnotes_start(ch.paragraphs)
+            kept = [(p, s) for p, s in ((strip_footnote_markers(p).strip(), s)
+                                        for p, s in zip(ch.paragraphs[:end], ch.sources[:end])) if p]
+            ch.paragraphs, ch.sources = [p for p, _ in kept], [s for _, s in kept]
             ch.title = strip_footnote_markers(ch.title).strip()
+        if not any(ch.sources):
+            ch.sources = None  # a format without positions
     chapters = [c for c in chapters if c.paragraphs]
     if options.skip_front_matter:
         chapters = skip_front_matter(chapters)
@@ -227,9 +243,11 @@ def skip_front_matter(chapters: list[Chapter]) -> list[Chapter]:
         i += 1
     kept = chapters[i:]
     if kept and not kept[0].title:  # untitled preamble: drop copyright-like paragraphs only
-        paras = [p for p in kept[0].paragraphs if not FRONT_TEXT_RE.search(p)]
-        if paras:
-            kept[0].paragraphs = paras
+        first = kept[0]
+        keep = [i for i, p in enumerate(first.paragraphs) if not FRONT_TEXT_RE.search(p)]
+        if keep:
+            first.paragraphs = [first.paragraphs[i] for i in keep]
+            first.sources = [first.sources[i] for i in keep] if first.sources is not None else None
         elif len(kept) > 1:
             kept = kept[1:]
     return kept

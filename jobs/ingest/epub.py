@@ -12,8 +12,11 @@ from urllib.parse import unquote
 from jobs.document import Document
 from jobs.errors import IngestError, NotText
 from jobs.ingest.blocks import PATTERN_LEVEL, Block, _key, build_chapters
+from jobs.ingest.epub_package import package_map
+from jobs.ingest.epub_sources import positioned_blocks
 from jobs.ingest.html import decode_html, html_to_blocks
 from jobs.ingest.safezip import SafeZip
+from jobs.ingest.xmlscan import Scan
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +164,36 @@ def _file_blocks(blocks: list[Block], toc_title: Optional[str]) -> list[Block]:
             out.append(Block("heading", toc_title, PATTERN_LEVEL))
         for b in blocks:
             if b.kind == "heading":
-                b = Block("heading", b.text, PATTERN_LEVEL) if b.level == top else Block("para", b.text)
+                b = Block("heading", b.text, PATTERN_LEVEL, source=b.source) if b.level == top \
+                    else Block("para", b.text, source=b.source)
             out.append(b)
         return out
     title = toc_title
     first_heading = next((b for b in blocks[:3] if b.kind == "heading"), None)
     if title is None and first_heading is not None:
         title = first_heading.text
-    if title:
-        out.append(Block("heading", title, PATTERN_LEVEL))
+    own = first_heading is not None and (first_heading is blocks[0] or toc_title is None
+                                         or _key(toc_title) in _key(first_heading.text))
+    if title:  # the file's own chapter heading, when it is one, holds the title's text
+        out.append(Block("heading", title, PATTERN_LEVEL, source=first_heading.source if own else None))
     for b in blocks:
         if b.kind == "heading":
-            if b is first_heading and (b is blocks[0] or toc_title is None or _key(toc_title) in _key(b.text)):
+            if b is first_heading and own:
                 continue  # the file's own chapter heading; the TOC title (or it) is the chapter title
-            b = Block("para", b.text)
+            b = Block("para", b.text, source=b.source)
         out.append(b)
     return out
+
+
+def _spine_blocks(z: SafeZip, path: str, skip_footnotes: bool) -> tuple[list[Block], dict, Optional[Scan]]:
+    """A spine document's blocks, each with its source when the document is plain UTF-8 XML
+    (`jobs.ingest.epub_sources`; else read as before, without positions), its metadata and its scan."""
+    found = positioned_blocks(z.read(path), path, skip_footnotes)
+    if found is not None:
+        return found
+    log.info("EPUB document %s is read without positions (not plain UTF-8 XML): it is not narrated", path)
+    blocks, meta = html_to_blocks(_chapter_text(z, path), skip_footnotes)
+    return blocks, meta, None
 
 
 def load_epub(data: bytes, options) -> Document:
@@ -213,6 +230,7 @@ def load_epub(data: bytes, options) -> Document:
         titles = _toc_titles(z, manifest, opf_dir, ncx_id)
         all_blocks: list[Block] = []
         language = meta.get("language")
+        docs, heads, ids = {}, {}, set()  # what the package map needs of the documents read with positions
         for idref, linear in spine:
             item = manifest.get(idref)
             if item is None or not linear or "html" not in item["type"] and "xml" not in item["type"]:
@@ -222,7 +240,10 @@ def load_epub(data: bytes, options) -> Document:
             if not z.has(item["path"]):
                 log.warning("EPUB spine item missing: %s", item["path"])
                 continue
-            blocks, hmeta = html_to_blocks(_chapter_text(z, item["path"]), options.skip_footnotes)
+            blocks, hmeta, found = _spine_blocks(z, item["path"], options.skip_footnotes)
+            if found is not None:
+                docs[item["path"]], heads[item["path"]] = idref, hmeta["head_end"]
+                ids.update(t.attrs["id"] for t in found.tags if "id" in t.attrs)
             language = language or hmeta.get("language")
             if blocks:
                 all_blocks.extend(_file_blocks(blocks, titles.get(item["path"])))
@@ -230,6 +251,7 @@ def load_epub(data: bytes, options) -> Document:
         if not chapters:
             raise IngestError("The EPUB contains no readable text.")
         cover, cover_mime = _cover(z, manifest, cover_id)
+        package = package_map(data, opf_path, z.read(opf_path), docs, heads, ids, z.names)
         return Document(
             chapters=chapters,
             title=meta.get("title"),
@@ -238,6 +260,7 @@ def load_epub(data: bytes, options) -> Document:
             cover=cover,
             cover_mime=cover_mime,
             source_format="epub",
+            package=package,
         )
     finally:
         z.close()

@@ -9,6 +9,7 @@ from typing import Optional
 from jobs.errors import IngestError
 from jobs.ingest.blocks import Block
 from jobs.ingest.decode import decode_bytes
+from jobs.ingest.xmlscan import Scan
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,12 @@ class _Parser(HTMLParser):
     """Blocks from HTML in one pass; every tag costs O(1) whatever the nesting depth (a file of
     200,000 nested <div>s must not stall ingestion): open tags and flags are counted, not searched."""
 
-    def __init__(self, skip_footnotes: bool):
+    def __init__(self, skip_footnotes: bool, positions: Optional[Scan] = None, text: str = ""):
         super().__init__(convert_charrefs=True)
         self.skip_footnotes = skip_footnotes
+        self.positions = positions  # the file's runs (jobs.ingest.xmlscan): each block notes the runs it read
+        self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)] if positions else []
+        self.buf_runs: list[Optional[int]] = []  # beside buf: the run each piece of text came from
         self.stack: list[tuple[str, frozenset, int]] = []  # (tag, flags, absolute buffer index at start)
         self.open: dict[str, list[int]] = {}  # tag -> stack positions where it is open, innermost last
         self.flag_count: dict[str, int] = {"skip": 0, "note": 0, "toc": 0, "ref": 0}
@@ -71,20 +75,21 @@ class _Parser(HTMLParser):
         if not self.buf:
             return
         text = re.sub(r"\s+", " ", "".join(self.buf)).strip()
+        runs = list(dict.fromkeys(r for r in self.buf_runs if r is not None)) if self.positions else None
         self.base += len(self.buf)
-        self.buf = []
+        self.buf, self.buf_runs = [], []
         if not text or self.flag_count["skip"]:
             return
         if self.flag_count["note"]:
-            self.blocks.append(Block("footnote", text))
+            self.blocks.append(Block("footnote", text, runs=runs))
         elif self.flag_count["toc"]:
-            self.blocks.append(Block("toc", text))
+            self.blocks.append(Block("toc", text, runs=runs))
         else:
             level = self._heading_level()
             if level is not None:
-                self.blocks.append(Block("heading", text, level=level))
+                self.blocks.append(Block("heading", text, level=level, runs=runs))
             else:
-                self.blocks.append(Block("para", text))
+                self.blocks.append(Block("para", text, runs=runs))
 
     def _close_to(self, index: int) -> None:
         """Pop stack entries down to ``index`` (inclusive), finishing each element."""
@@ -94,6 +99,7 @@ class _Parser(HTMLParser):
                 start = max(start - self.base, 0)  # text before the last flush is gone already
                 if len(self.buf) - start <= MARKER_CHUNKS and MARKER_RE.match("".join(self.buf[start:])):
                     del self.buf[start:]
+                    del self.buf_runs[start:]
             if tag in BLOCK_TAGS:
                 self._flush()
             self._pop()
@@ -108,6 +114,7 @@ class _Parser(HTMLParser):
         if tag in VOID_TAGS:
             if tag == "br":
                 self.buf.append(" ")
+                self.buf_runs.append(None)
             elif tag == "hr":
                 self._flush()
             return
@@ -154,6 +161,14 @@ class _Parser(HTMLParser):
             return
         if not self.flag_count["skip"]:
             self.buf.append(data)
+            self.buf_runs.append(self._run())
+
+    def _run(self) -> Optional[int]:
+        """The run (of `positions`) the data being handled starts in."""
+        if not self.positions:
+            return None
+        line, column = self.getpos()
+        return self.positions.run_at(self.line_starts[line - 1] + column)
 
     def finish(self) -> None:
         self.close()
@@ -161,9 +176,11 @@ class _Parser(HTMLParser):
         self._flush()
 
 
-def html_to_blocks(text: str, skip_footnotes: bool = True) -> tuple[list[Block], dict]:
-    """Parse HTML text into blocks; returns (blocks, metadata with title/lang/author)."""
-    p = _Parser(skip_footnotes)
+def html_to_blocks(text: str, skip_footnotes: bool = True,
+                   positions: Optional[Scan] = None) -> tuple[list[Block], dict]:
+    """Parse HTML text into blocks; returns (blocks, metadata with title/lang/author). With `positions` (the
+    `jobs.ingest.xmlscan.scan` of `text`) every block's `runs` lists the indexes of the runs its text came from."""
+    p = _Parser(skip_footnotes, positions, text)
     try:
         p.feed(text)
         p.finish()
