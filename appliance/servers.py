@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import grp
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Optional
 
 from aiohttp import web
 
+from appliance.http_common import is_loopback
 from appliance.sdnotify import listen_fds, pick_activated
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,6 @@ def bind_unix_path(path: Path, mode: int, group: Optional[str]) -> None:
             raise OSError(f"http.group {group!r}: no such group") from None
         if os.stat(path).st_gid != gid:  # no chown when it is already ours (systemd's filter forbids chown)
             os.chown(path, -1, gid)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (http.tcp_host) is reachable from this machine only."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class Servers:
