@@ -102,6 +102,8 @@ async def same_origin(request: web.Request, handler):
         site, origin = request.headers.get("Sec-Fetch-Site"), request.headers.get("Origin")
         where = f"{request.scheme}://{request.host}"
         if site is not None and site not in ("same-origin", "none") or origin is not None and origin != where:
+            log.warning("refused a cross-site request: %s %s (Origin %s, Sec-Fetch-Site %s)", request.method,
+                        request.path, origin or "-", site or "-")
             raise ApiError(403, f"cross-site request refused (Origin {origin or '-'}, Sec-Fetch-Site {site or '-'}): "
                                 f"use the page this daemon serves at {where}/, or a client that is not a browser",
                            "cross_site")

@@ -35,13 +35,13 @@ async function go() {
   }
 }
 
-function signIn(message) {
+function signIn() {
+  if (key()) $("signin-error").textContent = "That key was refused: give the daemon's http.api_key.";
+  setKey(null);
   if (current) screens[current].hide();
   current = null;
   document.querySelectorAll("section.screen").forEach((s) => { s.hidden = true; });
   $("signin").hidden = false;
-  $("signin-error").textContent = key() ? message : "";
-  setKey(null);
   $("signout").hidden = true;
   $("signin-form").elements.key.focus();
 }
@@ -69,6 +69,7 @@ async function start() {
 onUnauthorized(signIn);
 $("signin-form").addEventListener("submit", (e) => {
   e.preventDefault();
+  $("signin-error").textContent = "";
   setKey(e.target.elements.key.value.trim());
   e.target.reset();
   start();

@@ -197,5 +197,7 @@ function fileItem(id, f) {
       download(path, f.name.split("/").pop()).catch((err) => { link.after(` (${err.message})`); });
     }
   });
-  return el("li", {}, link, ` ${f.type}, ${(f.bytes / 1024).toFixed(0)} KiB`);
+  return el("li", {}, link, ` ${f.type}, ${size(f.bytes)}`);
 }
+
+const size = (n) => (n < 1024 ? `${n} bytes` : n < 1048576 ? `${(n / 1024).toFixed(0)} KiB` : `${(n / 1048576).toFixed(1)} MiB`);

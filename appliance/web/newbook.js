@@ -95,18 +95,20 @@ async function previewNow() {
   error.textContent = "";
   if (!documentFile()) { plan = null; box.replaceChildren(); ready(); return; }
   const mine = ++asked; // a slower earlier answer must not replace a newer one
-  box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
+  const before = plan && { file: plan.file, keep: new Set(checked()) }; // the chapters chosen so far stay chosen
+  if (plan) box.classList.add("busy"); else box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
   try {
     const got = await api("/v1/jobs/preview", { method: "POST", body: body(false) });
     if (mine !== asked) return;
-    const keep = plan && plan.file === got.file ? new Set(checked()) : null;
     plan = got;
-    showPlan(keep);
+    showPlan(before && before.file === got.file ? before.keep : null);
   } catch (e) {
     if (mine !== asked) return;
     plan = null;
     box.replaceChildren();
     error.textContent = e.message;
+  } finally {
+    if (mine === asked) box.classList.remove("busy");
   }
   ready();
 }
@@ -151,6 +153,7 @@ async function submit(e) {
   button.disabled = true;
   error.textContent = "";
   try {
+    if (!plan || !checked().length) throw new Error("Choose a document (or paste text) and at least one chapter.");
     const job = await api("/v1/jobs", { method: "POST", body: body(true) });
     if (job.submit_error) throw new Error(job.submit_error);
     form.reset();
