@@ -15,6 +15,7 @@ import logging
 import socket
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -101,7 +102,9 @@ async def same_origin(request: web.Request, handler):
     if over_tcp(request) and not is_page(request):
         site, origin = request.headers.get("Sec-Fetch-Site"), request.headers.get("Origin")
         where = f"{request.scheme}://{request.host}"
-        if site is not None and site not in ("same-origin", "none") or origin is not None and origin != where:
+        other_site = site is not None and site not in ("same-origin", "none")
+        # the origin's host and port against the Host header (a TLS proxy in front makes only the scheme differ)
+        if other_site or origin is not None and urlsplit(origin).netloc != request.host:
             log.warning("refused a cross-site request: %s %s (Origin %s, Sec-Fetch-Site %s)", request.method,
                         request.path, origin or "-", site or "-")
             raise ApiError(403, f"cross-site request refused (Origin {origin or '-'}, Sec-Fetch-Site {site or '-'}): "

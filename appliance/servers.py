@@ -81,8 +81,8 @@ class Servers:
             port = site._server.sockets[0].getsockname()[1] if site._server else h.tcp_port
             self.tcp_url = f"http://{h.tcp_host}:{port}"
             if not h.api_key and not is_loopback(h.tcp_host):
-                log.warning("HTTP API on %s without an API key: anyone who reaches it may use it; set http.api_key",
-                            self.tcp_url)
+                log.warning("HTTP API on %s without an API key: anyone who reaches it may use it, and the page for "
+                            "browsers is not served there; set http.api_key", self.tcp_url)
         await self._start_wyoming(fds, mode)
         for name, s in fds.items():
             log.warning("ignoring an activated socket we have no use for: %s", name)

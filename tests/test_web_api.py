@@ -11,7 +11,6 @@ import base64
 import http.client
 import io
 import json
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -20,17 +19,11 @@ from urllib.parse import quote
 import pytest
 import soundfile as sf
 
-from daemon_util import ROOT, Daemon, base_config, book_text, needs_daemon
+from daemon_util import ROOT, Daemon, base_config, book_text, free_port, needs_daemon
 
 BASE = ROOT / "tests" / "data" / "tiny" / "base_small"
 REF = ROOT / "tests" / "data" / "tiny" / "audio"
 BOOK = "# One\n\n" + book_text(2) + "\n# Two\n\n" + book_text(1) + "\n# Three\n\n" + book_text(2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def multipart(name: str, data: bytes, spec: dict | None = None) -> tuple[bytes, dict]:
@@ -266,7 +259,8 @@ def test_a_browsers_cross_site_requests_are_refused(cv):
     assert status == 403 and "not loopback" in err["error"]["message"], err
     # the page's own requests, a typed address, and clients that are not browsers pass
     for ok in ({"Origin": here, "Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}, {},
-               {"Host": f"localhost:{cv.port}", "Origin": f"http://localhost:{cv.port}"}):
+               {"Host": f"localhost:{cv.port}", "Origin": f"http://localhost:{cv.port}"},
+               {"Origin": f"https://127.0.0.1:{cv.port}"}):  # a TLS proxy in front: the same host and port
         assert tcp(cv.port, "GET", "/v1/formats", None, ok)[0] == 200, ok
     # the page itself may be opened from a link anywhere (it holds no data)
     status, page, headers = tcp(cv.port, "GET", "/", None, {"Sec-Fetch-Site": "cross-site"})

@@ -8,7 +8,6 @@ from another origin in the same browser queues nothing. Each screen is saved as 
 the run names at its end."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from browser_util import SCREENSHOTS, Page, chromium, start_browser
-from daemon_util import ROOT, Daemon, base_config, book_text, needs_daemon
+from daemon_util import ROOT, Daemon, base_config, book_text, free_port, needs_daemon
 
 pytestmark = [needs_daemon, pytest.mark.browser]
 BASE = ROOT / "tests" / "data" / "tiny" / "base_small"
@@ -34,12 +33,6 @@ for (const type of ["dragenter", "dragover", "drop"])
   zone.dispatchEvent(new DragEvent(type, {dataTransfer: data, bubbles: true, cancelable: true}));
 """
 KEY = "open-sesame-for-the-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
