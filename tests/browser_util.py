@@ -56,8 +56,8 @@ def start_browser(profile: Path, downloads: Path, extra: tuple = ()):
 class Page:
     """One browser on the page: waiting for what it shows, and screenshots numbered in order."""
 
-    def __init__(self, driver, base: str, shots: Path):
-        self.d, self.base, self.shots, self.n = driver, base, shots, 0
+    def __init__(self, driver, base: str, shots: Path, prefix: str = ""):
+        self.d, self.base, self.shots, self.prefix, self.n = driver, base, shots, prefix, 0
 
     def open(self, fragment: str = "") -> None:
         self.d.get(f"{self.base}/{fragment}")
@@ -103,11 +103,11 @@ class Page:
             return []
 
     def shot(self, name: str) -> Path:
-        """A screenshot of the whole page (the window made as tall as the page) as NN-name.png."""
+        """A screenshot of the whole page (the window made as tall as the page) as PREFIX-NN-name.png."""
         self.n += 1
         width = self.d.get_window_size()["width"]
         height = self.js("return document.documentElement.scrollHeight")
         self.d.set_window_size(width, min(max(int(height) + 140, 700), 4000))
-        path = self.shots / f"{self.n:02d}-{name}.png"
+        path = self.shots / f"{self.prefix}{self.n:02d}-{name}.png"
         self.d.save_screenshot(str(path))
         return path

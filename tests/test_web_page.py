@@ -57,9 +57,9 @@ def daemon(tmp: Path, **sections) -> Daemon:
     return d.start()
 
 
-def page(tmp: Path, d: Daemon, shots: Path, *extra) -> Page:
+def page(tmp: Path, d: Daemon, shots: Path, prefix: str, *extra) -> Page:
     (tmp / "downloads").mkdir(exist_ok=True)
-    return Page(start_browser(tmp / "profile", tmp / "downloads", extra), d.url, shots)
+    return Page(start_browser(tmp / "profile", tmp / "downloads", extra), d.url, shots, prefix)
 
 
 @contextmanager
@@ -121,7 +121,7 @@ def play_book(p: Page, chapter: str) -> None:
 
 def test_a_book_from_drop_to_playback_a_stream_and_samples(tmp_path, shots):
     d = daemon(tmp_path)
-    p = page(tmp_path, d, shots)
+    p = page(tmp_path, d, shots, "a-")
     try:
         p.open("#status")
         p.wait(lambda: "cpu" in p.text("#status .health") and "reachable" in p.text("#status .health"), 30, "status")
@@ -158,6 +158,22 @@ def test_a_book_from_drop_to_playback_a_stream_and_samples(tmp_path, shots):
         assert {"story.mp3", "story.vtt", "manifest.json"} <= set(files), files
         files["story.vtt"].click()
         assert downloaded(tmp_path / "downloads", "story.vtt") == (Path(summary["output_dir"]) / "story.vtt").read_bytes()
+
+        # another book: cancelled while it is made, then retried
+        p.open("#new")
+        p.wait(lambda: p.all("#new select[name=voice] option"), 30, "the voices")
+        p.find("#new textarea").send_keys("# Long\n\n" + book_text(12))
+        p.wait(lambda: len(p.all("#new .preview tbody tr")) == 1, 60, "the preview of pasted text")
+        p.find("#new button[type=submit]").click()
+        li = p.wait(lambda: [x for x in p.all("ul.jobs li") if x.find_element("css selector", ".title").text == "Long"],
+                    30, "the second job")[0]
+        p.wait(lambda: li.find_element("css selector", ".actions button").text == "Cancel", 10, "its Cancel button")
+        li.find_element("css selector", ".actions button").click()
+        p.wait(lambda: li.find_element("css selector", ".badge").text == "cancelled", 30, "the job cancelled")
+        p.shot("library-cancelled")
+        li.find_element("css selector", ".actions button").click()  # Retry
+        p.wait(lambda: li.find_element("css selector", ".badge").text in ("queued", "running", "done"), 30, "the retry")
+        assert d.get(f"/v1/jobs/{li.get_attribute('data-id')}")[1]["state"] in ("queued", "running", "done")
 
         p.open("#try")
         p.wait(lambda: p.all("#try select[name=voice] option"), 30, "the voices")
@@ -208,7 +224,7 @@ def test_a_book_from_drop_to_playback_a_stream_and_samples(tmp_path, shots):
 def test_sign_in_clone_rename_delete_and_a_book_with_the_key(tmp_path, shots):
     d = daemon(tmp_path, model={"path": str(BASE)}, http={"api_key": KEY})
     mic = (REF / "ref_b_24k.wav").resolve()
-    p = page(tmp_path, d, shots, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+    p = page(tmp_path, d, shots, "b-", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
              f"--use-file-for-fake-audio-capture={mic}")
     try:
         p.open()

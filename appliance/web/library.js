@@ -25,6 +25,7 @@ export async function show() {
 }
 
 export function hide() {
+  player.querySelector("audio").pause(); // its controls go out of sight with the screen
   clearInterval(timer);
   following.forEach((c) => c.abort());
   following.clear();

@@ -18,7 +18,7 @@ export function init(section) {
     if (file) useTake(file, `file ${file.name}`);
   });
   form.addEventListener("submit", clone);
-  onChange(render);
+  onChange(() => render().catch((e) => { root.querySelector(".note").textContent = e.message; }));
 }
 
 export async function show() {
