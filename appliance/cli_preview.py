@@ -11,29 +11,20 @@ from appliance.cli_common import emit, fail, home_option, json_option, settings
 
 
 def preview_file(path: str, spec: JobSpec, configured_rate, db_path, max_bytes: int, voices=None) -> dict:
-    """Ingest and segment one file as `submit` would (up to `max_bytes`: jobs.max_file_mb); its chapters
-    (all, marked when selected), totals, and the voices its [voice=...] tags name that are not among
-    `voices` (the checkpoint's; None: not known, not checked) with the chapters naming them."""
+    """Ingest and segment one file as `submit` would (up to `max_bytes`: jobs.max_file_mb) and plan it
+    (`jobs.plan.plan_document`: chapters, totals, voices of [voice=...] tags not among `voices`)."""
     from jobs.errors import JobError
     from jobs.ingest import IngestOptions, load_document
-    from jobs.preview import estimate, preview_chapters
-    from jobs.segment import resolve_language
-    from jobs.submit import SubmitError, document_chapters, precheck_file
-    from jobs.submit import unknown_voices
+    from jobs.plan import plan_document
+    from jobs.submit import SubmitError, precheck_file
 
     try:
         precheck_file(Path(path))
         doc = load_document(Path(path), IngestOptions(max_bytes=max_bytes))
-        found = document_chapters(doc, spec, select=False)
-        language = resolve_language(spec.language if spec.language != "auto" else None, doc)
-        chapters = preview_chapters(found, spec.speed, spec.chapters)
+        plan = plan_document(doc, spec, Path(path).stem, configured_rate, db_path, voices)
     except (SubmitError, JobError, ValueError) as exc:
         fail(str(exc))
-    unknown = {name: [i + 1 for i, (_, segs) in enumerate(found) if any(s.metadata.get("voice") == name for s in segs)]
-               for name in unknown_voices(found, spec, voices)}  # -> the chapters naming each
-    return {"file": path, "title": spec.title or doc.title or Path(path).stem, "language": language or "auto",
-            "chapters": chapters, "total": estimate(chapters, configured_rate, db_path),
-            "unknown_voices": unknown, "voices": voices}
+    return {"file": path, **plan}
 
 
 def _minutes(seconds) -> str:

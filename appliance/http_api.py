@@ -7,29 +7,33 @@
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
     DELETE /v1/voices/{name}     remove a saved cloned voice
+    GET    /v1/voices/{name}/sample, PATCH /v1/voices/{name}: a voice's sample, a rename (appliance.http_voices)
+    GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
                                   "parts": {...}, "down": {...}, ...}: 503 while a part is down
     GET    /metrics              Prometheus text format
-    /v1/jobs...                  batch jobs (appliance.http_jobs)
+    /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs)
+    GET    /, /web/...           the page for browsers (appliance.http_web); it uses the routes above
 
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
 must say `Content-Type: application/json` (415 otherwise). With http.api_key set, requests over TCP need
-`Authorization: Bearer KEY` (401 otherwise). Shared pieces: appliance.http_common.
+`Authorization: Bearer KEY` (401 otherwise; the page's static files excepted); a browser's cross-site
+request over TCP is refused (403). Shared pieces: appliance.http_common.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import tempfile
 from pathlib import Path
 
 from aiohttp import web
 
-from appliance.http_common import CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key
+from appliance.http_common import (CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key,
+                                   same_origin)
+from appliance.http_voices import VOICE_NAME, check_name, prune_samples
 
 log = logging.getLogger(__name__)
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 # -- voices ----------------------------------------------------------------------------------
@@ -45,9 +49,7 @@ async def add_voice(request):
     a name already saved: 409, unless "overwrite": true (then 200)."""
     ctx = request.app[CTX]
     data = await read_json(request)
-    name = field(data, "name", str, required=True)
-    if not VOICE_NAME.match(name):
-        raise ApiError(400, "'name' must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
+    name = check_name(field(data, "name", str, required=True))
     if ctx.host.engine.model_type != "base":
         raise ApiError(400, f"reference audio needs a Base checkpoint; this one is {ctx.host.engine.model_type}")
     path = ctx.host.engine.voice_file(name)
@@ -64,6 +66,8 @@ async def add_voice(request):
     path.parent.mkdir(parents=True, exist_ok=True)
     voice.save(str(path))
     log.info("voice %s %s", name, "replaced" if replaced else "added")
+    if replaced:
+        await asyncio.get_running_loop().run_in_executor(None, prune_samples, ctx)  # its old sample
     return web.json_response({"name": name, "replaced": replaced}, status=200 if replaced else 201)
 
 
@@ -75,6 +79,7 @@ async def delete_voice(request):
     if not VOICE_NAME.match(name) or not path.is_file():
         raise ApiError(404, f"no saved voice {name!r}", "not_found")
     path.unlink()
+    await asyncio.get_running_loop().run_in_executor(None, prune_samples, ctx)
     return web.json_response({"name": name, "deleted": True})
 
 
@@ -100,6 +105,19 @@ async def health(request):
     return web.json_response(body, status=503 if down else 200)
 
 
+async def formats(request):
+    """GET /v1/formats: what this server reads and writes, for clients that offer a choice: `books` (a job's
+    `format`: jobs.settings.FORMATS), `speech` (response_format of POST /v1/audio/speech) and `documents`
+    (the file name endings a submit reads; other names are read as text, or refused by their content)."""
+    from jobs.ingest import READ_SUFFIXES
+    from jobs.settings import FORMATS as BOOK_FORMATS
+
+    from appliance.http_speech import FORMATS as SPEECH_FORMATS
+
+    return web.json_response({"books": list(BOOK_FORMATS), "speech": list(SPEECH_FORMATS),
+                              "documents": sorted(READ_SUFFIXES)})
+
+
 async def metrics(request):
     """GET /metrics (Prometheus text format); `tts_queue_up 0` while the job queue cannot be read."""
     ctx = request.app[CTX]
@@ -112,16 +130,24 @@ async def metrics(request):
 def make_app(ctx) -> web.Application:
     from appliance.http_jobs import add_routes as add_job_routes
     from appliance.http_live import add_routes as add_live_routes
+    from appliance.http_outputs import add_routes as add_output_routes
     from appliance.http_speech import add_routes as add_speech_routes
+    from appliance.http_voices import add_routes as add_voice_routes
+    from appliance.http_web import add_routes as add_page_routes
 
-    app = web.Application(middlewares=[json_errors, require_key], client_max_size=ctx.cfg.http.max_body_bytes)
+    app = web.Application(middlewares=[json_errors, same_origin, require_key],
+                          client_max_size=ctx.cfg.http.max_body_bytes)
     app[CTX] = ctx
     add_speech_routes(app)
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", add_voice)
     app.router.add_delete("/v1/voices/{name}", delete_voice)
+    add_voice_routes(app)
+    app.router.add_get("/v1/formats", formats)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_job_routes(app)
+    add_output_routes(app)
     add_live_routes(app)
+    add_page_routes(app)
     return app

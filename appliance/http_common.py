@@ -1,6 +1,7 @@
 """What every route of the local HTTP API shares: the app's context key, JSON errors (ApiError and
-the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), the bearer
-token of TCP requests (http.api_key), reading a JSON body, typed fields and base64 reference audio.
+the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), the guards of
+TCP requests (browsers' cross-site requests refused; the bearer token of http.api_key), reading a JSON
+body, typed fields and base64 reference audio.
 """
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import asyncio
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import logging
 import socket
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -72,12 +75,55 @@ def over_tcp(request: web.Request) -> bool:
     return sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (http.tcp_host, or the name in a request's Host header) is this machine only."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() in ("localhost", "localhost.")
+
+
+PAGE_PREFIX = "/web/"  # the page's files (appliance.http_web), and `/`
+
+
+def is_page(request: web.Request) -> bool:
+    """A request for the page's static files (appliance.http_web: `/`, `/web/...`): public, they hold no
+    data; everything the page shows comes from the API, under the same rules as any client's requests."""
+    return request.method in ("GET", "HEAD") and (request.path == "/" or request.path.startswith(PAGE_PREFIX))
+
+
+@web.middleware
+async def same_origin(request: web.Request, handler):
+    """Over TCP, refuse what a browser sends on behalf of another site (403): a `Sec-Fetch-Site` other than
+    same-origin or none (typed by the user), an `Origin` other than this server's, and (without http.api_key,
+    listening on loopback) a browser's request under a host name that is not loopback (DNS rebinding: a
+    site whose name was made to point here). Clients that send none of these headers (curl, the SDKs,
+    the CLI) are not browsers and pass; the Unix socket is not reachable from a browser."""
+    if over_tcp(request) and not is_page(request):
+        site, origin = request.headers.get("Sec-Fetch-Site"), request.headers.get("Origin")
+        where = f"{request.scheme}://{request.host}"
+        other_site = site is not None and site not in ("same-origin", "none")
+        # the origin's host and port against the Host header (a TLS proxy in front makes only the scheme differ)
+        if other_site or origin is not None and urlsplit(origin).netloc != request.host:
+            log.warning("refused a cross-site request: %s %s (Origin %s, Sec-Fetch-Site %s)", request.method,
+                        request.path, origin or "-", site or "-")
+            raise ApiError(403, f"cross-site request refused (Origin {origin or '-'}, Sec-Fetch-Site {site or '-'}): "
+                                f"use the page this daemon serves at {where}/, or a client that is not a browser",
+                           "cross_site")
+        h = request.app[CTX].cfg.http
+        if (site or origin) and not h.api_key and is_loopback(h.tcp_host) and not is_loopback(request.url.host or ""):
+            raise ApiError(403, f"a browser reached this daemon as {request.host!r}, a name that is not loopback; "
+                                f"open http://127.0.0.1:{request.url.port}/ (or set http.api_key)", "cross_site")
+    return await handler(request)
+
+
 @web.middleware
 async def require_key(request: web.Request, handler):
-    """http.api_key set: a request over TCP needs `Authorization: Bearer KEY` (401 otherwise). The Unix
-    socket is guarded by its file mode and group (http.mode, http.group) and needs no key."""
+    """http.api_key set: a request over TCP needs `Authorization: Bearer KEY` (401 otherwise), all but
+    the page's static files (is_page). The Unix socket is guarded by its file mode and group (http.mode,
+    http.group) and needs no key."""
     key = request.app[CTX].cfg.http.api_key
-    if key and over_tcp(request):
+    if key and over_tcp(request) and not is_page(request):
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise ApiError(401, "this daemon wants an API key over TCP: send 'Authorization: Bearer KEY' with the "

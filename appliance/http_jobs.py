@@ -11,6 +11,9 @@
                                     What the spec does not name comes from jobs.voice, jobs.language
                                     and jobs.instruct. A spec's ref_audio is a server-side path too
                                     (inside jobs.allowed_dirs).
+    POST   /v1/jobs/preview         the same body as a submit: the document's plan, nothing queued
+                                    (jobs.plan: chapters, segments, characters, estimated audio
+                                    length and synthesis time); 422 when it cannot be read
     GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
     DELETE /v1/jobs/{id}            cancel
@@ -57,6 +60,11 @@ async def _q(ctx, fn, *args):
     except QueueError as exc:
         status = 404 if "no job" in str(exc) else 409
         raise ApiError(status, str(exc), "not_found" if status == 404 else "conflict") from None
+
+
+async def job_row(ctx, job_id: str) -> dict:
+    """The job's queue row; 404 naming it when there is none."""
+    return await _q(ctx, lambda q: q.job(job_id))
 
 
 def _spec(ctx, raw) -> JobSpec:
@@ -109,9 +117,9 @@ async def _upload(ctx, request, folder: Path) -> tuple[Path, JobSpec]:
     return path, _spec(ctx, spec)
 
 
-async def _read_submit(ctx, request) -> tuple[Path, JobSpec]:
+async def _read_submit(ctx, request, folder: Path) -> tuple[Path, JobSpec]:
+    """The document and spec of a submit (or preview): an upload goes into `folder` (removed on failure)."""
     if request.content_type.startswith("multipart/"):
-        folder = ctx.paths.home / "uploads" / uuid.uuid4().hex[:12]
         try:
             return await _upload(ctx, request, folder)
         except BaseException:
@@ -131,7 +139,7 @@ async def _read_submit(ctx, request) -> tuple[Path, JobSpec]:
 async def submit(request):
     """POST /v1/jobs"""
     ctx = request.app[CTX]
-    path, spec = await _read_submit(ctx, request)
+    path, spec = await _read_submit(ctx, request, ctx.paths.home / "uploads" / uuid.uuid4().hex[:12])
     uploaded = path.parent if path.parent.parent == ctx.paths.home / "uploads" else None
 
     def do(q):
@@ -153,6 +161,35 @@ async def submit(request):
         shutil.rmtree(uploaded, ignore_errors=True)  # the job reads the earlier upload of the same content
     status = 422 if s["submit_error"] else 200 if s["existing"] else 201
     return web.json_response(s, status=202 if s["state"] == "ingesting" else status)
+
+
+async def preview(request):
+    """POST /v1/jobs/preview: what a submit of the same body would queue, queueing nothing (`tts-appliance
+    preview`): the document read in the ingest child, its chapters (numbered as `spec.chapters` takes them,
+    each marked `selected`), segments, characters, estimated audio length and synthesis time."""
+    ctx = request.app[CTX]
+    folder = ctx.paths.home / "uploads" / f"preview-{uuid.uuid4().hex[:12]}"
+    try:
+        path, spec = await _read_submit(ctx, request, folder)
+
+        def plan():
+            from jobs.errors import JobError
+            from jobs.ingest.isolate import load_document_isolated
+            from jobs.plan import plan_document
+            from jobs.submit import SubmitError, precheck_file
+
+            try:
+                precheck_file(path)
+                doc = load_document_isolated(path, limits=ctx.settings.ingest)
+                return plan_document(doc, spec, path.stem, ctx.cfg.jobs.synth_rate, ctx.paths.db,
+                                     ctx.host.engine.voices)
+            except (SubmitError, JobError, ValueError) as exc:
+                raise ApiError(422, str(exc), "unreadable_document") from None
+
+        out = await asyncio.get_running_loop().run_in_executor(None, plan)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # a preview keeps nothing
+    return web.json_response({"file": path.name, **out})
 
 
 async def list_jobs(request):
@@ -237,6 +274,7 @@ async def job_events(request):
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/jobs", submit)
+    app.router.add_post("/v1/jobs/preview", preview)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{id}", get_job)
     app.router.add_delete("/v1/jobs/{id}", cancel_job)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import grp
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Optional
 
 from aiohttp import web
 
+from appliance.http_common import is_loopback
 from appliance.sdnotify import listen_fds, pick_activated
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,6 @@ def bind_unix_path(path: Path, mode: int, group: Optional[str]) -> None:
             raise OSError(f"http.group {group!r}: no such group") from None
         if os.stat(path).st_gid != gid:  # no chown when it is already ours (systemd's filter forbids chown)
             os.chown(path, -1, gid)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (http.tcp_host) is reachable from this machine only."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class Servers:
@@ -89,8 +81,8 @@ class Servers:
             port = site._server.sockets[0].getsockname()[1] if site._server else h.tcp_port
             self.tcp_url = f"http://{h.tcp_host}:{port}"
             if not h.api_key and not is_loopback(h.tcp_host):
-                log.warning("HTTP API on %s without an API key: anyone who reaches it may use it; set http.api_key",
-                            self.tcp_url)
+                log.warning("HTTP API on %s without an API key: anyone who reaches it may use it, and the page for "
+                            "browsers is not served there; set http.api_key", self.tcp_url)
         await self._start_wyoming(fds, mode)
         for name, s in fds.items():
             log.warning("ignoring an activated socket we have no use for: %s", name)

@@ -1,8 +1,9 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system` test that skips fails instead, so CI cannot go green with the live systemd checks unrun (an
-`epubcheck` test too: Debian's epubcheck validates the narrated EPUBs);
-likewise an `oracle` test (the official qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1."""
+`system`, `browser` or `epubcheck` test that skips fails instead, so CI cannot go green with the live systemd
+checks, the page's browser test or the narrated EPUBs' validation unrun; likewise an `oracle` test (the official
+qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at
+the end of the run."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,9 @@ REQUIRE_ORACLE = "TTS_APPLIANCE_REQUIRE_ORACLE_TESTS"
 # marker -> (the variable that turns a skip of such a test into a failure, what to do about it); .ci/run sets both
 REQUIRED = {
     "system": (REQUIRE_SYSTEM, "install what .ci/run installs as root, or unset the variable where it cannot run"),
+    "browser": (REQUIRE_SYSTEM, "install chromium and chromium-driver (apt-get install chromium chromium-driver, as "
+                                ".ci/run and ./install.sh --dev do as root) and the test extras (selenium), or unset "
+                                "the variable where they cannot be installed"),
     "oracle": (REQUIRE_ORACLE, "build the oracle with tests/fixtures/oracle_venv.sh (./install.sh --dev does), "
                                "or unset the variable where it cannot run"),
     "epubcheck": (REQUIRE_SYSTEM, "apt-get install epubcheck (.ci/run and ./install.sh --dev do as root), "
@@ -42,6 +46,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name the folders of screenshots the browser tests saved (tests/browser_util.py)."""
+    from browser_util import SCREENSHOTS
+
+    for folder in config.stash.get(SCREENSHOTS, []):
+        terminalreporter.write_line(f"page screenshots: {folder}")
 
 
 @pytest.hookimpl(hookwrapper=True)

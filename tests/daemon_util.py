@@ -31,6 +31,13 @@ def skip_reason():
     return None
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (for http.tcp_port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def base_config(tmp: Path, **sections) -> dict:
     """A fast test config: tiny model, 1 torch thread, few frames, sockets in a short temp dir."""
     run = Path(tempfile.mkdtemp(prefix="tts-run-"))  # AF_UNIX paths must stay short

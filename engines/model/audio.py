@@ -34,6 +34,23 @@ def _describe(src) -> str:
     return f"<{type(src).__name__}>"
 
 
+def _unreadable_container(src) -> str:
+    """The name of a container libsndfile cannot read that `src` starts with (WebM, MP4), or ""."""
+    try:
+        if isinstance(src, (bytes, bytearray)):
+            head = bytes(src[:12])
+        elif isinstance(src, (str, os.PathLike)):
+            with open(src, "rb") as f:
+                head = f.read(12)
+        else:
+            return ""
+    except OSError:
+        return ""
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "WebM/Matroska"
+    return "MP4/M4A" if head[4:8] == b"ftyp" else ""
+
+
 def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
     """Decode `src` to (mono float32 samples [S], sample rate) without resampling."""
     import soundfile as sf
@@ -50,6 +67,11 @@ def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
         try:
             audio, sr = sf.read(data, dtype="float32", always_2d=False)
         except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, TypeError...
+            kind = _unreadable_container(src)
+            if kind:
+                raise BadInput(f"cannot decode reference audio {name}: it is {kind} (what browsers record), which "
+                               f"this server does not read; convert it to WAV, FLAC or OGG first (e.g. "
+                               f"`ffmpeg -i in.webm out.wav`)") from exc
             raise BadInput(f"cannot decode reference audio {name} ({exc}); {_HINT}") from exc
     if audio.ndim > 1:
         audio = np.mean(audio, axis=-1)  # [S, C] -> [S], as the official loaders do

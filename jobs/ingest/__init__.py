@@ -26,6 +26,7 @@ TEXT_EXT = {".txt", ".text", ".asc", ".rst", ".log", ""}
 MD_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
 HTML_EXT = {".html", ".htm", ".xhtml", ".xht"}
 FORMATS = ("txt", "md", "html", "epub", "docx", "pdf")
+READ_SUFFIXES = (TEXT_EXT - {""}) | MD_EXT | HTML_EXT | {".epub", ".docx", ".pdf"}  # names read by their ending
 MAX_FILE_MB = 50  # default of the config's jobs.max_file_mb
 
 

@@ -1,0 +1,37 @@
+// What the daemon's checkpoint offers (GET /v1/voices) and what it reads and writes (GET /v1/formats),
+// shared by the screens; the page adapts to it (CustomVoice speakers, Base clones, VoiceDesign descriptions).
+import { api, fill } from "./api.js";
+
+export const info = { name: "", type: null, voices: [], languages: [], formats: null };
+const listeners = new Set();
+
+/** Call `fn(info)` after every refresh (a voice cloned, renamed or deleted). */
+export const onChange = (fn) => listeners.add(fn);
+
+export async function refresh() {
+  const [voices, formats, models] = await Promise.all([
+    api("/v1/voices"), info.formats ? null : api("/v1/formats"), info.name ? null : api("/v1/models")]);
+  info.type = voices.model_type;
+  info.voices = voices.voices.map((v) => v.name);
+  info.languages = voices.languages;
+  if (formats) info.formats = formats;
+  if (models) info.name = models.data[0]?.id || "";
+  listeners.forEach((fn) => fn(info));
+}
+
+/** Offer the voices in `form`'s voice select, or the description field where the checkpoint takes one
+ * (VoiceDesign); the languages in its language select. */
+export function fillVoiceFields(form) {
+  const design = info.type === "voice_design";
+  form.querySelector("label.voice").hidden = design;
+  form.querySelector("label.instruct").hidden = !design;
+  fill(form.elements.voice, info.voices);
+  form.elements.voice.disabled = design || info.voices.length === 0;
+  fill(form.elements.language, [["auto", "auto (from the text)"], ...info.languages]);
+}
+
+/** Why nothing can be spoken yet, or "". */
+export function missingVoice() {
+  if (info.type === "base" && info.voices.length === 0) return "This checkpoint clones voices: clone one under Voices first.";
+  return "";
+}
