@@ -9,7 +9,8 @@ jobs.heartbeat.
 Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
 counts as done, so a worker killed at any moment loses only the segments it had in flight. While the
 queue database is away, what finishes is kept (with its leases, which the heartbeat renews) and
-recorded when it is back (`Worker.flush`), not synthesized again.
+recorded when it is back (`Worker.flush`), not synthesized again. A job whose segments have all ended
+is finished on a thread of its own (jobs.assembler), so the worker goes on with other jobs meanwhile.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ import numpy as np
 from engines.model.errors import EngineBusy
 
 from jobs.assemble import JoinSettings, write_segment_audio
-from jobs.book import JobBook, assemble_job
+from jobs.assembler import BookAssembler
+from jobs.book import JobBook
 from jobs.guard import GuardSettings, check_audio
 from jobs.heartbeat import Heartbeat
 from jobs.queue import Queue, QueueUnavailable
@@ -80,8 +82,11 @@ class Worker:
         self._books: dict[str, JobBook] = {}  # job id -> its book, written as its chapters complete
         self._advanced: dict[str, float] = {}  # job id -> when its book was last advanced
         self._wake = threading.Event()
+        self.assembler = BookAssembler(queue.path, self.paths, join)
 
     def close(self) -> None:
+        """Wait for the books being finished (their assembly leases are renewed until then), then stop."""
+        self.assembler.wait()
         self.heartbeat.stop()
         OUTAGE.forget(self.worker_id)
         for book in self._books.values():
@@ -352,15 +357,21 @@ class Worker:
 
     # -- assembly --------------------------------------------------------------------------
     def books(self) -> dict:
-        """The books this worker writes while their jobs run: {job id: JobBook.progress()} (/health)."""
-        return {job_id: book.progress() for job_id, book in list(self._books.items())}
+        """The books this worker writes while their jobs run, and those being finished: {job id:
+        JobBook.progress()} (/health)."""
+        return {**{job_id: book.progress() for job_id, book in list(self._books.items())}, **self.assembler.books()}
 
     def assemble_ready(self) -> int:
-        """Assemble every job whose segments are all finished; returns how many were handled."""
-        n = 0
-        for job_id in self.queue.ready_jobs():
+        """Start finishing the jobs whose segments have all ended (jobs.assembler: on threads of their own,
+        while this one goes on); returns how many were started."""
+        n, busy = 0, set(self.assembler.running())
+        for job_id in self.queue.ready_jobs(self.worker_id):
+            if job_id in busy:
+                continue
+            if not self.assembler.room():
+                break
             if self.queue.begin_assembly(job_id, self.worker_id, self.lease_s):
-                assemble_job(self.queue, self.paths, job_id, self.join, book=self._books.pop(job_id, None))
+                self.assembler.start(job_id, self._books.pop(job_id, None))
                 self._advanced.pop(job_id, None)
                 n += 1
         return n
