@@ -214,3 +214,22 @@ def test_book_survives_20_sigkills(tmp_path):
     assert j["state"] == "done", (j, tail)
     assert (Path(j["output_dir"]) / "manifest.json").is_file()
     q.close()
+
+
+def test_a_holder_hidden_by_proc_keeps_its_leases(tmp_path, monkeypatch):
+    """Where /proc hides another user's processes (hidepid=invisible; the service runs with
+    ProtectProc=invisible), a live holder there must not pass for a dead one: its leases stay; once it
+    is gone for the kernel too they come back at once."""
+    db = tmp_path / "q.db"
+    q = Queue(db)
+    q.add_job(JobSpec(), _segments(3))
+    other = _holder(db, "other-user-w", 2)
+    stat = holders._stat
+    monkeypatch.setattr(holders, "_stat", lambda pid: None if pid == other.pid else stat(pid))
+    try:
+        assert [r["idx"] for r in q.claim("service-w", 3, lease_s=60)] == [2]  # not the hidden holder's
+    finally:
+        other.kill()
+        other.wait(10)
+    assert sorted(r["idx"] for r in q.claim("service-w", 3, lease_s=60)) == [0, 1]
+    q.close()
