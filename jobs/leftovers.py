@@ -65,7 +65,10 @@ def tidy_home(location, paths: Paths) -> int:
         now = time.time()
         for folder in _dirs(paths.audio):
             n += sum(_remove_temp(f, False, now - UNNAMED_AGE_S) for f in _files(folder))
-    except (QueueError, QueueUnavailable, OSError) as exc:
+    except (QueueError, QueueUnavailable) as exc:  # the outage itself is told once (jobs.queue.outage)
+        log.info("leftover files of killed writers are not removed this time (the queue is away: %s); the next "
+                 "start tries again", exc)
+    except OSError as exc:
         log.warning("leftover files of killed writers are not removed this time (%s); the next start tries again",
                     exc)
     finally:
