@@ -1,6 +1,6 @@
 """Dead workers: a restarted worker takes back a dead worker's leases at once (not after the lease),
 the lost attempt does not count, and a book survives 20 SIGKILLs of real `tts-appliance work`
-processes with every segment recorded exactly once."""
+processes with every segment recorded exactly once and none of their temp files left."""
 from __future__ import annotations
 
 import os
@@ -213,6 +213,8 @@ def test_book_survives_20_sigkills(tmp_path):
     j = q.job(job)
     assert j["state"] == "done", (j, tail)
     assert (Path(j["output_dir"]) / "manifest.json").is_file()
+    left = [p.name for p in paths.home.rglob(".*") if p.is_file() and p.name != ".gitignore"]
+    assert not [n for n in left if ".tmp" in n], left  # nothing the killed workers were writing is left
     q.close()
 
 
