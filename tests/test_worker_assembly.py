@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 from test_queue import ToneEngine, _chapters
 
@@ -23,6 +24,22 @@ def _wait(cond, timeout: float) -> bool:
     return cond()
 
 
+@contextmanager
+def _running(q, paths):
+    """A worker on the tone double running (run_forever) on a thread for the block -> the worker; the thread
+    is stopped and must end after it."""
+    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
+    stop = threading.Event()
+    t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
+    t.start()
+    try:
+        yield worker
+    finally:
+        stop.set()
+        t.join(60)
+    assert not t.is_alive()
+
+
 def test_a_book_being_written_does_not_hold_up_other_jobs(tmp_path, monkeypatch):
     paths = resolve_home(tmp_path / "home").ensure()
     q = Queue(paths.db)
@@ -37,23 +54,17 @@ def test_a_book_being_written_does_not_hold_up_other_jobs(tmp_path, monkeypatch)
         return finish(writer)
 
     monkeypatch.setattr(BookWriter, "finish", slow_finish)
-    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
-    stop = threading.Event()
-    t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
-    t.start()
-    try:
-        assert writing.wait(60), "the big book's assembly never began"
-        small = q.add_job(JobSpec(format="wav", title="Small"), _chapters(1, 2, prefix="Short"))
-        assert _wait(lambda: q.job(small)["state"] == "done", 60), (
-            f"a 2-segment job was not finished while another book was written: {q.counts(small)}, "
-            f"{q.job(small)['state']}")
-        assert q.job(big)["state"] == "running"  # not done before its book is written
-        assert big in worker.books() and worker.books()[big]["assembling"]
-    finally:
-        release.set()
-        stop.set()
-        t.join(60)
-    assert not t.is_alive()
+    with _running(q, paths) as worker:
+        try:
+            assert writing.wait(60), "the big book's assembly never began"
+            small = q.add_job(JobSpec(format="wav", title="Small"), _chapters(1, 2, prefix="Short"))
+            assert _wait(lambda: q.job(small)["state"] == "done", 60), (
+                f"a 2-segment job was not finished while another book was written: {q.counts(small)}, "
+                f"{q.job(small)['state']}")
+            assert q.job(big)["state"] == "running"  # not done before its book is written
+            assert big in worker.books() and worker.books()[big]["assembling"]
+        finally:
+            release.set()
     assert q.job(big)["state"] == "done" and (paths.output / big / "Big.wav").is_file()
     q.close()
 
@@ -74,14 +85,7 @@ def test_an_assembly_that_stopped_on_an_error_is_taken_again_by_its_worker(tmp_p
         return finish_job(self, *a, **k)
 
     monkeypatch.setattr(Queue, "finish_job", flaky)
-    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
-    stop = threading.Event()
-    t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
-    t.start()
-    try:
+    with _running(q, paths):
         assert _wait(lambda: q.job(job)["state"] == "done", 30), q.job(job)  # (its lease would last 120 s)
-    finally:
-        stop.set()
-        t.join(60)
     assert len(calls) == 2
     q.close()
