@@ -80,10 +80,14 @@ class Worker:
         self._wake = threading.Event()
         self.shelf = WorkerBooks(queue, self.paths, join, self.worker_id, lease_s)  # books followed, finished
 
-    def close(self) -> None:
-        """Wait for the books being finished (their assembly leases are renewed until then), then stop."""
-        self.shelf.finish_assemblies()
-        self.heartbeat.stop()
+    def close(self, wait: bool = True) -> None:
+        """Stop: the books being finished are waited for (`wait` false: not here, the thread of this worker
+        that died may be started again meanwhile), their assembly leases renewed until they are."""
+        if wait:
+            self.shelf.finish_assemblies()
+            self.heartbeat.stop()
+        else:
+            self.shelf.finish_assemblies(then=self.heartbeat.stop)
         OUTAGE.forget(self.worker_id)
         self.shelf.close()
 
@@ -118,7 +122,7 @@ class Worker:
         """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do; then let the
         segments in flight finish (the caller gives their leases back if that takes too long). First, the
         jobs whose assembly failed before are tried once more (jobs.queue.assembly)."""
-        backoff = 0.0
+        backoff, ended = 0.0, False
         try:
             for job_id in self.queue.retry_failed_assemblies():
                 log.warning("job %s: its assembly failed before; trying it once more", job_id)
@@ -144,12 +148,14 @@ class Worker:
                 self._wake.clear()
                 self._reap()
             self.flush()
+            ended = True
         except QueueUnavailable as exc:
+            ended = True
             log.warning("worker %s stops while the queue is away (%s): %d finished segment(s) not recorded are "
                         "synthesized again once their leases expire", self.worker_id, exc,
                         sum(len(ids) for _, ids in self._pending))
         finally:
-            self.close()
+            self.close(wait=ended)  # died of an error: its thread is started again at once
 
     # -- recording -------------------------------------------------------------------------------
     def _record(self, write: Callable[[], Any], ids: list[int]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable, Optional
 
 from jobs.assemble import JoinSettings
 from jobs.assembler import BookAssembler
@@ -78,9 +79,17 @@ class WorkerBooks:
         """{job id: JobBook.progress()} of the books followed and those being finished (/health)."""
         return {**{job_id: book.progress() for job_id, book in list(self._books.items())}, **self.assembler.books()}
 
-    def finish_assemblies(self) -> None:
-        """Wait for the books being finished."""
-        self.assembler.wait()
+    def finish_assemblies(self, then: Optional[Callable[[], None]] = None) -> None:
+        """Wait for the books being finished; with `then`, not here: a thread waits and calls it after."""
+        if then is None:
+            self.assembler.wait()
+            return
+
+        def wait_then():
+            self.assembler.wait()
+            then()
+
+        threading.Thread(target=wait_then, name="books-finishing", daemon=True).start()
 
     def close(self) -> None:
         """Stop following books (their partial book files are removed)."""

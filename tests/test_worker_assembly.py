@@ -89,3 +89,34 @@ def test_an_assembly_that_stopped_on_an_error_is_taken_again_by_its_worker(tmp_p
         assert _wait(lambda: q.job(job)["state"] == "done", 30), q.job(job)  # (its lease would last 120 s)
     assert len(calls) == 2
     q.close()
+
+
+def test_a_worker_that_dies_does_not_wait_for_its_books_and_they_are_still_finished(tmp_path, monkeypatch):
+    """A worker thread that dies of an error ends at once (the daemon starts another), while the book it was
+    finishing is completed, its assembly lease renewed until then."""
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    job = q.add_job(JobSpec(format="wav", title="Long"), _chapters(1, 2))
+    writing, release = threading.Event(), threading.Event()
+    finish = BookWriter.finish
+    monkeypatch.setattr(BookWriter, "finish", lambda w: (writing.set(), release.wait(120), finish(w))[2])
+    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
+
+    def work():
+        try:
+            worker.run_forever(threading.Event(), 0.05)
+        except ZeroDivisionError:
+            pass  # (the daemon's supervisor logs it and starts another worker)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    try:
+        assert writing.wait(60)
+        worker.run_once = lambda *a: 1 / 0  # the worker's thread dies of a bug
+        t.join(30)
+        assert not t.is_alive(), "the dead worker's thread waited for the book being finished"
+        assert q.job(job)["state"] == "running"
+    finally:
+        release.set()
+    assert _wait(lambda: q.job(job)["state"] == "done", 60)
+    q.close()
