@@ -58,7 +58,7 @@ class WorkerBooks:
         now = time.monotonic()
         if self._books and now - self._looked >= every_s:
             self._looked = now
-            self.advance(list(self._books))
+            self.advance(list(self._books), every_s=0)
 
     def assemble_ready(self) -> int:
         """Start finishing the jobs whose segments have all ended, up to the assembler's room; returns how

@@ -26,9 +26,9 @@ def _wait(cond, timeout: float) -> bool:
 
 @contextmanager
 def _running(q, paths):
-    """A worker on the tone double running (run_forever) on a thread for the block -> the worker; the thread
-    is stopped and must end after it."""
-    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
+    """A worker on the tone double running (run_forever) on a thread for the block, on a queue connection of
+    its own (`q` stays the test's) -> the worker; the thread is stopped and must end after it."""
+    worker = Worker(Queue(q.path), ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
     stop = threading.Event()
     t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
     t.start()
@@ -100,7 +100,7 @@ def test_a_worker_that_dies_does_not_wait_for_its_books_and_they_are_still_finis
     writing, release = threading.Event(), threading.Event()
     finish = BookWriter.finish
     monkeypatch.setattr(BookWriter, "finish", lambda w: (writing.set(), release.wait(120), finish(w))[2])
-    worker = Worker(q, ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
+    worker = Worker(Queue(q.path), ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)  # (a connection per thread)
 
     def work():
         try:
