@@ -51,22 +51,19 @@ def _kill(d: Daemon) -> None:
 
 
 def test_a_book_moves_again_right_after_ready_and_nothing_is_done_twice(tmp_path):
-    note = Path(tempfile.mkdtemp(prefix="tts-n-")) / "notify"
-    listener = NotifyListener(note)
     cfg = base_config(tmp_path, jobs={"watch": False, "batch_size": 4, "lease_s": 300.0})
-    env = {"NOTIFY_SOCKET": str(note)}
-    d = Daemon(tmp_path, cfg, env=env).start()
-    job = submit(d, book_text(40), tokens=10)
+    d = Daemon(tmp_path, cfg).start()
     q = Queue(d.home / "queue.db")
     try:
+        job = submit(d, book_text(40), tokens=10)
         _wait(lambda: q.counts(job)["done"] >= 4 and q.counts(job)["leased"] > 0, 180, "segments in flight", d)
         _kill(d)
         counts = q.counts(job)
         held = {s["id"] for s in q.segments(job, state="leased")}  # in flight when it died
         assert held and counts["done"] < 40, counts
-        listener.drain()
-        listener.messages.clear()
-        d = Daemon(tmp_path, cfg, env=env, name="again.yaml").start(wait=False)
+        listener = NotifyListener(Path(tempfile.mkdtemp(prefix="tts-n-")) / "notify")
+        d = Daemon(tmp_path, cfg, env={"NOTIFY_SOCKET": listener.sock.getsockname()}, name="again.yaml")
+        d.start(wait=False)
         listener.wait_for("READY=1", 180)
         ready = time.monotonic()
         listener.sock.close()  # (a notify socket nobody reads would block the daemon's sends once full)
@@ -91,9 +88,9 @@ def test_a_kill_while_the_book_file_is_written_leaves_no_temp_file(tmp_path):
     cfg = base_config(tmp_path, jobs={"watch": False})
     d = Daemon(tmp_path, cfg, env={"TTS_TEST_CLOSING": str(closing)})
     d.start(wrap=lambda argv: [argv[0], "-c", SLOW_FINISH, *argv[3:]])
-    job = submit(d, book_text(6), tokens=6, title="Killed")
-    out = d.home / "output" / job
     try:
+        job = submit(d, book_text(6), tokens=6, title="Killed")
+        out = d.home / "output" / job
         _wait(closing.exists, 180, "the book file being closed", d)
         temps = [p.name for p in out.iterdir() if is_temp(p.name)]
         assert temps and temps[0].startswith(".Killed."), sorted(out.iterdir())  # the book so far
