@@ -92,12 +92,12 @@ def test_a_start_removes_what_killed_writers_left_and_an_ended_job_everything_le
     dead = Path(_killed(WRITER, run_out / "Running.flac"))  # a book being written when its process was killed
     dead_audio = Path(_killed(WRITER, paths.audio / "ab" / "abcdef.wav"))
     live_proc, live = _child(WRITER, run_out / "chapters" / "01 - One.flac")
-    unnamed = run_out / ".Running.0123abcd.tmp.flac"  # an older version's name: its writer is unknown
-    unnamed.write_bytes(b"partial")
-    of_ended = [Path(_killed(WRITER, end_out / "Ended.flac")), end_out / ".Ended.89abcdef.tmp.flac"]
-    of_ended[1].write_bytes(b"partial")
-    assert dead.is_file() and dead_audio.is_file() and is_temp(dead.name) and is_temp(live.split("/")[-1])
     try:
+        unnamed = run_out / ".Running.0123abcd.tmp.flac"  # an older version's name: its writer is unknown
+        unnamed.write_bytes(b"partial")
+        of_ended = [Path(_killed(WRITER, end_out / "Ended.flac")), end_out / ".Ended.89abcdef.tmp.flac"]
+        of_ended[1].write_bytes(b"partial")
+        assert dead.is_file() and dead_audio.is_file() and is_temp(dead.name) and is_temp(Path(live).name)
         worker = Worker(q, ToneEngine(), paths, batch_size=4)  # a (re)start
         assert _wait_gone(dead) and _wait_gone(dead_audio) and all(_wait_gone(f) for f in of_ended)
         assert Path(live).is_file() and unnamed.is_file()  # a live writer's; an unknown writer's, job running
