@@ -51,6 +51,7 @@ class Daemon:
         self.notifier = Notifier()
         self.stop_jobs = threading.Event()
         self.workers: list = []  # the queue workers now running (one per jobs-N thread)
+        self.watcher = None  # the inbox watcher now running
         self.supervisor = Supervisor()
         self.exit_code = 0
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
@@ -83,7 +84,8 @@ class Daemon:
                 self.supervisor.thread(f"jobs-{i}", lambda i=i: self._worker(i),
                                        detail=lambda i=i: {"books": self.workers[i].books() if self.workers[i] else {}})
         if self.settings.inbox.enabled:
-            self.supervisor.thread("inbox", self._watcher)
+            self.supervisor.thread("inbox", self._watcher,
+                                   detail=lambda: self.watcher.problems() if self.watcher is not None else {})
 
     def _worker(self, i: int):
         """A new queue worker for thread jobs-i (at start, and when it died; appliance.compose.make_worker)
@@ -101,7 +103,7 @@ class Daemon:
 
     def _watcher(self):
         """A new inbox watcher (at start, and when it died) -> what its thread runs."""
-        watcher = make_watcher(self.settings, self.host)
+        watcher = self.watcher = make_watcher(self.settings, self.host)
         return lambda: watcher.run(self.stop_jobs)
 
     def parts(self) -> dict:

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import tempfile
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 import soundfile as sf
 
 from jobs.chapter_tags import write_chapter_tags
+from jobs.tempnames import temp_path
 from audio.encode import BookMeta, EncodeError, open_encoder
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ def fsync_dir(path: Path) -> None:
 def atomic_path(final: str | Path):
     """Yield a temp path in the same folder; on success fsync it, rename over `final`, fsync the folder.
 
-    The temp name starts with a dot and keeps the final suffix (tools that look at it still work).
+    The temp name starts with a dot, keeps the final suffix (tools that look at it still work) and names
+    its writer (jobs.tempnames: what a killed writer leaves is found and removed by jobs.leftovers).
     On error the temp file is removed and `final` is untouched.
     """
     final = Path(final)
@@ -60,11 +61,6 @@ def atomic_path(final: str | Path):
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def temp_path(final: Path) -> Path:
-    """A hidden temp name beside `final`, keeping its suffix."""
-    return final.parent / f".{final.stem}.{uuid.uuid4().hex[:8]}.tmp{final.suffix}"
 
 
 def put_in_place(tmp: Path, final: Path) -> None:

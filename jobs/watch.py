@@ -7,7 +7,9 @@ Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
 for `closed_quiet_s` after a close-after-write or moved-in event. Links, lock, temp and hidden files
-are ignored (logged once, left in place; see jobs.watch_files). The folder is rescanned every tick,
+are ignored (logged once, left in place; see jobs.watch_files). A file (or its sidecar) the service may
+not read stays in place too: one error line and one failed job saying why, again only once it changes
+(a chmod or chown), when it is tried again. The folder is rescanned every tick,
 so events are only a hint; `polling=True` uses watchdog's PollingObserver for network mounts. A file
 whose content (sha256) was already ingested is not ingested again (unless that earlier job failed).
 A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...
@@ -35,8 +37,8 @@ import yaml
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths
-from jobs.watch_files import (companion, entry_problem, ignore_reason, ignored, move_unique, regular_file,
-                              sha256_file, sidecar_for)
+from jobs.watch_files import (Unreadable, check_readable, companion, entry_problem, ignore_reason, ignored,
+                              move_unique, regular_file, sha256_file, sidecar_for)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class InboxWatcher:
         self.limits = limits  # jobs.ingest.isolate.IngestLimits (None: its defaults)
         self.stop_event: Optional[threading.Event] = None  # set by run(); cancels a running ingest
         self._told: set[str] = set()  # names whose reason for being ignored was logged
+        self._unreadable = Unreadable()  # files this process may not read, reported once while unchanged
         self.quiet_s, self.closed_quiet_s, self.polling = quiet_s, closed_quiet_s, polling
         self.defaults = dict(defaults or {})
         self.queue = queue or Queue(paths.db)
@@ -102,6 +105,7 @@ class InboxWatcher:
             self._seen.pop(name, None)
         names = {p.name for p in self.paths.inbox.iterdir()}
         self._told &= names  # a name that comes back is reported again
+        self._unreadable.keep_only(names)
         return ready
 
     def _skip(self, p: Path) -> bool:
@@ -176,8 +180,17 @@ class InboxWatcher:
         if problem:
             log.warning("inbox: not taking %s: it is now %s", path.name, problem)
             return None
-        digest = sha256_file(path)
         side = sidecar_for(path)
+        try:
+            digest = sha256_file(path)
+            if side:
+                check_readable(side)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # e.g. owned by another user, mode 0600: it stays, reported once
+            self._unreadable.report(self.queue, path, exc)
+            return None
+        self._unreadable.forget(path.name)
         prev = self.queue.inbox_file(digest)
         if prev and prev["state"] != "failed":
             job = f"job {prev['job_id']}" if prev["job_id"] else "a job (it is being read now)"
@@ -188,6 +201,11 @@ class InboxWatcher:
         side = move_unique(side, self.paths.processing) if side else None
         self._record(digest, moved, None, "ingesting", None, side)
         return digest, moved, side
+
+    def problems(self) -> dict:
+        """What /health shows of the inbox: the files it cannot read ({} when none)."""
+        names = self._unreadable.names()
+        return {"unreadable": names} if names else {}
 
     def _ingest(self, digest: str, moved: Path, side: Optional[Path], queue: Optional[Queue] = None) -> Optional[str]:
         """Turn a file in processing/ into a job, or move it to failed/ with the reason (`queue`: the

@@ -5,15 +5,23 @@ are never followed (a link to /etc/passwd must not become a job), nor is anythin
 outside the inbox. Office lock files (`~$name.docx`, `.~lock.name#`), temp and partial downloads
 (`.part`, `.tmp`, `.crdownload`, `.swp`, a `~` suffix ...) and hidden files are ignored and left
 where they are. Sidecars (`book.yaml`) and reason files are not books either, but they are expected.
+A file the service may not read (`Unreadable`) stays where it is, reported once while it stays as it is.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
+import pwd
 import shutil
 import stat
 from pathlib import Path
 from typing import Optional
+
+from jobs.settings import JobSpec
+
+log = logging.getLogger(__name__)
 
 TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".crdownload", ".download", ".swp", ".swo", ".swx", "~")
 SIDECAR_SUFFIXES = (".yaml", ".yml")
@@ -90,3 +98,79 @@ def move_unique(src: Path, dest_dir: Path) -> Path:
         dest, n = dest_dir / f"{src.stem} ({n}){src.suffix}", n + 1
     shutil.move(str(src), str(dest))
     return dest
+
+
+class Unreadable:
+    """Inbox files this process cannot open, each remembered with how it was when it failed (inode, size,
+    mtime, ctime: a chmod or chown changes the ctime), so it is reported once while it stays that way and
+    taken again once it changes."""
+
+    def __init__(self):
+        self._seen: dict[str, tuple] = {}  # name -> signature when it could not be read
+
+    def first(self, path: Path) -> bool:
+        """Note `path` as unreadable; False when it was already, unchanged since."""
+        sig = _signature(path)
+        if self._seen.get(path.name) == sig:
+            return False
+        self._seen[path.name] = sig
+        return True
+
+    def report(self, queue, path: Path, exc: OSError) -> None:
+        """`path` (or its sidecar: `exc.filename`) cannot be read: it stays where it is (never moved or
+        deleted); one error line and a failed job with the reason (`tts-appliance list` shows it) on `queue`,
+        again only once the file has changed. A failed job made for it since its last change (by this
+        process before a restart) is not made twice."""
+        if not self.first(path):
+            return
+        reason = unreadable_reason(Path(exc.filename) if exc.filename else path, exc)
+        log.error("inbox: %s", reason)
+        source = str(path.resolve())
+        made = queue.job_from_source(source, os.lstat(path).st_ctime)
+        if made is None or made["state"] != "failed" or made["error"] != reason:
+            queue.add_failed_job(JobSpec(title=path.name), [source], reason)
+
+    def forget(self, name: str) -> None:
+        self._seen.pop(name, None)
+
+    def keep_only(self, names: set) -> None:
+        """Forget names that left the folder (one that comes back is reported again)."""
+        for name in set(self._seen) - names:
+            del self._seen[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._seen)
+
+
+def _signature(path: Path) -> Optional[tuple]:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def check_readable(path: Path) -> None:
+    """Open `path` for reading and close it (OSError, e.g. PermissionError, when this process may not)."""
+    with open(path, "rb"):
+        pass
+
+
+def unreadable_reason(path: Path, exc: OSError) -> str:
+    """Why `path` cannot be read and what to do, naming its owner and mode and the user the service runs as."""
+    why = exc.strerror or errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    try:
+        st = os.lstat(path)
+        whose = f"; it belongs to {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}"
+    except OSError:
+        whose = ""
+    return (f"cannot read {path.name}: {why}{whose}, and the service runs as {_user(os.geteuid())}; make it "
+            f"readable by that user (chmod o+r {path.name}, or chown it); it stays in the inbox and is taken "
+            "once it changes")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"

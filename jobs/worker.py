@@ -9,7 +9,8 @@ jobs.heartbeat.
 Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
 counts as done, so a worker killed at any moment loses only the segments it had in flight. While the
 queue database is away, what finishes is kept (with its leases, which the heartbeat renews) and
-recorded when it is back (`Worker.flush`), not synthesized again.
+recorded when it is back (`Worker.flush`), not synthesized again. A job whose segments have all ended
+is finished on a thread of its own (jobs.assembler), so the worker goes on with other jobs meanwhile.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -27,13 +27,13 @@ import numpy as np
 from engines.model.errors import EngineBusy
 
 from jobs.assemble import JoinSettings, write_segment_audio
-from jobs.book import JobBook, assemble_job
 from jobs.guard import GuardSettings, check_audio
 from jobs.heartbeat import Heartbeat
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.requests import JobContext, audio_key, job_context, segment_voice, synthesis_request
 from jobs.settings import Paths
+from jobs.worker_books import WorkerBooks
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +77,19 @@ class Worker:
         self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
         self._inflight: dict = {}  # handle -> (key, rows, synth log id): pipelined mode
         self._pending: list[tuple[Callable[[], Any], list[int]]] = []  # (queue writes, segment ids): `_record`
-        self._books: dict[str, JobBook] = {}  # job id -> its book, written as its chapters complete
-        self._advanced: dict[str, float] = {}  # job id -> when its book was last advanced
         self._wake = threading.Event()
+        self.shelf = WorkerBooks(queue, self.paths, join, self.worker_id, lease_s)  # books followed, finished
 
-    def close(self) -> None:
-        self.heartbeat.stop()
+    def close(self, wait: bool = True) -> None:
+        """Stop: the books being finished are waited for (`wait` false: not here, the thread of this worker
+        that died may be started again meanwhile), their assembly leases renewed until they are."""
+        if wait:
+            self.shelf.finish_assemblies()
+            self.heartbeat.stop()
+        else:
+            self.shelf.finish_assemblies(then=self.heartbeat.stop)
         OUTAGE.forget(self.worker_id)
-        for book in self._books.values():
-            book.abort()
-        self._books.clear()
+        self.shelf.close()
 
     def release_held(self) -> int:
         """Return the segments this worker holds to the queue (shutdown past its deadline)."""
@@ -104,6 +107,7 @@ class Worker:
         """Claim and process segments, then assemble finished jobs. Returns work done (0: idle).
         Pipelined (see Synthesizer): finish what ended, top up to `batch_size` in flight, and wait up to
         `wait_s` for a segment to end when nothing else happened. Else: one whole batch."""
+        self.shelf.look()
         if self.pipelined:
             return self._run_pipelined(wait_s) + self.assemble_ready()
         self.flush()
@@ -118,7 +122,7 @@ class Worker:
         """Work until `stop_event` is set, sleeping `idle_sleep_s` when there is nothing to do; then let the
         segments in flight finish (the caller gives their leases back if that takes too long). First, the
         jobs whose assembly failed before are tried once more (jobs.queue.assembly)."""
-        backoff = 0.0
+        backoff, ended = 0.0, False
         try:
             for job_id in self.queue.retry_failed_assemblies():
                 log.warning("job %s: its assembly failed before; trying it once more", job_id)
@@ -144,12 +148,14 @@ class Worker:
                 self._wake.clear()
                 self._reap()
             self.flush()
+            ended = True
         except QueueUnavailable as exc:
+            ended = True
             log.warning("worker %s stops while the queue is away (%s): %d finished segment(s) not recorded are "
                         "synthesized again once their leases expire", self.worker_id, exc,
                         sum(len(ids) for _, ids in self._pending))
         finally:
-            self.close()
+            self.close(wait=ended)  # died of an error: its thread is started again at once
 
     # -- recording -------------------------------------------------------------------------------
     def _record(self, write: Callable[[], Any], ids: list[int]) -> None:
@@ -230,26 +236,8 @@ class Worker:
                 raise
             n += len(rows)
             jobs.update(r["job_id"] for r in rows)
-        self._advance_books(jobs)
+        self.shelf.advance(jobs)
         return n
-
-    def _advance_books(self, job_ids, every_s: float = 0.5) -> None:
-        """Write the chapters of these jobs whose segments have all ended (at most every `every_s` per job)."""
-        now = time.monotonic()
-        for job_id in job_ids:
-            if now - self._advanced.get(job_id, 0.0) < every_s:
-                continue
-            self._advanced[job_id] = now
-            job = self.queue.job(job_id)
-            if job["state"] not in ("queued", "running"):
-                book = self._books.pop(job_id, None)
-                if book is not None:
-                    book.abort()
-                continue
-            book = self._books.get(job_id)
-            if book is None:
-                book = self._books[job_id] = JobBook.of(self.queue, self.paths, job_id, self.join)
-            book.follow(self.queue)
 
     # -- segments --------------------------------------------------------------------------
     def _audio_path(self, key: str) -> Path:
@@ -350,18 +338,13 @@ class Worker:
             state = self.queue.fail(r["id"], error, retry=retry, guard=guard)
             self.queue.event(r["job_id"], f"segment {r['idx']} {note} -> {state}", "warning", r["idx"])
 
-    # -- assembly --------------------------------------------------------------------------
+    # -- books -------------------------------------------------------------------------------
     def books(self) -> dict:
-        """The books this worker writes while their jobs run: {job id: JobBook.progress()} (/health)."""
-        return {job_id: book.progress() for job_id, book in list(self._books.items())}
+        """The books this worker writes while their jobs run, and those being finished: {job id:
+        JobBook.progress()} (/health)."""
+        return self.shelf.progress()
 
     def assemble_ready(self) -> int:
-        """Assemble every job whose segments are all finished; returns how many were handled."""
-        n = 0
-        for job_id in self.queue.ready_jobs():
-            if self.queue.begin_assembly(job_id, self.worker_id, self.lease_s):
-                assemble_job(self.queue, self.paths, job_id, self.join, book=self._books.pop(job_id, None))
-                self._advanced.pop(job_id, None)
-                n += 1
-        return n
-
+        """Start finishing the jobs whose segments have all ended (on threads of their own, while this one
+        goes on: jobs.worker_books); returns how many were started."""
+        return self.shelf.assemble_ready()

@@ -152,13 +152,16 @@ def test_interrupted_twice_goes_to_failed_with_reason(env):
 
 
 def test_file_over_the_limits_fails_with_reason(env):
+    """A CPU-time limit, not a wall-clock one: a loaded machine slows a child's start-up in wall time, not
+    in CPU time. The small file needs a small part of the limit (about 0.15 s of CPU, start-up included),
+    the deep one many times it (about 4.5 s per 300,000 elements: the one here would need some 30 s)."""
     paths, q, w = env
-    w.limits = IngestLimits(wall_s=0.5)
-    (paths.inbox / "deep.html").write_text(_deep_html())
+    w.limits = IngestLimits(cpu_s=1)
+    (paths.inbox / "deep.html").write_text(_deep_html(2_000_000))
     (paths.inbox / "fine.txt").write_text(BOOK)
     _ticks(w, 2.0)
     reason = (paths.failed / "deep.html.reason.txt").read_text()
-    assert "parsing deep.html took longer than 0.5 s; raise jobs.ingest_wall_s or split the file" in reason
+    assert "parsing deep.html used more than 1 s of CPU time; raise jobs.ingest_cpu_s or split the file" in reason
     assert (paths.failed / "deep.html").exists() and list(paths.processing.iterdir()) == [paths.processing / "fine.txt"]
     states = sorted(j["state"] for j in q.jobs())
     assert states == ["failed", "queued"]

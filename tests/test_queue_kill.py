@@ -1,6 +1,6 @@
 """Dead workers: a restarted worker takes back a dead worker's leases at once (not after the lease),
 the lost attempt does not count, and a book survives 20 SIGKILLs of real `tts-appliance work`
-processes with every segment recorded exactly once."""
+processes with every segment recorded exactly once and none of their temp files left."""
 from __future__ import annotations
 
 import os
@@ -213,4 +213,25 @@ def test_book_survives_20_sigkills(tmp_path):
     j = q.job(job)
     assert j["state"] == "done", (j, tail)
     assert (Path(j["output_dir"]) / "manifest.json").is_file()
+    left = [p.name for p in paths.home.rglob(".*") if p.is_file() and p.name != ".gitignore"]
+    assert not [n for n in left if ".tmp" in n], left  # nothing the killed workers were writing is left
+    q.close()
+
+
+def test_a_holder_hidden_by_proc_keeps_its_leases(tmp_path, monkeypatch):
+    """Where /proc hides another user's processes (hidepid=invisible; the service runs with
+    ProtectProc=invisible), a live holder there must not pass for a dead one: its leases stay; once it
+    is gone for the kernel too they come back at once."""
+    db = tmp_path / "q.db"
+    q = Queue(db)
+    q.add_job(JobSpec(), _segments(3))
+    other = _holder(db, "other-user-w", 2)
+    stat = holders._stat
+    monkeypatch.setattr(holders, "_stat", lambda pid: None if pid == other.pid else stat(pid))
+    try:
+        assert [r["idx"] for r in q.claim("service-w", 3, lease_s=60)] == [2]  # not the hidden holder's
+    finally:
+        other.kill()
+        other.wait(10)
+    assert sorted(r["idx"] for r in q.claim("service-w", 3, lease_s=60)) == [0, 1]
     q.close()

@@ -55,12 +55,13 @@ def start_token(pid: int) -> Optional[str]:
 def alive(pid: int, token: Optional[str]) -> bool:
     """Whether process `pid` of this host still runs and is the one that recorded `token`.
 
-    A zombie (killed, not yet reaped by its parent) counts as gone. Without /proc only the PID is
-    checked."""
+    A zombie (killed, not yet reaped by its parent) counts as gone. Where /proc does not show the
+    process it may still run, hidden (`hidepid=invisible`, systemd's ProtectProc=invisible: another
+    user's process, e.g. a `tts-appliance work` beside the service): the kernel is asked then (a signal
+    0), and a process it knows counts as alive, its token unchecked: a live worker's leases are never
+    taken (a recycled PID only makes them wait for their lease to expire)."""
     fields = _stat(pid)
     if fields is None:
-        if os.path.isdir("/proc/self"):
-            return False  # /proc works here and has no such process
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

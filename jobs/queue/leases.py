@@ -189,17 +189,17 @@ class Leases:
                           WHERE state = 'leased' AND worker_id = ? AND id IN ({marks})""", [worker_id] + list(ids))
 
     def begin_assembly(self, job_id: str, worker_id: str, lease_s: float) -> bool:
-        """Take the right to assemble a finished job (one worker wins)."""
+        """Take the right to assemble a finished job (one worker wins; the one holding it may take it again)."""
         now = time.time()
         with self.tx() as c:
             self._reap_dead(c, now)
             self._register(c, worker_id, now)
             cur = c.execute("""UPDATE jobs SET assembly_worker = ?, assembly_expires = ?, state = 'running'
                                WHERE id = ? AND state IN ('queued', 'running')
-                               AND (assembly_worker IS NULL OR assembly_expires < ?)
+                               AND (assembly_worker IS NULL OR assembly_expires < ? OR assembly_worker = ?)
                                AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.job_id = ?
                                                AND s.state IN ('queued', 'leased'))""",
-                            (worker_id, now + lease_s, job_id, now, job_id))
+                            (worker_id, now + lease_s, job_id, now, worker_id, job_id))
         return cur.rowcount == 1
 
 

@@ -107,13 +107,14 @@ class Records:
                  "audio_s": r["samples"] / r["sample_rate"]} for r in rows]
 
     # -- job completion --------------------------------------------------------------------
-    def ready_jobs(self) -> list[str]:
-        """Running jobs with nothing queued or leased and no live assembly lease."""
+    def ready_jobs(self, worker_id: Optional[str] = None) -> list[str]:
+        """Running jobs with nothing queued or leased and no live assembly lease (but `worker_id`'s own: an
+        assembly of that worker that stopped without ending its job)."""
         return [r["id"] for r in self._rows(
             """SELECT j.id FROM jobs j WHERE j.state IN ('queued', 'running')
                AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.job_id = j.id AND s.state IN ('queued', 'leased'))
-               AND (j.assembly_worker IS NULL OR j.assembly_expires < ?)
-               ORDER BY j.priority DESC, j.created_at""", [_now()])]
+               AND (j.assembly_worker IS NULL OR j.assembly_expires < ? OR j.assembly_worker = ?)
+               ORDER BY j.priority DESC, j.created_at""", [_now(), worker_id])]
 
     def finish_job(self, job_id: str, state: str, output_dir: Optional[str] = None, error: Optional[str] = None,
                    at: Optional[float] = None):
