@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
-FP8_EPS = 1e-30  # the smallest scale (a zero vector's): x / FP8_EPS stays finite for every finite x it scales
+FP8_EPS = 2.0 ** -126  # the smallest scale (a zero vector's): fp32's smallest normal, never flushed to zero
 SCALE_DTYPE = torch.float32
 
 
