@@ -312,3 +312,75 @@ def test_fp8_about_halves_the_slot_memory_and_more_slots_fit(monkeypatch):
     monkeypatch.setattr(memory, "device_free_bytes", lambda device: 20 * 2**30)
     plans = {kind: memory.plan_slots(model, codec, "cuda", bf16, 2048, cap=10**6, kv_cache=kind) for kind in per}
     assert 1.8 < plans["fp8"].slots / plans["model"].slots < 2.2, plans  # the side cache shrinks too
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_fp8_kernel_equals_the_torch_fp8_form_at_real_shapes(dtype):
+    """Compiled for the GPU: the 0.6B talker's heads (16 query, 8 key/value, 128 wide), 64 rows at scattered
+    positions of a 512-slot fp8 cache, one and two new tokens: the kernel against the torch form over the same
+    fp8 cache (fp32: 1e-4; bf16: the model-dtype test's bounds); the new values' bytes and scales equal, the new
+    keys within one e4m3 step (their bf16 inputs may differ in the last bit)."""
+    from engines.model.layers import rope_cos_sin
+    from engines.runtime.attention import decode_attention, reference_attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dt, dev = getattr(torch, dtype), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    H, KV, D, S, B = 16, 8, 128, 512, 64
+    cos, sin = (t[0].contiguous() for t in rope_cos_sin(torch.arange(S, device=dev)[None], D, 1e6, torch.float32))
+    deq = lambda q, s: kv_cache.dequantize(q, s, torch.float32)  # noqa: E731
+    for t in (1, 2):
+        qkv = torch.randn(B, t, (H + 2 * KV) * D, device=dev, generator=g).to(dt)
+        qn = (torch.rand(D, device=dev, generator=g) + 0.5).to(dt)
+        kn = (torch.rand(D, device=dev, generator=g) + 0.5).to(dt)
+        pos = (torch.randint(0, S - t, (B, 1), device=dev, generator=g) + torch.arange(t, device=dev)).contiguous()
+        scale = torch.rand(B + 2, KV, S, 1, device=dev, generator=g) * 4
+        (k0, ks0), (v0, vs0) = (kv_cache.quantize((torch.randn(B + 2, KV, S, D, device=dev, generator=g) * scale).to(dt))
+                                for _ in range(2))
+        (k1, v1, ks1, vs1), (k2, v2, ks2, vs2) = [[x.clone() for x in (k0, v0, ks0, vs0)] for _ in range(2)]
+        ref = reference_attention(qkv, qn, kn, cos, sin, pos, k1[1:-1], v1[1:-1], H, KV, 1e-6, ks1[1:-1], vs1[1:-1])
+        got = decode_attention(qkv, qn, kn, cos, sin, pos, k2[1:-1], v2[1:-1], H, KV, 1e-6, ks2[1:-1], vs2[1:-1])
+        err = (got.float() - ref.float()).abs()
+        if dt == torch.float32:
+            assert err.max() < 1e-4, err.max()
+        else:
+            assert err.max() < 0.05 * ref.float().abs().max() and err.mean() < 0.01 * ref.float().abs().mean() + 1e-3
+        assert torch.equal(v1.view(torch.uint8), v2.view(torch.uint8)) and torch.equal(vs1, vs2)
+        assert torch.allclose(ks1, ks2, rtol=1e-2 if dt == torch.bfloat16 else 1e-6, atol=0)
+        assert ((deq(k1, ks1) - deq(k2, ks2)).abs() <= ks1[..., None] * 448 * 2 ** -3 * 1.01).all()
+
+
+def _gpu_runner_codes(eng, reqs, **kw) -> list:
+    from engines.runtime.runner import EngineRunner
+
+    runner = EngineRunner(eng, max_context=256, kv_cache="fp8", **kw)
+    assert runner.model.fp8
+    return [r.codes for r in runner.synthesize(reqs)]
+
+
+@pytest.mark.gpu
+def test_gpu_runner_with_fp8_through_graphs_gives_the_eager_fp8_codes():
+    """On CUDA in fp32, compiled regions, the kernels and captured graphs over the fp8 cache (one slot: the
+    one-row layer kernel; two: batched steps too): the eager reference loop's greedy codes with the fp8 cache."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eng = engine(device="cuda")
+    reqs = requests(4)
+    ref = [g.codes.numpy() for g, _ in eng.generate_codes(reqs, fp8=True)]
+    for slots in (1, 2):
+        out = _gpu_runner_codes(eng, reqs, max_slots=slots)
+        assert all(np.array_equal(o, r) for o, r in zip(out, ref)), slots
+
+
+@pytest.mark.gpu
+def test_gpu_step_at_the_real_shapes_with_fp8_same_codes_through_graphs():
+    """The 0.6B shapes (random weights, bf16, fp8 cache), four rows: the step replayed from its captured graphs
+    gives the codes of the same compiled step run without graphs (same kernels, nothing captured)."""
+    from benchmarks.bench import request
+    from benchmarks.dummy_engine import dummy_engine
+
+    eng = dummy_engine("0.6b", "cuda", "bfloat16")
+    reqs = [request(24, seed=i) for i in range(4)]
+    replayed = _gpu_runner_codes(eng, reqs, max_slots=4)
+    eager = _gpu_runner_codes(eng, reqs, max_slots=4, use_graphs=False)
+    assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
