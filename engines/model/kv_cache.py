@@ -23,17 +23,14 @@ import torch
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 FP8_EPS = 2.0 ** -126  # the smallest scale (a zero vector's): fp32's smallest normal, never flushed to zero
 SCALE_DTYPE = torch.float32
-
-
-def fp8_dtype() -> Optional[torch.dtype]:
-    return getattr(torch, "float8_e4m3fn", None)
+FP8 = getattr(torch, "float8_e4m3fn", None)  # None: a torch without float8
 
 
 @functools.lru_cache(maxsize=None)
 def _cpu_ops_take_fp8() -> bool:
     """Whether this torch's CPU ops take float8: the casts, indexed writes and copies an fp8 cache uses."""
     try:
-        c = torch.zeros(1, 1, 2, 2, dtype=fp8_dtype())
+        c = torch.zeros(1, 1, 2, 2, dtype=FP8)
         c[torch.zeros(1, 1, dtype=torch.long), :, torch.ones(1, 1, dtype=torch.long)] = torch.ones(1, 1, 1, 2).to(c.dtype)
         c[:, :, :1].copy_(c[:, :, 1:])
         c[:, :, 1:].zero_()
@@ -46,7 +43,7 @@ def fp8_available(device: torch.device) -> bool:
     """Whether an fp8 cache can run on `device`: torch with float8 e4m3 and, on the CPU, ops that take it (the
     torch form); on CUDA an NVIDIA GPU of compute capability 8.9 or later (Ada, Hopper: float8 conversions in
     Triton, for the kernel and the compiled regions) with the triton package."""
-    if fp8_dtype() is None:
+    if FP8 is None:
         return False
     if device.type == "cpu":
         return _cpu_ops_take_fp8()
@@ -63,7 +60,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Vectors x `[..., D]` -> (q `[..., D]` float8 e4m3, scales `[...]` float32): see the module doc."""
     xf = x.float()
     s = (xf.abs().amax(-1) / FP8_MAX).clamp_min(FP8_EPS)  # [...]
-    return (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(fp8_dtype()), s
+    return (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
 def dequantize(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -108,7 +105,7 @@ class KVCache:
     def allocate(cfg, batch: int, max_len: int, device, dtype, fp8: bool = False) -> "KVCache":
         """Zeroed buffers for `cfg`'s stack (a DecoderStackConfig); `fp8`: float8 e4m3 values with scales."""
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        kind = fp8_dtype() if fp8 else dtype
+        kind = FP8 if fp8 else dtype
         k, v = torch.zeros(shape, device=device, dtype=kind), torch.zeros(shape, device=device, dtype=kind)
         if not fp8:
             return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v)
