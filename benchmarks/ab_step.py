@@ -51,6 +51,7 @@ def drain(runner: EngineRunner, handles: list) -> None:
         runner.step_once()
 
 
+@torch.no_grad()  # as the loop runs it
 def step(runner: EngineRunner, n: int) -> None:
     """One decode step over slots [0, n) as the loop would run it (its bucket's graph, or eagerly)."""
     m, seqs = runner.model, runner.slots.seqs
@@ -67,6 +68,7 @@ def advance(runner: EngineRunner, n: int, context: int) -> None:
         seq.pos = p
 
 
+@torch.no_grad()
 def time_steps(runner: EngineRunner, n: int, reps: int) -> float:
     runner._decode(n)  # the bucket's graph (captured now if new)
     runner._drain()
