@@ -265,7 +265,8 @@ def render(r: dict) -> str:
                                             f"  saved voices ({m['voices_dir']}): {_join(m['saved_voices'])}"])
     section("engines", r["engines"], lambda es: [
         f"  {e['error']}" if "error" in e else
-        f"  {e['device']}: {e['dtype']}, {e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
+        f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
+        f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
         f"codec {e['codec']}, {e['threads']} CPU threads" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))
     section("codec engines", r["codec_engines"], lambda k: [f"  cache {k['cache']}", *[

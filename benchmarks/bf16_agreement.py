@@ -1,37 +1,47 @@
-"""bf16 quality guard: how often bf16 picks the same codes as fp32 on the same weights and inputs.
+"""Quality guard of the narrower numbers: how often bf16 picks the same codes as fp32, and how often the fp8
+key/value cache (bf16 weights, `runtime.kv_cache: fp8`) picks the same codes as bf16, on the same weights and
+inputs. fp8 is adopted only where its agreement with bf16 is as good as bf16's with fp32.
 
     python -m benchmarks.bf16_agreement --model tests/data/tiny/cv_small --device cpu
     python -m benchmarks.bf16_agreement --dummy 0.6b --device cuda
 
-Two measures, both greedy:
-- teacher-forced: the fp32 codes are fed back to both models, and at every frame and codebook we compare
-  the argmax each model would pick (independent of earlier disagreements: the per-decision agreement);
-- free-running: the bf16 batched runtime (CUDA graphs on a GPU) generates on its own; we report the
-  share of requests identical to fp32 and the mean fraction of frames before the first difference.
+Pairs (test against reference): bf16_vs_fp32 (bf16 weights and cache against fp32), fp8_vs_bf16 (bf16 weights
+with the fp8 cache against bf16 with its bf16 cache), fp8_vs_fp32. Two measures each, both greedy:
+- teacher-forced: the reference's own greedy codes (eager loop) are fed back to both, and at every frame and
+  codebook we compare the argmax each would pick (independent of earlier disagreements: the per-decision
+  agreement);
+- free-running: the test's batched runtime (CUDA graphs on a GPU) generates on its own; we report the share of
+  requests identical to the reference's eager codes and the mean fraction of frames before the first difference.
 Random weights make many logits near-ties, so these rates are a lower bound for a trained checkpoint.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 import numpy as np
 import torch
 
 from engines.api import SamplingParams, SynthesisRequest
 
+log = logging.getLogger("bf16_agreement")
+
 TEXTS = ["Hello world, this is a test of the speech engine.", "The river shone like a ribbon of glass.",
-         "Numbers such as twelve and forty-two are spoken in full.", "Nobody remembered who planted the trees."]
+         "Numbers such as twelve and forty-two are spoken in full.", "Nobody remembered who planted the trees.",
+         "She folded the letter twice and hid it under the loose floorboard.", "Rain again, said the porter.",
+         "At dawn the harbour filled with boats returning from the night's catch.", "Why would anyone wait?"]
 
 
 @torch.no_grad()
-def teacher_forced_picks(eng, req: SynthesisRequest, codes: torch.Tensor) -> torch.Tensor:
-    """Greedy picks `[F, 16]` of `eng` when the reference `codes` `[F, 16]` are the history."""
+def teacher_forced_picks(eng, req: SynthesisRequest, codes: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+    """Greedy picks `[F, 16]` of `eng` (`fp8`: with the fp8 talker cache) when the reference `codes` `[F, 16]`
+    are the history."""
     talker, dev = eng.talker, eng.device
     spec, _ = eng.resolve(req)
     prompt = eng.prompts.build(spec)
     t = prompt.prefill.shape[0]
-    cache = talker.new_cache(1, t + codes.shape[0] + 1, dev, prompt.prefill.dtype)
+    cache = talker.new_cache(1, t + codes.shape[0] + 1, dev, prompt.prefill.dtype, fp8)
     hidden, logits = talker(prompt.prefill[None], torch.arange(t, device=dev)[None], cache)
     cp, picks = talker.code_predictor, []
     codes = codes.to(dev)
@@ -60,12 +70,35 @@ def load(args, dtype):
     return dummy_engine(args.dummy, args.device, dtype)
 
 
+def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list) -> dict:
+    """The two measures of `test` against `ref` (each an engine and whether its talker cache is fp8)."""
+    from engines.runtime.runner import EngineRunner
+
+    ref = [g.codes for g, _ in ref_eng.generate_codes(reqs, fp8=ref_fp8)]
+    tf = torch.cat([(teacher_forced_picks(ref_eng, req, codes, ref_fp8) ==
+                     teacher_forced_picks(test_eng, req, codes, test_fp8)).float()
+                    for req, codes in zip(reqs, ref)])  # [frames, 16]
+    runner = EngineRunner(test_eng, max_slots=len(reqs), max_context=512, kv_cache="fp8" if test_fp8 else "model")
+    free = [r.codes for r in runner.synthesize(reqs)]
+    same_prefix = []
+    for r, c in zip(ref, free):
+        r = r.numpy()
+        n = min(len(r), len(c))
+        diff = np.nonzero((r[:n] != c[:n]).any(1))[0]
+        same_prefix.append((diff[0] if len(diff) else n) / max(len(r), 1))
+    return {"teacher_forced_codebook0": float(tf[:, 0].mean()), "teacher_forced_codebooks1_15": float(tf[:, 1:].mean()),
+            "teacher_forced_all": float(tf.mean()),
+            "free_running_identical_requests": sum(int(np.array_equal(r.numpy(), c)) for r, c in zip(ref, free)),
+            "free_running_requests": len(reqs), "free_running_mean_prefix": float(np.mean(same_prefix))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--dummy", choices=["0.6b", "1.7b"], default="0.6b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--pairs", default="bf16_vs_fp32,fp8_vs_bf16,fp8_vs_fp32")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -77,30 +110,27 @@ def main() -> None:
                              sampling=SamplingParams.greedy(max_new_tokens=args.frames + 1,
                                                             min_new_tokens=args.frames + 1, seed=i))
             for i, t in enumerate(TEXTS)]
-    ref = [g.codes for g, _ in f32.generate_codes(reqs)]
-    tf = []
-    for req, codes in zip(reqs, ref):
-        a, b = teacher_forced_picks(f32, req, codes), teacher_forced_picks(b16, req, codes)
-        tf.append((a == b).float())
-    tf = torch.cat(tf)  # [frames, 16]
-    from engines.runtime.runner import EngineRunner
-
-    free = [r.codes for r in EngineRunner(b16, max_slots=len(reqs), max_context=512).synthesize(reqs)]
-    same_prefix = []
-    for r, c in zip(ref, free):
-        r = r.numpy()
-        n = min(len(r), len(c))
-        diff = np.nonzero((r[:n] != c[:n]).any(1))[0]
-        same_prefix.append((diff[0] if len(diff) else n) / max(len(r), 1))
-    res = {"model": args.model or f"dummy-{args.dummy}", "device": args.device, "frames": args.frames,
-           "teacher_forced_codebook0": float(tf[:, 0].mean()), "teacher_forced_codebooks1_15": float(tf[:, 1:].mean()),
-           "teacher_forced_all": float(tf.mean()),
-           "free_running_identical_requests": sum(int(np.array_equal(r.numpy(), c)) for r, c in zip(ref, free)),
-           "free_running_requests": len(reqs), "free_running_mean_prefix": float(np.mean(same_prefix))}
-    print(json.dumps(res, indent=1))
+    kinds = {"fp32": (f32, False), "bf16": (b16, False), "fp8": (b16, True)}
+    res = {"model": args.model or f"dummy-{args.dummy}", "device": args.device, "frames": args.frames}
+    for name in args.pairs.split(","):
+        test, ref = name.split("_vs_")
+        res[name] = pair(*kinds[ref], *kinds[test], reqs)
+        log.info("%s: %s", name, res[name])
+    if "bf16_vs_fp32" in res and "fp8_vs_bf16" in res:  # the adoption rule of the fp8 cache
+        res["fp8_as_good_as_bf16"] = all(res["fp8_vs_bf16"][k] >= res["bf16_vs_fp32"][k] for k in (
+            "teacher_forced_codebook0", "teacher_forced_all"))
+    text = json.dumps(res, indent=1)
+    print(text)
     if args.json:
-        open(args.json, "w").write(json.dumps(res, indent=1))
+        open(args.json, "w").write(text)
+    print("| pair | teacher-forced code 0 | codes 1-15 | all | identical requests | mean prefix |\n|---|---|---|---|---|---|")
+    for name in args.pairs.split(","):
+        r = res[name]
+        print(f"| {name} | {r['teacher_forced_codebook0']:.3f} | {r['teacher_forced_codebooks1_15']:.3f} | "
+              f"{r['teacher_forced_all']:.3f} | {r['free_running_identical_requests']}/{r['free_running_requests']} | "
+              f"{r['free_running_mean_prefix']:.2f} |")
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     main()

@@ -69,6 +69,7 @@ class EngineSpec:
     attn_kernel: Optional[bool] = None
     sample_kernel: Optional[bool] = None
     layer_kernel: Optional[bool] = None
+    kv_cache: str = "auto"  # the talker's key/value cache: auto, model (the model's dtype) or fp8
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

@@ -147,11 +147,12 @@ class TTSEngine(Catalog):
 
     # ----- synthesis ---------------------------------------------------------------------------
     @torch.no_grad()
-    def generate_codes(self, requests: list[SynthesisRequest]):
-        """Codes only: list of (Generated, reference codes or None)."""
+    def generate_codes(self, requests: list[SynthesisRequest], fp8: bool = False):
+        """Codes only: list of (Generated, reference codes or None); `fp8`: the talker's key/value cache as
+        float8 with scales (the runtime's `kv_cache="fp8"`)."""
         resolved = [self.resolve(r) for r in requests]
         prompts = [self.prompts.build(spec) for spec, _ in resolved]
-        outs = generate(self.talker, prompts, [self.sampling(r.sampling, r.text) for r in requests])
+        outs = generate(self.talker, prompts, [self.sampling(r.sampling, r.text) for r in requests], fp8)
         return [(o, ref) for o, (_, ref) in zip(outs, resolved)]
 
     @torch.no_grad()

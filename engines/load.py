@@ -51,12 +51,14 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
-    out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context}
+    out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
+           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model"}
     if str(spec.max_slots) != "auto":
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
     path = Path(spec.model)
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
-                             dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype))
+                             dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype),
+                             kv_cache=spec.kv_cache)
     return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
 
 
@@ -83,7 +85,7 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel,
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache,
                               engine_cache=spec.engine_cache)
     runner.settings = chosen
     return runner

@@ -16,6 +16,7 @@ CHECK = """
     import dataclasses
     import torch
     from engines.model.config import DecoderStackConfig
+    from engines.model import kv_cache
     from engines.model.layers import DecoderStack
     from engines.runtime.decode_step import StackWeights, make_layer
     from engines.runtime.layer_kernel import decoder_layer, new_counter, programs
@@ -31,7 +32,9 @@ CHECK = """
                 1.0 if p.dim() == 1 and p.shape[0] in (hidden, d) else 0.0))
         return st.to(device, dtype), StackWeights.of(st.to(device, dtype), 512)
 
-    def compare(hidden, inter, heads, kv, d, bias, device, dtype, tol, positions=(0, 7, 300), split=None):
+    def compare(hidden, inter, heads, kv, d, bias, device, dtype, tol, positions=(0, 7, 300), split=None, fp8=False):
+        # fp8: over an fp8 cache (scales in both forms); the written entries then agree within one e4m3 step
+        # (their inputs may differ in the last bit)
         st, w = stack(hidden, inter, heads, kv, d, bias, device, dtype)
         ref_layer = make_layer(heads, kv, d, st.cfg.rms_norm_eps, gemv=True)
         counter = new_counter(torch.device(device))
@@ -39,17 +42,28 @@ CHECK = """
             g = torch.Generator(device=device).manual_seed(p)
             kc = torch.randn(3, kv, 512, d, generator=g, device=device).to(dtype)
             vc = torch.randn(3, kv, 512, d, generator=g, device=device).to(dtype)
+            ks = vs = ks2 = vs2 = None
+            if fp8:
+                (kc, ks), (vc, vs) = kv_cache.quantize(kc), kv_cache.quantize(vc)
+                ks2, vs2, ks0 = ks.clone(), vs.clone(), ks.clone()
             kc2, vc2 = kc.clone(), vc.clone()
             x = torch.randn(1, 1, hidden, generator=g, device=device).to(dtype)
             pos = torch.tensor([[p]], device=device)
-            ref = ref_layer(x, w.layers[0], kc[1:2], vc[1:2], pos, w.cos, w.sin)
+            cut = lambda t: None if t is None else t[1:2]
+            ref = ref_layer(x, w.layers[0], kc[1:2], vc[1:2], pos, w.cos, w.sin, cut(ks), cut(vs))
             got = decoder_layer(x, w.layers[0], kc2[1:2], vc2[1:2], pos, w.cos, w.sin, heads, kv,
-                                st.cfg.rms_norm_eps, counter, split=split)
+                                st.cfg.rms_norm_eps, counter, split=split, ks=cut(ks2), vs=cut(vs2))
             assert got.shape == ref.shape and got.dtype == ref.dtype
             err = (got.float() - ref.float()).abs().max().item()
             assert err <= tol * max(1.0, ref.float().abs().max().item()), (hidden, p, err)
-            for a, b in ((kc, kc2), (vc, vc2)):  # the new key/value at its slot of its row, nothing else
-                assert (a.float() - b.float()).abs().max().item() <= tol * 4, (hidden, p)
+            for a, b, sa, sb in ((kc, kc2, ks, ks2), (vc, vc2, vs, vs2)):  # the new entry at its slot, nothing else
+                if fp8:
+                    a, b = kv_cache.dequantize(a, sa, torch.float32), kv_cache.dequantize(b, sb, torch.float32)
+                    assert ((a - b).abs() <= sa[..., None] * 448 * 2 ** -3 + tol * 4).all(), (hidden, p)
+                else:
+                    assert (a.float() - b.float()).abs().max().item() <= tol * 4, (hidden, p)
+            if fp8:  # the new key went in with its scale
+                assert not torch.equal(ks[1, :, p], ks0[1, :, p]) and not torch.equal(ks2[1, :, p], ks0[1, :, p])
         return counter
 """
 
@@ -64,6 +78,17 @@ def test_layer_equals_the_torch_form():
     compare(40, 72, 2, 2, 32, False, "cpu", torch.float32, 1e-5, positions=(0, 511))
     assert programs(torch.device("cpu")) < 6  # more key/value heads than programs: they take turns
     compare(32, 64, 6, 6, 16, False, "cpu", torch.float32, 1e-5, positions=(5,))
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_layer_with_the_fp8_cache_equals_the_torch_form_with_it():
+    """The attention phase quantizes the new key/value where it writes them and reads the float8 cache with its
+    scales: the torch form's output over the same fp8 cache (fp32, phases one by one)."""
+    out = run_interpreted(CHECK + """
+    compare(64, 96, 4, 2, 16, False, "cpu", torch.float32, 1e-5, fp8=True)
+    compare(32, 64, 6, 6, 16, True, "cpu", torch.float32, 1e-5, positions=(0, 511), fp8=True)
     print("ok")
     """)
     assert out.split() == ["ok"]
@@ -111,9 +136,11 @@ def test_asking_for_the_layer_kernel_where_it_cannot_run_is_a_clear_error():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gpu_layer_equals_the_torch_form_at_real_shapes(dtype):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gpu_layer_equals_the_torch_form_at_real_shapes(dtype, fp8):
     """Compiled for the GPU, one launch with its grid barriers: the 0.6B talker/predictor layer and the 1.7B
-    talker layer; the barrier counter grew by four arrivals of every program per launch."""
+    talker layer, over a model-dtype or an fp8 cache; the barrier counter grew by four arrivals of every
+    program per launch."""
     import torch
 
     ns: dict = {}
@@ -121,7 +148,7 @@ def test_gpu_layer_equals_the_torch_form_at_real_shapes(dtype):
     dt = getattr(torch, dtype)
     tol = 1e-4 if dt == torch.float32 else 3e-2
     for hidden, inter in ((1024, 3072), (2048, 6144)):
-        counter = ns["compare"](hidden, inter, 16, 8, 128, False, "cuda", dt, tol, split=False)
+        counter = ns["compare"](hidden, inter, 16, 8, 128, False, "cuda", dt, tol, split=False, fp8=fp8)
         assert counter.item() == 3 * 4 * ns["programs"](torch.device("cuda"))
 
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from engines.model.config import CodePredictorConfig
-from engines.model.layers import DecoderStack, KVCache
+from engines.model.kv_cache import KVCache
+from engines.model.layers import DecoderStack
 
 
 class _PredictorBody(DecoderStack):

@@ -65,19 +65,20 @@ def predict_residuals(talker: Talker, hidden, code0, sub: SamplingTensors, seed,
 
 
 @torch.no_grad()
-def generate(talker: Talker, prompts: list[Prompt], rows: list[SamplingParams]) -> list[Generated]:
-    """Generate codes for a batch of prompts with per-row settings (resolved: every field set)."""
+def generate(talker: Talker, prompts: list[Prompt], rows: list[SamplingParams], fp8: bool = False) -> list[Generated]:
+    """Generate codes for a batch of prompts with per-row settings (resolved: every field set); `fp8`: the
+    talker's key/value cache as float8 with scales (engines.model.kv_cache), as the runtime's fp8 cache."""
     dev = talker.codec_head.weight.device
     b = len(prompts)
     cfg = talker.cfg
     lens = torch.tensor([p.prefill.shape[0] for p in prompts], device=dev)
     max_new = max(r.max_new_tokens for r in rows)
-    cache = talker.new_cache(b, int(lens.max()) + max_new + 1, dev, prompts[0].prefill.dtype)
+    cache = talker.new_cache(b, int(lens.max()) + max_new + 1, dev, prompts[0].prefill.dtype, fp8)
 
     hidden = torch.empty(b, cfg.hidden_size, device=dev, dtype=prompts[0].prefill.dtype)
     logits = torch.empty(b, cfg.vocab_size, device=dev, dtype=prompts[0].prefill.dtype)
     for i, p in enumerate(prompts):  # prefill one row at a time into its slice of the cache
-        view = type(cache)([k[i:i + 1] for k in cache.k], [v[i:i + 1] for v in cache.v])
+        view = cache.rows(i, i + 1)
         pos = torch.arange(p.prefill.shape[0], device=dev)[None]
         hidden[i:i + 1], logits[i:i + 1] = talker(p.prefill[None], pos, view)
 

@@ -1,19 +1,21 @@
 """Qwen3-style decoder building blocks shared by the talker and the code predictor.
 
 The attention layers work against a static KV cache `[B, kv_heads, S, D]` with per-row write
-positions, so the same code serves the eager reference path and the batched runtime. RMSNorm and
-RoPE run in fp32 whatever the weight dtype (as the reference does).
+positions (engines.model.kv_cache: in the model's dtype or fp8 with scales), so the same code serves the
+eager reference path and the batched runtime. RMSNorm and RoPE run in fp32 whatever the weight dtype (as
+the reference does).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.model import kv_cache
 from engines.model.config import DecoderStackConfig
+from engines.model.kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -49,36 +51,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
-@dataclass
-class KVCache:
-    """Static per-layer key/value buffers: k, v `[L][B, kv_heads, S, D]`. An allocated cache keeps every
-    layer in one tensor each for keys and values (`all_k`, `all_v` `[L, B, kv_heads, S, D]`, the layers
-    views of them), so a request's rows move across all layers in one copy (`copy_row`)."""
-
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    all_k: Optional[torch.Tensor] = None
-    all_v: Optional[torch.Tensor] = None
-
-    @staticmethod
-    def allocate(cfg: DecoderStackConfig, batch: int, max_len: int, device, dtype) -> "KVCache":
-        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        k, v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
-        return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v)
-
-    def copy_row(self, dst: int, src_cache: "KVCache", src: int, length: int, clear_rest: bool = False) -> None:
-        """Row `dst` of every layer = the first `length` positions of row `src` of `src_cache` (which may be
-        this cache); with `clear_rest` the positions after them are zeroed. Both caches as `allocate` made them."""
-        for a, b in ((self.all_k, src_cache.all_k), (self.all_v, src_cache.all_v)):
-            a[:, dst, :, :length].copy_(b[:, src, :, :length])
-            if clear_rest:
-                a[:, dst, :, length:].zero_()
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[2]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderStackConfig):
         super().__init__()
@@ -99,14 +71,16 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, kv, T, D]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
-        """x `[B, T, H]`; write_pos `[B, T]` cache slots for the new keys; mask `[B, 1, T, S]` bool."""
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask, k_scale=None, v_scale=None):
+        """x `[B, T, H]`; write_pos `[B, T]` cache slots for the new keys; mask `[B, 1, T, S]` bool;
+        k_scale, v_scale `[B, kv, S]`: the scales of an fp8 cache (None: the cache is in the model's dtype)."""
         b, t, _ = x.shape
         q, k, v = self.project(x, cos, sin)
         rows = torch.arange(b, device=x.device)[:, None].expand(b, t)  # [B, T]
-        k_cache[rows, :, write_pos] = k.transpose(1, 2)  # cache[b, :, pos] <- [B, T, kv, D]
-        v_cache[rows, :, write_pos] = v.transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+        kv_cache.write(k_cache, k_scale, rows, write_pos, k.transpose(1, 2))  # cache[b, :, pos] <- [B, T, kv, D]
+        kv_cache.write(v_cache, v_scale, rows, write_pos, v.transpose(1, 2))
+        keys, values = kv_cache.read(k_cache, k_scale, q.dtype), kv_cache.read(v_cache, v_scale, q.dtype)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              enable_gqa=self.n_heads != self.n_kv)  # [B, h, T, D]
         return out.transpose(1, 2).reshape(b, t, -1)  # o_proj is applied by DecoderLayer.post
 
@@ -135,8 +109,8 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn.o_proj(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask):
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, mask)
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, mask, k_scale=None, v_scale=None):
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, mask, k_scale, v_scale)
         return self.post(x, attn)
 
 
@@ -178,5 +152,6 @@ class DecoderStack(nn.Module):
         if mask is None:
             mask = causal_mask(positions, positions[:, -1] + 1, cache.max_len)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+            k, v, ks, vs = cache.layer(i)
+            x = layer(x, cos, sin, k, v, positions, mask, ks, vs)
         return self.norm(x)

@@ -11,7 +11,8 @@ from torch import nn
 
 from engines.model.code_predictor import CodePredictor
 from engines.model.config import TalkerConfig
-from engines.model.layers import DecoderStack, KVCache
+from engines.model.kv_cache import KVCache
+from engines.model.layers import DecoderStack
 
 
 class _TalkerBody(DecoderStack):
@@ -42,8 +43,9 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.code_predictor, cfg.hidden_size)
 
-    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
-        return KVCache.allocate(self.cfg, batch, max_len, device, dtype)
+    def new_cache(self, batch: int, max_len: int, device, dtype, fp8: bool = False) -> KVCache:
+        """The talker's key/value cache; `fp8`: float8 values with scales (engines.model.kv_cache)."""
+        return KVCache.allocate(self.cfg, batch, max_len, device, dtype, fp8)
 
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids `[..., T]` -> projected talker-space rows `[..., T, H]`."""

@@ -14,12 +14,20 @@ program per (row, key/value head):
 Numbers are fp32 inside; values are rounded to the model's dtype where the reference rounds them (the
 normed q/k before the weight, the rotated q/k, the output). `reference_attention` is the same
 computation in torch (the compiled layer's form), used by the tests and as the path without Triton.
+
+An fp8 cache (engines.model.kv_cache; scales ks, vs `[B, KV, S]` given): the new keys and values are
+quantized where they are written (amax / 448 scale per vector), and read without a dequantized copy: the
+float8 tiles are widened in registers, each slot's key scale multiplies its scores and each slot's value
+scale its softmax weights before the weighted sum. The torch form dequantizes the cache explicitly.
 """
 from __future__ import annotations
 
 import os
 
 import torch
+
+from engines.model import kv_cache
+from engines.model.kv_cache import FP8_EPS, FP8_MAX
 
 try:
     import triton
@@ -38,9 +46,11 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def reference_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):
+def reference_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float,
+                        ks=None, vs=None):
     """The layer's attention in torch: qkv `[B, T, (H + 2 KV) D]` at positions `pos` `[B, T]`; writes the
-    new keys/values into kc, vc `[B, KV, S, D]`; returns `[B, T, H D]`."""
+    new keys/values into kc, vc `[B, KV, S, D]` (an fp8 cache: quantized, their scales into ks, vs
+    `[B, KV, S]`); returns `[B, T, H D]`."""
     b, t, _ = qkv.shape
     d = kc.shape[-1]
     g, s = n_heads // n_kv, kc.shape[2]
@@ -49,8 +59,9 @@ def reference_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int
     q = rope(rms(q.reshape(b, t, n_heads, d), qn, eps), cos, sin)
     k = rope(rms(k.reshape(b, t, n_kv, d), kn, eps), cos, sin)
     rows = torch.arange(b, device=qkv.device)[:, None].expand(b, t)
-    kc[rows, :, pos] = k
-    vc[rows, :, pos] = v.reshape(b, t, n_kv, d)
+    kv_cache.write(kc, ks, rows, pos, k)  # [B, T, KV, D] at (rows, pos)
+    kv_cache.write(vc, vs, rows, pos, v.reshape(b, t, n_kv, d))
+    kc, vc = kv_cache.read(kc, ks, qkv.dtype), kv_cache.read(vc, vs, qkv.dtype)  # [B, KV, S, D]
     qg = q.reshape(b, t, n_kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, n_kv, t * g, d)
     scores = torch.matmul(qg, kc.transpose(2, 3)).float().view(b, n_kv, t, g, s) * d ** -0.5
     hidden = torch.arange(s, device=qkv.device)[None, None, :] > pos[:, :, None]  # [B, T, S]
@@ -87,25 +98,52 @@ if triton is not None:
         c = (sign * nr * sin).to(dt).to(tl.float32)
         return (a + c).to(dt)
 
+    _FP8_MAX = tl.constexpr(FP8_MAX)
+    _FP8_EPS = tl.constexpr(FP8_EPS)
+
     @triton.jit
-    def _decode_attention_kernel(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out,
-                                 s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
+    def _e4m3_round(x):
+        """x (fp32, |x| <= 448) rounded to the nearest float8 e4m3 value (ties to even), in fp32 arithmetic:
+        the interpreter's own float8 conversion truncates ties and drops mantissa carries (Triton 3.x); on
+        the GPU the conversion instruction rounds this way by itself."""
+        bits = x.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # e4m3's exponent of x (-6 and below: subnormal)
+        c = ((e + 146) << 23).to(tl.float32, bitcast=True) * 3.0  # 1.5 * 2^23 * ulp, ulp = 2^(e - 3)
+        r = ((tl.abs(x) + c) - c).to(tl.int32, bitcast=True) | (bits & -2147483648)  # the sign back (-0 too)
+        return r.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _store_fp8(ptr, scale_ptr, x, INTERPRET: tl.constexpr):
+        """The vector x `[D]` as float8 e4m3 at ptr and its scale at scale_ptr: engines.model.kv_cache.quantize
+        (same fp32 operations, correctly rounded divisions)."""
+        x = x.to(tl.float32)
+        s = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), _FP8_MAX), _FP8_EPS)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -_FP8_MAX), _FP8_MAX)
+        if INTERPRET:
+            y = _e4m3_round(y)
+        tl.store(ptr, y.to(ptr.dtype.element_ty))
+        tl.store(scale_ptr, s)
+
+    @triton.jit
+    def _decode_attention_kernel(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, ks, vs, out,
+                                 s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_sb, s_sh, s_ob, s_ot,
                                  eps: tl.constexpr, scale: tl.constexpr,
                                  T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
                                  D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-                                 INTERPRET: tl.constexpr):
+                                 INTERPRET: tl.constexpr, FP8: tl.constexpr):
         attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, tl.program_id(0), tl.program_id(1),
                s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot, eps, scale, T, H, KV, G, D, M,
-               BLOCK_S, PREC, INTERPRET)
+               BLOCK_S, PREC, INTERPRET, ks, vs, s_sb, s_sh, FP8)
 
     @triton.jit
     def attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, b, h,
                s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
                eps: tl.constexpr, scale: tl.constexpr, T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr,
                G: tl.constexpr, D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-               INTERPRET: tl.constexpr):
+               INTERPRET: tl.constexpr, ks, vs, s_sb, s_sh, FP8: tl.constexpr):
         """Row b, key/value head h of the decode attention (the kernel's one program; the layer kernel of
-        engines.runtime.layer_kernel calls it from its attention phase)."""
+        engines.runtime.layer_kernel calls it from its attention phase). FP8: kc, vc hold float8 e4m3 and
+        ks, vs their scales (strides s_sb, s_sh; positions contiguous); otherwise ks, vs are unused."""
         d = tl.arange(0, D)
         rot = tl.where(d < D // 2, d + D // 2, d - D // 2)
         sign = tl.where(d < D // 2, -1.0, 1.0)
@@ -122,8 +160,12 @@ if triton is not None:
             row = qkv + b * s_qb + t * s_qt
             k = _normed_rotated(row, (H + h) * D + d, d, rot, sign, kw, kw_rot, cos, sin, d < D, eps, D)
             v = tl.load(row + (H + KV + h) * D + d)
-            tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
-            tl.store(vc + b * s_vb + h * s_vh + p * s_vs + d, v)
+            if FP8:
+                _store_fp8(kc + b * s_kb + h * s_kh + p * s_ks + d, ks + b * s_sb + h * s_sh + p, k, INTERPRET)
+                _store_fp8(vc + b * s_vb + h * s_vh + p * s_vs + d, vs + b * s_sb + h * s_sh + p, v, INTERPRET)
+            else:
+                tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
+                tl.store(vc + b * s_vb + h * s_vh + p * s_vs + d, v)
         tl.debug_barrier()  # the writes above are read below by other threads of this program
         # every query of the group (T tokens x G heads) is one row of an M-row tile for the tensor cores
         i = tl.arange(0, M)
@@ -146,34 +188,55 @@ if triton is not None:
                            other=0.0)  # [S, D]
             vblk = tl.load(vc + b * s_vb + h * s_vh + slot[:, None] * s_vs + d[None, :], mask=inside[:, None],
                            other=0.0)
+            if FP8:  # float8 tiles widened in registers (exact); the scales of their slots [S]
+                kblk, vblk = kblk.to(dt), vblk.to(dt)
+                k_sc = tl.load(ks + b * s_sb + h * s_sh + slot, mask=inside, other=0.0)
+                v_sc = tl.load(vs + b * s_sb + h * s_sh + slot, mask=inside, other=0.0)
             if INTERPRET:  # the interpreter multiplies no bf16 tiles (numpy has no bf16)
                 kblk, vblk = kblk.to(tl.float32), vblk.to(tl.float32)
-            sc = tl.dot(q.to(kblk.dtype), tl.trans(kblk), input_precision=PREC) * scale  # [M, S]
-            sc = tl.where(slot[None, :] <= pi[:, None], sc, float("-inf"))
+            sc = tl.dot(q.to(kblk.dtype), tl.trans(kblk), input_precision=PREC)  # [M, S]
+            if FP8:
+                sc = sc * k_sc[None, :]
+            sc = tl.where(slot[None, :] <= pi[:, None], sc * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=1))
             alpha = tl.exp(m - m_new)
             e = tl.exp(sc - m_new[:, None])
             l = l * alpha + tl.sum(e, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(e.to(dt).to(vblk.dtype), vblk, input_precision=PREC)
+            w = e
+            if FP8:
+                w = e * v_sc[None, :]
+            acc = acc * alpha[:, None] + tl.dot(w.to(dt).to(vblk.dtype), vblk, input_precision=PREC)
             m = m_new
         o = acc / l[:, None]
         tl.store(out + b * s_ob + ti[:, None] * s_ot + (h * G + gi[:, None]) * D + d[None, :], o.to(dt),
                  mask=real[:, None])
 
 
-def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float):
+def scale_strides(kc, ks, vs) -> tuple:
+    """(ks, vs, row stride, head stride) of an fp8 cache's scales `[B, KV, S]` as the kernels take them (one
+    layout for both, positions contiguous); for a model-dtype cache (ks None) the cache itself, unused."""
+    if ks is None:
+        return kc, kc, 0, 0
+    assert ks.stride() == vs.stride() and ks.stride(2) == 1, "key and value scales of one layout, positions contiguous"
+    return ks, vs, ks.stride(0), ks.stride(1)
+
+
+def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float,
+                     ks=None, vs=None):
     """`reference_attention` as one kernel launch (see the module doc). qkv `[B, T, (H + 2 KV) D]` with a
     contiguous last dimension, pos `[B, T]` int64, kc/vc `[B, KV, S, D]` views with a contiguous last
-    dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous."""
+    dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous; an fp8 cache's scales
+    ks, vs `[B, KV, S]` (row slices too)."""
     b, t, _ = qkv.shape
     d = kc.shape[-1]
     out = torch.empty(b, t, n_heads * d, device=qkv.device, dtype=qkv.dtype)
+    k_sc, v_sc, s_sb, s_sh = scale_strides(kc, ks, vs)
     _decode_attention_kernel[(b, n_kv)](
-        qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, out,
+        qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, k_sc, v_sc, out,
         qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1),
+        vc.stride(0), vc.stride(1), vc.stride(2), s_sb, s_sh, out.stride(0), out.stride(1),
         eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, triton.next_power_of_2(t * n_heads // n_kv)),
         BLOCK_S=64, PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
-        num_warps=4)
+        FP8=ks is not None, num_warps=4)
     return out
 

@@ -107,14 +107,15 @@ def _gemv_or_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = N
 def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False, kernel: bool = False,
                row_kernel: bool = False):
     """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
-    slots written) attends to cache slots <= its position. Returns the layer's output (residual form).
+    slots written) attends to cache slots <= its position (an fp8 cache: its scales ks, vs given). Returns the
+    layer's output (residual form).
     `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only).
     `kernel`: decode calls (T <= 2) run their attention as one Triton kernel (engines.runtime.attention).
     `row_kernel`: one-row calls run their projections as Triton kernels with the norms, the SiLU product and
     the residuals fused in (engines.runtime.rowproj)."""
     attend = decode_attention if kernel else reference_attention
 
-    def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
+    def layer(x, w, kc, vc, pos, cos_tab, sin_tab, ks=None, vs=None):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
         one_row = _one_row(x)
         if row_kernel and one_row:
@@ -123,7 +124,7 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
             qkv = (_gemv if gemv and one_row else F.linear)(_rms(x, ln1, eps), wqkv, bqkv)
         # decode calls (one or two new tokens per row) may take the kernel; prompt chunks the torch form
         o = (attend if x.shape[1] <= 2 else reference_attention)(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc,
-                                                                 n_heads, n_kv, eps)
+                                                                 n_heads, n_kv, eps, ks, vs)
         return _post(x, o, wo, bo, ln2, wgu, wdown)
 
     def _post(x, o, wo, bo, ln2, wgu, wdown):
@@ -171,11 +172,11 @@ def _one_row_kernel(stack: DecoderStack, other, counter):
         return other
     c = stack.cfg
 
-    def layer(x, w, kc, vc, pos, cos_tab, sin_tab):
+    def layer(x, w, kc, vc, pos, cos_tab, sin_tab, ks=None, vs=None):
         if _one_row(x):
             return decoder_layer(x, w, kc, vc, pos, cos_tab, sin_tab, c.num_attention_heads, c.num_key_value_heads,
-                                 c.rms_norm_eps, counter)
-        return other(x, w, kc, vc, pos, cos_tab, sin_tab)
+                                 c.rms_norm_eps, counter, ks=ks, vs=vs)
+        return other(x, w, kc, vc, pos, cos_tab, sin_tab, ks, vs)
     return layer
 
 
@@ -268,12 +269,15 @@ class FastStep:
         return code, self._sub_embed(code, table, proj)
 
     def _tail(self, codes, out_codes, emit, done, hold, tables, trailing, trailing_len, gen_step, pad, pos,
-              max_len: int, frames, frame_row, n_frames, bad, codebook: int, layers, kc, vc, cos, sin, norm_w, hidden):
-        """The frame's next input, the talker's layers over it and the new state, as one region."""
+              max_len: int, frames, frame_row, n_frames, bad, codebook: int, layers, kc, vc, ks, vs, cos, sin, norm_w,
+              hidden):
+        """The frame's next input, the talker's layers over it and the new state, as one region (ks, vs: the
+        scales of an fp8 cache, per layer, or None)."""
         x, p = self._next_input(codes, out_codes, emit, done, hold, tables, trailing, trailing_len, gen_step, pad,
                                 pos, max_len, frames, frame_row, n_frames, bad, codebook)
         for i in range(len(layers)):
-            x = self._t_layer(x, layers[i], kc[i], vc[i], p, cos, sin)
+            scales = (ks[i], vs[i]) if ks is not None else (None, None)
+            x = self._t_layer(x, layers[i], kc[i], vc[i], p, cos, sin, *scales)
         self._final(x, norm_w, hidden, pos, gen_step, hold)
 
     def _sub_embed(self, code, table, proj):
@@ -305,7 +309,8 @@ class FastStep:
         """Run the talker layers on x `[B, T, H]` at `pos` `[B, T]` -> un-normed output `[B, T, H]`."""
         w = self.tw
         for i, lw in enumerate(w.layers):
-            x = self.t_layer(x, lw, cache.k[i], cache.v[i], pos, w.cos, w.sin)
+            kc, vc, ks, vs = cache.layer(i)
+            x = self.t_layer(x, lw, kc, vc, pos, w.cos, w.sin, ks, vs)
         return x
 
     def prefill(self, x, pos, cache, last):
@@ -345,7 +350,8 @@ class FastStep:
                   cache.max_len, frames, t.frame_row, t.n_frames, t.bad, self.codebook)
         if self.fuse == "pass":
             w = self.tw
-            self.r_tail(*common, w.layers, cache.k, cache.v, w.cos, w.sin, w.norm, t.hidden)
+            self.r_tail(*common, w.layers, cache.k, cache.v, cache.k_scale, cache.v_scale, w.cos, w.sin, w.norm,
+                        t.hidden)
             return
         x_in, pos = self.r_next(*common)
         x = self.talker_pass(x_in, pos, cache)

@@ -1,6 +1,7 @@
 """How many slots fit: the runner's memory per slot from the model's shape, against the device's free memory.
 
-Per slot the runner keeps the talker's KV cache (`max_context` positions), the text rows still to feed,
+Per slot the runner keeps the talker's KV cache (`max_context` positions; `runtime.kv_cache: fp8` about
+halves it: one byte per element and a float32 scale per 128-element vector), the text rows still to feed,
 two codec stream states (one per codec lane) and two FrameStore rows. Besides that, independent of the
 slot count: the prefill side cache, the largest codec call's activations in each of the two codec lanes (`batch_call_frames` frames at
 24 kHz through the last upsampling stage) and the captured graphs' pools. `plan_slots` sizes the slot
@@ -19,6 +20,7 @@ from typing import Optional
 import torch
 
 from engines.model.config import CodecConfig, ModelConfig
+from engines.model.kv_cache import SCALE_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +59,30 @@ def _codec_state_values(codec: CodecConfig) -> int:
     return sum(math.prod(s) for s in state_specs(codec.decoder, 1).values())
 
 
+def kv_position_bytes(model: ModelConfig, dtype: torch.dtype, kv_cache: str = "auto") -> int:
+    """Bytes of one position of the talker's key/value cache over its layers: keys and values in the model's
+    dtype, or (kv_cache "fp8") one byte per element plus a float32 scale per vector (engines.model.kv_cache)."""
+    tc = model.talker
+    vectors = tc.num_hidden_layers * 2 * tc.num_key_value_heads
+    if kv_cache == "fp8":
+        return vectors * (tc.head_dim + _nbytes(SCALE_DTYPE))
+    return vectors * tc.head_dim * _nbytes(dtype)
+
+
 def per_slot_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_context: int,
-                   max_text_rows: int = 1024) -> int:
+                   max_text_rows: int = 1024, kv_cache: str = "auto") -> int:
     tc, b = model.talker, _nbytes(dtype)
-    kv = tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * max_context * b
+    kv = kv_position_bytes(model, dtype, kv_cache) * max_context
     text = max_text_rows * tc.hidden_size * b
     frames = 2 * max_context * tc.num_code_groups * 4
     return kv + text + 2 * _codec_state_values(codec) * b + frames
 
 
 def fixed_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_context: int, prefill_batch: int,
-                batch_call_frames: int) -> int:
+                batch_call_frames: int, kv_cache: str = "auto") -> int:
     """Memory that does not grow with the slot count: prefill side cache, codec call activations, graph pools."""
-    tc, b = model.talker, _nbytes(dtype)
-    side = prefill_batch * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * max_context * b
+    b = _nbytes(dtype)
+    side = prefill_batch * kv_position_bytes(model, dtype, kv_cache) * max_context
     d = codec.decoder
     spf = math.prod(d.upsample_rates) * math.prod(d.upsampling_ratios)
     last_channels = d.decoder_dim // 2 ** len(d.upsample_rates)
@@ -102,12 +114,14 @@ def device_free_bytes(device: torch.device) -> Optional[int]:
 
 def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtype, max_context: int,
                prefill_batch: int = 8, batch_call_frames: int = 1024, max_text_rows: int = 1024,
-               still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS) -> MemoryPlan:
+               still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS,
+               kv_cache: str = "auto") -> MemoryPlan:
     """The slot count on `device`: what fits in its free memory (x headroom, less `still_to_load` bytes of
-    weights not loaded yet), at most `cap`; on the CPU one slot per core (at least 1, at most `cap`)."""
+    weights not loaded yet), at most `cap`; on the CPU one slot per core (at least 1, at most `cap`).
+    `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
     device = torch.device(device)
-    per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows)
-    fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames)
+    per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows, kv_cache)
+    fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames, kv_cache)
     free = device_free_bytes(device)
     if free is None:
         n = max(1, min(cap, os.cpu_count() or 1))

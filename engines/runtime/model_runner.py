@@ -24,8 +24,9 @@ from typing import Optional
 import torch
 
 from engines.device.graphs import distinct_streams, make_graph
+from engines.model import kv_cache
 from engines.model.generate import control_mask
-from engines.model.layers import KVCache
+from engines.names import KV_CACHES
 from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
@@ -58,6 +59,20 @@ def kernel_choice(setting: str, wanted: Optional[bool], device: torch.device) ->
     return can if wanted is None else bool(wanted)
 
 
+def kv_cache_choice(setting: str, device: torch.device) -> bool:
+    """Whether the talker's key/value cache is fp8 (`runtime.kv_cache`): auto and model keep the model's dtype
+    (auto: until fp8 is measured on a GPU, docs/PERFORMANCE.md); fp8 where it cannot run is a clear error."""
+    if setting not in KV_CACHES:
+        raise ValueError(f"runtime.kv_cache: {setting!r} is not one of {', '.join(KV_CACHES)}")
+    if setting != "fp8":
+        return False
+    if not kv_cache.fp8_available(device):
+        raise ValueError(f"runtime.kv_cache: fp8 cannot run on {device} (it needs torch with float8 support and, on "
+                         "a GPU, an NVIDIA GPU of compute capability 8.9 or later with the triton package); set it "
+                         "to auto or model")
+    return True
+
+
 class ModelRunner:
     def __init__(self, engine, cfg: EngineConfig, timings: dict):
         self.engine, self.cfg, self.timings = engine, cfg, timings
@@ -69,8 +84,10 @@ class ModelRunner:
         self.buckets = tuple(b for b in cfg.batch_buckets if b < n) + (n,)
         self.table = SlotTable.allocate(n, tc.hidden_size, tc.vocab_size, tc.num_code_groups, cfg.max_text_rows,
                                         self.device, dtype)
-        self.cache = talker.new_cache(n, cfg.max_context, self.device, dtype)
-        self.side = talker.new_cache(cfg.prefill_batch, cfg.max_context, self.device, dtype)
+        self.fp8 = kv_cache_choice(cfg.kv_cache, self.device)  # the talker's cache (the predictor's: model dtype)
+        self.cache = talker.new_cache(n, cfg.max_context, self.device, dtype, self.fp8)
+        self.side = talker.new_cache(cfg.prefill_batch, cfg.max_context, self.device, dtype, self.fp8)
+        log.info("talker key/value cache: %s", "fp8 (e4m3, a scale per vector)" if self.fp8 else dtype)
         with torch.no_grad():
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
             self.pad = talker.text_embed(ids)[0]  # [H]
@@ -141,8 +158,7 @@ class ModelRunner:
         if graph is not None:
             graph.replay()
         else:
-            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
-            hidden = self.fast.prefill(x, pos, side, last)  # [b, H]
+            hidden = self.fast.prefill(x, pos, self.side.rows(0, b), last)  # [b, H]
         t = min(t, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))  # rows taken per request
         complete = []
         for seq in group:
@@ -168,7 +184,7 @@ class ModelRunner:
             x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=dev, dtype=self.table.hidden.dtype)
             pos = torch.full((b, t), cap, device=dev, dtype=torch.long)
             last = torch.zeros(b, dtype=torch.long, device=dev)
-            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+            side = self.side.rows(0, b)
             self.fast.prefill(x, pos, side, last)  # warm-up (and compilation): writes only the unused last slot
             graph = make_graph(self.device, self._pool, self.capture_stream)
             hidden = graph.capture(lambda: self.fast.prefill(x, pos, side, last), warmup=0)
@@ -184,7 +200,7 @@ class ModelRunner:
         for b, t in {(1, 1), (min(2, pb), 1), (1, 5), (1, 9), (min(2, pb), 7), (min(3, pb), 11), (pb, chunk)}:
             x = torch.zeros(b, t, self.talker.cfg.hidden_size, device=self.device, dtype=self.table.hidden.dtype)
             pos = torch.arange(t, device=self.device)[None].expand(b, t).contiguous()
-            side = KVCache([k[:b] for k in self.side.k], [v[:b] for v in self.side.v])
+            side = self.side.rows(0, b)
             self.fast.prefill(x, pos, side, torch.full((b,), t - 1, dtype=torch.long, device=self.device))
 
     # ----- decode ------------------------------------------------------------------------------------
@@ -243,7 +259,7 @@ class ModelRunner:
 
     def run_step(self, b: int, length: int, k_cap: int = 0) -> None:
         """One decode step over slots [0, b) attending over `length` cache positions (captured on first use)."""
-        cache = KVCache([k[:b, :, :length] for k in self.cache.k], [v[:b, :, :length] for v in self.cache.v])
+        cache = self.cache.rows(0, b, length)
         args = (self.table.rows(b), cache, self.pad, self.suppress, self.store.codes, k_cap)
         if not self.use_graphs:
             self.fast(*args)
