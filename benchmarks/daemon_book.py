@@ -13,8 +13,9 @@ running one used, --socket/--url) and its start-up reported apart (`daemon_start
 through `POST /v1/jobs` (as `submit` uploads it); then GET /v1/jobs/ID is polled until the job ends.
 Reported: the wall time from the upload to the finished book (chapters and book file written: the job
 is `done` only then), the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
-queue's own durations), audio seconds per wall second, the time to the first finished segment, and the
-engines' figures from /health.
+queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
+80% of the book, over the time between), the time to the first finished segment, and the engines' figures
+from /health.
 """
 from __future__ import annotations
 
@@ -43,13 +44,14 @@ async def measure(args, res: dict) -> None:
         t0 = time.perf_counter()
         job = await book.submit_next()
         log.info("book job %s: %s segments", job["id"], job["total"])
-        first = None
+        first, progress = None, []
         while True:
             await asyncio.sleep(args.poll)
             check_alive(srv.daemon, args.daemon_log)
             s = await book.sample(keep_running=False)
             if first is None and s["done"]:
                 first = s["t"] - t0
+            progress.append((s["t"], s["done"]))
             if s["state"] in TERMINAL:
                 break
             if time.perf_counter() - t0 > args.timeout:
@@ -63,6 +65,7 @@ async def measure(args, res: dict) -> None:
                  "frames_per_segment": args.frames if args.fixed_length else None, "audio_s": audio,
                  "wall_s": round(wall, 2), "first_segment_s": None if first is None else round(first, 2),
                  "audio_s_per_s": None if not audio else round(audio / wall, 1),
+                 "steady_audio_s_per_s": steady(progress, job["total"], args.frames) if args.fixed_length else None,
                  "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps",
                                               "loop_s")}
                              for e in health.get("engine", {}).get("engines", [])] if isinstance(health, dict) else None}
@@ -72,13 +75,24 @@ async def measure(args, res: dict) -> None:
         res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format}
 
 
+def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float = 0.8):
+    """Audio seconds per second while the book runs at full pace: the segments finished between `lo` and `hi`
+    of the book over the time between (start-up of the job and its last, thinning rows left out)."""
+    a = next(((t, d) for t, d in progress if d >= lo * total), None)
+    b = next(((t, d) for t, d in progress if d >= hi * total), None)
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return round((b[1] - a[1]) * frames * FRAME_S / (b[0] - a[0]), 1)
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Book through the daemon: {res.get('model')} on {res.get('device')}", "",
              f"`{res.get('command')}`", "", f"start-up (apart): {res.get('daemon_start_s')} s", "",
-             "| state | segments | audio s | wall s | first segment s | audio-s/s |", "|---|---|---|---|---|---|"]
+             "| state | segments | audio s | wall s | first segment s | audio-s/s | steady audio-s/s (20-80%) |",
+             "|---|---|---|---|---|---|---|"]
     for lv in res["levels"]:
         lines.append(f"| {lv['state']} | {lv['segments']} | {lv['audio_s']} | {lv['wall_s']} | {lv['first_segment_s']} "
-                     f"| {lv['audio_s_per_s']} |")
+                     f"| {lv['audio_s_per_s']} | {lv.get('steady_audio_s_per_s')} |")
     if res.get("error"):
         lines += ["", f"error: {res['error']}"]
     return "\n".join(lines) + "\n"
