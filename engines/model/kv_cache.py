@@ -59,7 +59,10 @@ def fp8_available(device: torch.device) -> bool:
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Vectors x `[..., D]` -> (q `[..., D]` float8 e4m3, scales `[...]` float32): see the module doc."""
     xf = x.float()
-    s = (xf.abs().amax(-1) / FP8_MAX).clamp_min(FP8_EPS)  # [...]
+    amax = xf.abs().amax(-1)  # [...]
+    # a true division, as the kernels' div_rn: CUDA divides by a Python number as a product with its reciprocal,
+    # which differs in the last bit (seen on an H100: the kernel's and this form's scales were not equal)
+    s = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(FP8_EPS)  # [...]
     return (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
