@@ -388,3 +388,31 @@ def test_a_bad_config_fails_once_at_priority_err_and_is_not_retried(box):
     finally:
         box.run("rm", "-f", "/etc/tts-appliance/config.d/zz-broken.yaml")
     box.run("systemctl", "start", SERVICE, timeout=180)
+
+
+def test_an_inbox_file_the_service_cannot_read_is_one_error_a_failed_job_and_kept(box):
+    """root's file, mode 0600, in the inbox: the service (its own user, PrivateUsers) cannot open it. One error
+    line (not a traceback at every poll), a failed job naming the fix, the file kept, /health listing it."""
+    ensure_active(box)
+    inbox = "/var/lib/tts-appliance/inbox/secret.txt"
+    since = box.run("date", "+%Y-%m-%d %H:%M:%S").stdout.strip()
+    box.run("tee", inbox, input="Nobody else may read this.\n")
+    box.run("chmod", "0600", inbox)
+    member = group_member(box)
+
+    def failed_job():
+        jobs = json.loads(get(box, "/v1/jobs", member)["body"])
+        return next((j for j in jobs if "secret.txt" in json.dumps(j) and j["state"] == "failed"), None)
+
+    job = wait_for(failed_job, 60, "a failed job for the unreadable file", box)
+    assert "cannot read secret.txt" in json.dumps(job), job
+    time.sleep(6)  # several polls of the inbox (watch_quiet_s 0.5): still one line
+    log = box.run("journalctl", "--no-pager", "-o", "cat", "-u", SERVICE, "--since", since).stdout
+    lines = [x for x in log.splitlines() if "secret.txt" in x]
+    assert len(lines) == 1 and "Traceback" not in log, lines or log[-3000:]
+    err = box.run("journalctl", "--no-pager", "-o", "cat", "-p", "err", "-u", SERVICE, "--since", since).stdout
+    assert "cannot read secret.txt" in err, err
+    assert box.run("test", "-f", inbox, check=False).returncode == 0, "the file must stay where it was"
+    health = json.loads(get(box, "/health", member)["body"])
+    assert "secret.txt" in json.dumps(health.get("parts", {})), health
+    box.run("rm", "-f", inbox)
