@@ -1,7 +1,8 @@
 """Reading user files into a :class:`jobs.document.Document` (chapters of paragraphs).
 
 Entry point: :func:`load_document`. Supported inputs: plain text (any common
-encoding), Markdown, HTML, EPUB, DOCX and PDF (text layer, via ``pypdf``).
+encoding), Markdown, HTML, EPUB, DOCX, PDF (text layer, via ``pypdf``), MOBI/AZW3
+(Kindle, without DRM), ODT, RTF and FB2 (also .fb2.zip).
 Anything else is sniffed: text is read as plain text, binaries are refused.
 The user's file is only ever opened for reading.
 
@@ -25,8 +26,11 @@ log = logging.getLogger(__name__)
 TEXT_EXT = {".txt", ".text", ".asc", ".rst", ".log", ""}
 MD_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
 HTML_EXT = {".html", ".htm", ".xhtml", ".xht"}
-FORMATS = ("txt", "md", "html", "epub", "docx", "pdf")
-READ_SUFFIXES = (TEXT_EXT - {""}) | MD_EXT | HTML_EXT | {".epub", ".docx", ".pdf"}  # names read by their ending
+MOBI_EXT = {".mobi", ".azw", ".azw3", ".prc"}  # Kindle / Mobipocket (PalmDB); KF8 inside for AZW3
+FB2_EXT = {".fb2", ".fb2.zip"}
+FORMATS = ("txt", "md", "html", "epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2")
+READ_SUFFIXES = (TEXT_EXT - {""}) | MD_EXT | HTML_EXT | MOBI_EXT | FB2_EXT | {
+    ".epub", ".docx", ".pdf", ".odt", ".rtf"}  # names read by their ending
 MAX_FILE_MB = 50  # default of the config's jobs.max_file_mb
 
 
@@ -39,8 +43,8 @@ class IngestOptions:
     dedication etc. before the first chapter.  skip_footnotes: drop footnote
     markers and footnote blocks.  allowed_roots: if set, the (symlink-resolved)
     path must lie under one of these directories.  The zip limits guard EPUB/DOCX
-    against zip bombs.  format: force "txt", "md", "html", "epub", "docx" or
-    "pdf" instead of guessing.  encoding: force a text encoding.
+    against zip bombs.  format: force one of FORMATS ("txt", "md", "html", "epub",
+    "docx", "pdf", "mobi" (also AZW3), "odt", "rtf", "fb2") instead of guessing.  encoding: force a text encoding.
     """
 
     max_bytes: int = MAX_FILE_MB << 20
@@ -98,39 +102,77 @@ def _read(path: Path, options: IngestOptions) -> bytes:
 
 
 def guess_format(path: Path, data: bytes) -> str:
-    """The document format of `path` (epub, docx, pdf, md, html, txt) from its extension, else from
-    `data` (its bytes, or its head and tail); an unsupported kind raises IngestError."""
+    """The document format of `path` (one of FORMATS) from its extension, else from `data` (its bytes, or
+    its head and tail); an unsupported kind raises IngestError."""
     ext = path.suffix.lower()
-    if ext == ".epub":
-        return "epub"
-    if ext == ".docx":
-        return "docx"
-    if ext == ".pdf":
-        return "pdf"
+    by_ending = {".epub": "epub", ".docx": "docx", ".pdf": "pdf", ".odt": "odt", ".rtf": "rtf", ".fb2": "fb2"}
+    if ext in by_ending:
+        return by_ending[ext]
+    if path.name.lower().endswith(".fb2.zip"):
+        return "fb2"
+    if ext in MOBI_EXT:
+        return "mobi"
     if ext in MD_EXT:
         return "md"
     if ext in HTML_EXT:
         return "html"
-    if ext in (".doc", ".rtf", ".odt", ".mobi", ".azw", ".azw3", ".pages"):
+    if ext in (".doc", ".pages", ".kfx"):
         raise IngestError(f"{ext} files are not supported; convert the document to EPUB, DOCX or plain text.")
     if ext in TEXT_EXT:
         return "txt"
-    # unknown extension: sniff the content
+    return _sniff(data)
+
+
+def _sniff(data: bytes) -> str:
+    """The format of a file whose name says nothing, from its bytes."""
     if data.startswith(b"PK\x03\x04"):
         head = data[:200]
         if b"mimetypeapplication/epub+zip" in head:
             return "epub"
+        if b"mimetypeapplication/vnd.oasis.opendocument.text" in head:
+            return "odt"
         if b"word/" in data[-65536:] or b"[Content_Types].xml" in head:
             return "docx"
+        name_len = int.from_bytes(data[26:28], "little")
+        if data[30:30 + name_len].lower().endswith(b".fb2"):
+            return "fb2"
     if data.startswith(b"%PDF-"):
         return "pdf"
+    if data[60:68] in (b"BOOKMOBI", b"TEXtREAd"):
+        return "mobi"
+    if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{\\rtf"):
+        return "rtf"
     what = sniff_binary(data)
     if what:
         raise IngestError(f"The file looks like a binary file ({what}), not a document this appliance can read.")
     head = data[:2048].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith(b"<?xml") and b"<fictionbook" in head:
+        return "fb2"
     if head.startswith((b"<!doctype html", b"<html", b"<?xml")) and b"<html" in data[:4096].lower():
         return "html"
     return "txt"
+
+
+BINARY_READERS = ("epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2")  # formats read by a module of their own
+
+
+def _binary_reader(fmt: str):
+    """The reader function of `fmt` (one of BINARY_READERS), imported when a file of it comes."""
+    if fmt == "epub":
+        from jobs.ingest.epub import load_epub as reader
+    elif fmt == "docx":
+        from jobs.ingest.docx import load_docx as reader
+    elif fmt == "pdf":
+        from jobs.ingest.pdf import load_pdf as reader
+    elif fmt == "mobi":
+        from jobs.ingest.mobi import load_mobi as reader
+    elif fmt == "odt":
+        from jobs.ingest.odt import load_odt as reader
+    elif fmt == "rtf":
+        from jobs.ingest.rtf import load_rtf as reader
+    else:
+        from jobs.ingest.fb2 import load_fb2 as reader
+    return reader
 
 
 def load_document(path: Union[str, Path], options: Optional[IngestOptions] = None) -> Document:
@@ -142,18 +184,8 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
     if fmt not in FORMATS:
         raise IngestError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
     log.info("reading %s as %s (%d bytes)", resolved.name, fmt, len(data))
-    if fmt == "epub":
-        from jobs.ingest.epub import load_epub
-
-        doc = load_epub(data, options)
-    elif fmt == "docx":
-        from jobs.ingest.docx import load_docx
-
-        doc = load_docx(data, options)
-    elif fmt == "pdf":
-        from jobs.ingest.pdf import load_pdf
-
-        doc = load_pdf(data, options)
+    if fmt in BINARY_READERS:
+        doc = _binary_reader(fmt)(data, options)
     elif fmt == "html":
         from jobs.ingest.html import load_html_bytes
 
