@@ -116,7 +116,8 @@ def test_formats_are_the_servers_own(cv):
 
     status, f, _ = cv.get("/v1/formats")
     assert status == 200 and f["books"] == list(FORMATS) and f["speech"] == list(SPEECH), f
-    assert {".txt", ".md", ".html", ".epub", ".docx", ".pdf"} <= set(f["documents"]), f
+    assert {".txt", ".md", ".html", ".epub", ".docx", ".pdf", ".mobi", ".azw", ".azw3", ".prc", ".odt", ".rtf", ".fb2",
+            ".fb2.zip"} <= set(f["documents"]), f
 
 
 # -- output files -------------------------------------------------------------------------------
