@@ -9,7 +9,7 @@ from jobs.document import Document
 from jobs.errors import IngestError
 from jobs.ingest.blocks import Block, build_chapters
 from jobs.ingest.safezip import SafeZip
-from jobs.ingest.text import chapter_heading
+from jobs.ingest.text import styled_block
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 HEADING_NAME_RE = re.compile(r"^(?:heading|überschrift|titre|titolo|título)\s*(\d)$", re.I)
@@ -80,14 +80,11 @@ def load_docx(data: bytes, options) -> Document:
             outline = p.find(f"{W}pPr/{W}outlineLvl")
             if level is None and outline is not None and (outline.get(f"{W}val") or "").isdigit():
                 level = int(outline.get(f"{W}val")) + 1 if int(outline.get(f"{W}val")) < 9 else None
-            if level == 0:
+            block = styled_block(text, level)
+            if block is None:
                 doc_title = doc_title or text
-            elif level is not None:
-                blocks.append(Block("heading", text, level=level))
-            elif len(text) < 90 and chapter_heading(text):
-                blocks.append(Block("heading", text))
             else:
-                blocks.append(Block("para", text))
+                blocks.append(block)
         promoted, chapters = build_chapters(blocks, options, promote_title=doc_title is None)
         if not chapters:
             raise IngestError("The DOCX file contains no readable text.")

@@ -44,20 +44,12 @@ def _from_zip(data: bytes, options) -> bytes:
 
 def _inline(el: Element, skip_notes: bool) -> str:
     """The text of `el` and everything inside it, in order; links to notes left out when `skip_notes`."""
-    parts: list[str] = [el.text or ""]
-    stack = [(iter(el), "")]  # (children still to read, the tail that follows them)
-    while stack:
-        child = next(stack[-1][0], None)
-        if child is None:
-            parts.append(stack.pop()[1])
-            continue
+    def instead(child: Element) -> Optional[str]:
         name = local(child.tag)
-        if (skip_notes and name == "a" and child.get("type") == "note") or name in ("image", "binary"):
-            parts.append(child.tail or "")
-        else:
-            parts.append(child.text or "")
-            stack.append((iter(child), child.tail or ""))
-    return " ".join("".join(parts).split())
+        skipped = (skip_notes and name == "a" and child.get("type") == "note") or name in ("image", "binary")
+        return "" if skipped else None
+
+    return safexml.inline_text(el, instead)
 
 
 def _href(el: Element) -> str:

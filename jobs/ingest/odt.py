@@ -17,7 +17,7 @@ from jobs.ingest.blocks import Block, build_chapters
 from jobs.ingest.docx import HEADING_NAME_RE
 from jobs.ingest.safexml import local
 from jobs.ingest.safezip import SafeZip
-from jobs.ingest.text import chapter_heading
+from jobs.ingest.text import styled_block
 
 log = logging.getLogger(__name__)
 
@@ -90,29 +90,19 @@ def _styles(*roots: Optional[Element]) -> dict[str, int]:
 
 def _inline(el: Element, notes: list[str], skip_notes: bool) -> str:
     """A paragraph's text in order (spaces, tabs and line breaks as spaces); its footnotes go to `notes`."""
-    parts: list[str] = [el.text or ""]
-    stack = [(iter(el), "")]  # (children still to read, the tail that follows them)
-    while stack:
-        child = next(stack[-1][0], None)
-        if child is None:
-            parts.append(stack.pop()[1])
-            continue
+    def instead(child: Element) -> Optional[str]:
         name = local(child.tag)
         if name in ("s", "tab", "line-break"):
-            parts.append(" ")
-        elif name == "note":
+            return " "
+        if name == "note":
             body = next((c for c in child if local(c.tag) == "note-body"), None)
             if body is not None and not skip_notes:
                 notes.extend(t for t in (_inline(p, notes, skip_notes) for p in body.iter()
                                          if local(p.tag) in ("p", "h")) if t)
-        elif name in SKIPPED or name == "ruby-text":
-            pass
-        else:
-            parts.append(child.text or "")
-            stack.append((iter(child), child.tail or ""))
-            continue
-        parts.append(child.tail or "")
-    return " ".join("".join(parts).split())
+            return ""
+        return "" if name in SKIPPED or name == "ruby-text" else None
+
+    return safexml.inline_text(el, instead)
 
 
 def _blocks(body: Element, levels: dict[str, int], skip_notes: bool) -> tuple[list[Block], Optional[str]]:
@@ -133,18 +123,11 @@ def _blocks(body: Element, levels: dict[str, int], skip_notes: bool) -> tuple[li
             if name == "h":
                 outline = _attr(el, "outline-level") or ""
                 level = int(outline) if outline.isdigit() else (level or 1)
-            if not text:
-                pass
-            elif in_toc:
-                blocks.append(Block("toc", text))
-            elif level == 0:
+            block = Block("toc", text) if in_toc else styled_block(text, level)
+            if block is None:
                 title = title or text
-            elif level is not None:
-                blocks.append(Block("heading", text, level=level))
-            elif len(text) < 90 and chapter_heading(text):
-                blocks.append(Block("heading", text))
-            else:
-                blocks.append(Block("para", text))
+            elif text:
+                blocks.append(block)
             blocks.extend(Block("footnote", n) for n in notes)
         elif name in TOC:
             stack.append((iter(el), True))

@@ -22,7 +22,7 @@ from jobs.document import Document
 from jobs.errors import IngestError
 from jobs.ingest.blocks import Block, build_chapters
 from jobs.ingest.docx import HEADING_NAME_RE
-from jobs.ingest.text import chapter_heading
+from jobs.ingest.text import styled_block
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +110,11 @@ class _Reader:
         level = self.styles.get(self.style)
         if self.outline is not None and self.outline < 9:
             level = self.outline + 1
-        if not text:
-            pass
-        elif level == 0:
+        block = styled_block(text, level) if text else None
+        if block is not None:
+            self.blocks.append(block)
+        elif text:
             self.title = self.title or text
-        elif level is not None:
-            self.blocks.append(Block("heading", text, level=level))
-        elif len(text) < 90 and chapter_heading(text):
-            self.blocks.append(Block("heading", text))
-        else:
-            self.blocks.append(Block("para", text))
         self.blocks.extend(Block("footnote", n) for n in self.notes)
         self.notes = []
 

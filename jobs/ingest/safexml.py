@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import re
 import xml.etree.ElementTree as ET
-from typing import Union
+from typing import Callable, Optional, Union
 from xml.parsers import expat
 
 from jobs.errors import IngestError
@@ -83,3 +83,23 @@ def _decoded(data: Union[bytes, str], what: str) -> Union[bytes, str]:
 def local(tag) -> str:
     """An element's name without its namespace."""
     return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+def inline_text(el: ET.Element, instead: Callable[[ET.Element], Optional[str]]) -> str:
+    """The text of `el` and all inside it in document order, white space collapsed, read without recursion
+    (however deep the nesting); `instead(child)` gives the text to put in place of a child (its tail is still
+    read), or None to read the child itself."""
+    parts: list[str] = [el.text or ""]
+    stack = [(iter(el), "")]  # (children still to read, the tail that follows them)
+    while stack:
+        child = next(stack[-1][0], None)
+        if child is None:
+            parts.append(stack.pop()[1])
+            continue
+        text = instead(child)
+        if text is None:
+            parts.append(child.text or "")
+            stack.append((iter(child), child.tail or ""))
+        else:
+            parts += (text, child.tail or "")
+    return " ".join("".join(parts).split())

@@ -53,6 +53,19 @@ def chapter_heading(line: str) -> bool:
     return bool(ORDINAL_CHAPTER_RE.match(line) or KEYWORD_RE.match(line))
 
 
+def styled_block(text: str, level: Optional[int]) -> Optional[Block]:
+    """A paragraph of a format with paragraph styles (DOCX, ODT, RTF) as a block: a heading of `level`, else
+    a heading by its words ("Chapter 3") when short, else a paragraph; None for level 0 (the Title style:
+    the document's title, not a block)."""
+    if level == 0:
+        return None
+    if level is not None:
+        return Block("heading", text, level=level)
+    if len(text) < 90 and chapter_heading(text):
+        return Block("heading", text)
+    return Block("para", text)
+
+
 def _blocks_of_lines(text: str) -> list[list[str]]:
     """Split text into groups of lines separated by blank lines; very long lines are own groups."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
