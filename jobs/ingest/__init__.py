@@ -42,9 +42,11 @@ class IngestOptions:
     skip_toc: drop a table of contents.  skip_front_matter: drop copyright page,
     dedication etc. before the first chapter.  skip_footnotes: drop footnote
     markers and footnote blocks.  allowed_roots: if set, the (symlink-resolved)
-    path must lie under one of these directories.  The zip limits guard EPUB/DOCX
-    against zip bombs.  format: force one of FORMATS ("txt", "md", "html", "epub",
-    "docx", "pdf", "mobi" (also AZW3), "odt", "rtf", "fb2") instead of guessing.  encoding: force a text encoding.
+    path must lie under one of these directories.  The zip limits guard EPUB, DOCX,
+    ODT and .fb2.zip against zip bombs (max_uncompressed_bytes also caps a MOBI's
+    decompressed text).  format: force one of FORMATS ("txt", "md", "html", "epub",
+    "docx", "pdf", "mobi" (also AZW3), "odt", "rtf", "fb2") instead of guessing.
+    encoding: force a text encoding.
     """
 
     max_bytes: int = MAX_FILE_MB << 20

@@ -1,4 +1,4 @@
-"""Reading zip containers (EPUB, DOCX) without trusting them: zip-bomb and size checks."""
+"""Reading zip containers (EPUB, DOCX, ODT, .fb2.zip) without trusting them: zip-bomb and size checks."""
 from __future__ import annotations
 
 import io
