@@ -184,8 +184,8 @@ def _kf8_part(records: list[bytes], h: _Header) -> _Header:
 
 
 def _blocks(html: str, skip_footnotes: bool) -> list[Block]:
-    """The book's blocks; without any heading, a section's first block that reads "Chapter 3" (or a short
-    line of chapter words anywhere) starts a chapter."""
+    """The book's blocks (old MOBI's sections between page breaks one after another); in a book without
+    any heading, a short paragraph of chapter words ("Chapter 3", "Epilogue") starts a chapter."""
     sections = [html_to_blocks(part, skip_footnotes)[0] for part in PAGEBREAK.split(html)]
     if any(b.kind == "heading" for s in sections for b in s):
         return [b for s in sections for b in s]
@@ -200,7 +200,10 @@ def _blocks(html: str, skip_footnotes: bool) -> list[Block]:
 
 def _meta(h: _Header, records: list[bytes]) -> dict:
     exth, codec = h.exth or {}, _codec(h.encoding)
-    text = lambda kind: " ".join(v.decode(codec, "replace").strip() for v in exth.get(kind, [])[:1]) or None  # noqa
+
+    def text(kind: int) -> Optional[str]:
+        return next((v.decode(codec, "replace").strip() for v in exth.get(kind, [])), None) or None
+
     authors = [v.decode(codec, "replace").strip() for v in exth.get(100, [])]
     meta = {"title": text(503) or h.full_name.strip() or None, "author": "; ".join(a for a in authors if a) or None,
             "language": text(524), "cover": None, "cover_mime": None}
@@ -234,7 +237,8 @@ def load_mobi(data: bytes, options) -> Document:
         raise IngestError("The MOBI/AZW3 book contains no readable text.")
     meta = _meta(h, records)
     if meta["cover"] is None and h is not first:  # a joint file's images may belong to its old part
-        meta["cover"], meta["cover_mime"] = _meta(first, records)["cover"], _meta(first, records)["cover_mime"]
+        old = _meta(first, records)
+        meta["cover"], meta["cover_mime"] = old["cover"], old["cover_mime"]
     return Document(chapters, title=meta["title"] or data[:32].split(b"\0")[0].decode("latin-1") or None,
                     author=meta["author"], language=meta["language"], cover=meta["cover"],
                     cover_mime=meta["cover_mime"], source_format="azw3" if kf8 else "mobi")
