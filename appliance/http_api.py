@@ -29,8 +29,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from appliance.http_common import (CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key,
-                                   same_origin)
+from appliance.http_common import CTX, ApiError, field, json_errors, read_json, require_key, same_origin
+from appliance.http_refaudio import reference_audio
 from appliance.http_voices import VOICE_NAME, check_name, prune_samples
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,9 @@ async def add_voice(request):
         raise ApiError(409, f"a voice {name!r} is already saved; send \"overwrite\": true to replace it, or "
                             f"DELETE /v1/voices/{name} first", "conflict")
     with tempfile.TemporaryDirectory(prefix="tts-voice-") as tmp:
-        ref = decode_b64_audio(data, Path(tmp))
+        ref = reference_audio(ctx, data.get("ref_audio"), Path(tmp))
         if not ref:
-            raise ApiError(400, "'ref_audio' (base64 audio) is required")
+            raise ApiError(400, "'ref_audio' is required: base64 audio, a data URL or a file in the voices folder")
         voice = await asyncio.get_running_loop().run_in_executor(
             None, ctx.host.pool.clone_voice, ref, field(data, "ref_text", str))
     path.parent.mkdir(parents=True, exist_ok=True)
