@@ -4,6 +4,7 @@
     GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/audio/speech/ws   the same, in the Nari server's protocol nari.speech.v1 (appliance.ws_nari)
+    GET    /v1/audio/speech/stream  WebSocket: vllm-omni's text in pieces, audio per sentence (appliance.ws_vllm)
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
@@ -136,6 +137,7 @@ def make_app(ctx) -> web.Application:
     from appliance.http_voices import add_routes as add_voice_routes
     from appliance.http_web import add_routes as add_page_routes
     from appliance.ws_nari import add_routes as add_nari_routes
+    from appliance.ws_vllm import add_routes as add_stream_routes
 
     app = web.Application(middlewares=[json_errors, same_origin, require_key],
                           client_max_size=ctx.cfg.http.max_body_bytes)
@@ -152,5 +154,6 @@ def make_app(ctx) -> web.Application:
     add_output_routes(app)
     add_live_routes(app)
     add_nari_routes(app)
+    add_stream_routes(app)
     add_page_routes(app)
     return app
