@@ -163,21 +163,27 @@ class LiveSession:
                                     f"be at most {self.ctx.cfg.http.max_body_bytes} bytes")
             if msg.type != WSMsgType.TEXT:
                 raise ApiError(400, "send JSON text frames, not binary ones")
-            outcome = await self._message(_parse(msg.data))
+            outcome = await self._message(parse_message(msg.data))
             if outcome is CLOSE:
                 return CLOSE
             if outcome is END:
                 self.ended = True
                 self.queue.put_nowait(END)
 
+    STOP = "session.close"  # the message that stops the session at once, also after input_text.end
+
     async def _message(self, data: dict):
-        """Apply one client message: CLOSE (stop now), END (no more text) or None. A subclass speaking another
-        protocol overrides this with its messages, built on _configure, _append and _end."""
+        """Apply one client message: CLOSE (stop now: the STOP message), END (no more text) or None."""
         kind = data.get("type")
-        if kind == "session.close":
+        if kind == self.STOP:
             return CLOSE
         if self.ended:
-            raise ApiError(400, f"{kind!r} after input_text.end; only session.close may follow")
+            raise ApiError(400, f"{kind!r} after input_text.end; only {self.STOP} may follow")
+        return await self._apply(kind, data)
+
+    async def _apply(self, kind: str, data: dict):
+        """One message of the text (_message's result). A subclass speaking another protocol overrides this
+        with its messages, built on _configure, _append and _end."""
         if kind == "session.update":
             self._configure(data)
         elif kind == "input_text.append":
@@ -401,7 +407,8 @@ def _utterance_end(current: str, text: str, lang: str) -> Optional[int]:
     return space if space > 0 else max(UTTERANCE_MAX_CHARS - len(current), 1)
 
 
-def _parse(raw: str) -> dict:
+def parse_message(raw: str) -> dict:
+    """A client's message: a JSON object (400 otherwise)."""
     try:
         data = json.loads(raw)
     except ValueError as exc:

@@ -29,7 +29,7 @@ import uuid
 from aiohttp import web
 
 from appliance.http_common import ApiError, field
-from appliance.http_live import CLOSE, END, LiveSession, serve_session
+from appliance.http_live import END, LiveSession, serve_session
 
 PROTOCOL = "nari.speech.v1"
 START_KEYS = ("voice", "language", "instructions", "seed", "max_frames", "speed", "lexicon")
@@ -56,12 +56,9 @@ class NariSession(LiveSession):
             return
         await super().run()
 
-    async def _message(self, data: dict):
-        kind = data.get("type")
-        if kind == "response.cancel":
-            return CLOSE
-        if self.ended:
-            raise ApiError(400, f"{kind!r} after input_text.end; only response.cancel may follow")
+    STOP = "response.cancel"
+
+    async def _apply(self, kind: str, data: dict):
         if kind == "request.start":
             if self.started:
                 raise ApiError(400, "one request.start per connection; open another connection for the next")

@@ -27,7 +27,6 @@ POST /v1/audio/speech (appliance.streams.serve_stream); speed is applied also to
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import tempfile
@@ -47,7 +46,7 @@ from text.normalize import language_code
 from text.split import split_clauses, split_streamed
 
 from appliance.http_common import CTX, ApiError, field
-from appliance.http_live import close_reason
+from appliance.http_live import close_reason, parse_message
 from appliance.http_refaudio import reference_audio
 from appliance.speech_body import SpeechOptions, options, synthesis_request
 from appliance.streams import serve_stream
@@ -117,7 +116,7 @@ class StreamSession:
             try:
                 if msg.type != WSMsgType.TEXT:
                     raise ApiError(400, "send JSON text frames, not binary ones")
-                if self._message(_parse(msg.data)):
+                if self._message(parse_message(msg.data)):
                     return CLOSE
             except Fatal as exc:
                 return await self._fatal(str(exc))
@@ -269,16 +268,6 @@ class StreamSession:
 
     async def _send(self, event: dict) -> None:
         await asyncio.wait_for(self.ws.send_json(event), self.ctx.cfg.http.write_timeout_s)
-
-
-def _parse(raw: str) -> dict:
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"message is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, 'each message must be a JSON object with a "type"')
-    return data
 
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
