@@ -167,7 +167,7 @@ def follow(client, job_ids: list[str], progress: bool = True) -> dict:
 @click.option("--seed", default=0, show_default=True, help="Sampling seed of every segment.")
 @click.option("--max-new-tokens", type=int, help="Cap on generated frames per segment.")
 @click.option("--speed", type=float, default=1.0, show_default=True,
-              help="Speaking speed 0.5-2.0 (time-stretched, pitch kept).")
+              help="Speaking speed 0.25-4.0 (time-stretched, pitch kept; natural within 0.5-2.0).")
 @click.option("--chapters", help="Only these chapters, numbered as `preview` lists them (e.g. 1,3-5).")
 @click.option("--lexicon", type=click.Path(dir_okay=False),
               help="Pronunciation lexicon of this job, a YAML file (word: what to say), over jobs.lexicon's.")

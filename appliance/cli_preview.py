@@ -65,7 +65,7 @@ def describe_preview(p: dict) -> str:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--language", default="auto", show_default=True, help="Language name (e.g. english) or auto.")
 @click.option("--chapters", help="Mark the chapters a `submit --chapters` would keep (e.g. 1,3-5).")
-@click.option("--speed", type=float, default=1.0, show_default=True, help="Speaking speed (0.5-2.0) of the estimate.")
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Speaking speed (0.25-4.0) of the estimate.")
 @home_option
 @json_option
 def preview(files, language, chapters, speed, home, as_json):

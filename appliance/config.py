@@ -112,6 +112,7 @@ class HttpSection:
     api_key: Optional[str] = None     # TCP requests need `Authorization: Bearer KEY` (the Unix socket: its mode)
     max_body_bytes: int = 64 * 1024 * 1024
     max_text_chars: int = 20000       # longest `input` for /v1/audio/speech
+    response_format: str = "mp3"      # what a speech request without response_format gets (OpenAI's default)
     read_timeout_s: float = 30.0      # a client must send its request within this
     write_timeout_s: float = 60.0     # a stream whose client stops reading this long is dropped
 
@@ -316,6 +317,11 @@ def check(cfg: Config, origin: str = "config") -> Config:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: give an octal file mode such as 0660") from None
     if mode & ~0o777:
         raise ConfigError(f"{origin}: http.mode = {cfg.http.mode!r}: only permission bits (e.g. 0660)")
+    from audio.encode_stream import CONTENT_TYPES
+
+    if cfg.http.response_format not in CONTENT_TYPES:
+        raise ConfigError(f"{origin}: http.response_format = {cfg.http.response_format!r}: choose one of "
+                          f"{', '.join(CONTENT_TYPES)}")
     check_queue(cfg.jobs, origin)
     if cfg.jobs.lexicon:
         from text.normalize.lexicon import LexiconError

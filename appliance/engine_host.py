@@ -120,9 +120,10 @@ class EngineHost:
         return want if want in voices else (voices[0] if voices else None)
 
     def request(self, text, voice=None, language="auto", instruct=None, ref_audio=None, ref_text=None,
-                seed=None, max_frames=None, text_feed=None):
+                seed=None, max_frames=None, text_feed=None, non_streaming_text=None):
         """A SynthesisRequest with the daemon's frame cap (None when nothing can be said); `text_feed`: text
-        still arriving (engines.runtime.text_feed)."""
+        still arriving (engines.runtime.text_feed); `non_streaming_text`: the prompt's text mode (None: the
+        model's default for the voice, SynthesisRequest)."""
         from engines.api import SamplingParams, SynthesisRequest
 
         if self.engine.model_type == "base" and not (voice or ref_audio):
@@ -131,7 +132,8 @@ class EngineHost:
         frames = min(x for x in (cap, max_frames) if x) if (cap or max_frames) else None
         sampling = SamplingParams(seed=seed, max_new_tokens=frames + 1 if frames else None)
         return SynthesisRequest(text=text, voice=voice, language=language or "auto", instruct=instruct,
-                                ref_audio=ref_audio, ref_text=ref_text, sampling=sampling, text_feed=text_feed)
+                                ref_audio=ref_audio, ref_text=ref_text, sampling=sampling, text_feed=text_feed,
+                                non_streaming_text=non_streaming_text)
 
     # -- streaming ---------------------------------------------------------------------------
     def submit_stream(self, request):

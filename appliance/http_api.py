@@ -3,6 +3,8 @@
     POST   /v1/audio/speech      OpenAI-compatible speech: a whole file, streamed or SSE (appliance.http_speech)
     GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
+    GET    /v1/audio/speech/ws   the same, in the Nari server's protocol nari.speech.v1 (appliance.ws_nari)
+    GET    /v1/audio/speech/stream  WebSocket: vllm-omni's text in pieces, audio per sentence (appliance.ws_vllm)
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from appliance.http_common import (CTX, ApiError, decode_b64_audio, field, json_errors, read_json, require_key,
-                                   same_origin)
+from appliance.http_common import CTX, ApiError, field, json_errors, read_json, require_key, same_origin
+from appliance.http_refaudio import reference_audio
 from appliance.http_voices import VOICE_NAME, check_name, prune_samples
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,9 @@ async def add_voice(request):
         raise ApiError(409, f"a voice {name!r} is already saved; send \"overwrite\": true to replace it, or "
                             f"DELETE /v1/voices/{name} first", "conflict")
     with tempfile.TemporaryDirectory(prefix="tts-voice-") as tmp:
-        ref = decode_b64_audio(data, Path(tmp))
+        ref = reference_audio(ctx, data.get("ref_audio"), Path(tmp))
         if not ref:
-            raise ApiError(400, "'ref_audio' (base64 audio) is required")
+            raise ApiError(400, "'ref_audio' is required: base64 audio, a data URL or a file in the voices folder")
         voice = await asyncio.get_running_loop().run_in_executor(
             None, ctx.host.pool.clone_voice, ref, field(data, "ref_text", str))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +136,8 @@ def make_app(ctx) -> web.Application:
     from appliance.http_speech import add_routes as add_speech_routes
     from appliance.http_voices import add_routes as add_voice_routes
     from appliance.http_web import add_routes as add_page_routes
+    from appliance.ws_nari import add_routes as add_nari_routes
+    from appliance.ws_vllm import add_routes as add_stream_routes
 
     app = web.Application(middlewares=[json_errors, same_origin, require_key],
                           client_max_size=ctx.cfg.http.max_body_bytes)
@@ -149,5 +153,7 @@ def make_app(ctx) -> web.Application:
     add_job_routes(app)
     add_output_routes(app)
     add_live_routes(app)
+    add_nari_routes(app)
+    add_stream_routes(app)
     add_page_routes(app)
     return app

@@ -1,20 +1,16 @@
 """What every route of the local HTTP API shares: the app's context key, JSON errors (ApiError and
 the middleware that turns every failure into `{"error": {"message", "type", "code"}}`), the guards of
 TCP requests (browsers' cross-site requests refused; the bearer token of http.api_key), reading a JSON
-body, typed fields and base64 reference audio.
+body and typed fields (reference audio: appliance.http_refaudio).
 """
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hmac
 import ipaddress
 import json
 import logging
 import socket
-from pathlib import Path
-from typing import Optional
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -174,17 +170,3 @@ def field(data: dict, name: str, typ, default=None, required: bool = False):
         want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
         raise ApiError(400, f"'{name}' must be a {want}")
     return value
-
-
-def decode_b64_audio(data: dict, tmpdir: Path) -> Optional[str]:
-    """Write the base64 `ref_audio` to a temp file; returns its path or None."""
-    raw = field(data, "ref_audio", str)
-    if not raw:
-        return None
-    try:
-        blob = base64.b64decode(raw.split(",", 1)[-1] if raw.startswith("data:") else raw, validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiError(400, "'ref_audio' must be base64-encoded audio (WAV, FLAC ...)") from None
-    path = tmpdir / "ref_audio"
-    path.write_bytes(blob)
-    return str(path)

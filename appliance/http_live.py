@@ -82,6 +82,7 @@ class LiveSession:
         self.speaking = False
         self.audio_started = False
         self.samples = 0
+        self.frames_sent = 0  # binary frames of audio sent
         self.sample_rate = ctx.host.engine.sample_rate
         self.stretcher: Optional[StreamStretcher] = None
         self.ended = False  # input_text.end came: only session.close may follow
@@ -101,7 +102,7 @@ class LiveSession:
             await self._start_audio()
             if self.stretcher is not None:
                 await self._send_audio(await self._stretch(self.stretcher.finish))
-            await self._send({"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)})
+            await self._send(self._done_event())
         except ApiError as exc:
             code = CLOSE_AGAIN if exc.type == "busy" else CLOSE_POLICY if exc.status < 500 else CLOSE_ERROR
             await self._fail(exc.message, exc.type, code)
@@ -162,54 +163,75 @@ class LiveSession:
                                     f"be at most {self.ctx.cfg.http.max_body_bytes} bytes")
             if msg.type != WSMsgType.TEXT:
                 raise ApiError(400, "send JSON text frames, not binary ones")
-            data = _parse(msg.data)
-            if data.get("type") == "session.close":
+            outcome = await self._message(parse_message(msg.data))
+            if outcome is CLOSE:
                 return CLOSE
-            if self.ended:
-                raise ApiError(400, f"{data.get('type')!r} after input_text.end; only session.close may follow")
-            if self._handle(data):
+            if outcome is END:
                 self.ended = True
                 self.queue.put_nowait(END)
 
-    def _handle(self, data: dict) -> bool:
-        """Apply one message; True at input_text.end."""
+    STOP = "session.close"  # the message that stops the session at once, also after input_text.end
+
+    async def _message(self, data: dict):
+        """Apply one client message: CLOSE (stop now: the STOP message), END (no more text) or None."""
         kind = data.get("type")
+        if kind == self.STOP:
+            return CLOSE
+        if self.ended:
+            raise ApiError(400, f"{kind!r} after input_text.end; only {self.STOP} may follow")
+        return await self._apply(kind, data)
+
+    async def _apply(self, kind: str, data: dict):
+        """One message of the text (_message's result). A subclass speaking another protocol overrides this
+        with its messages, built on _configure, _append and _end."""
         if kind == "session.update":
-            if self.words is not None:
-                raise ApiError(400, "session.update must come before any input_text.append")
-            for key, typ in (("voice", str), ("language", str), ("instructions", str), ("seed", int),
-                             ("max_frames", int), ("speed", (int, float)), ("text_mode", str)):
-                if key in data:
-                    keep = key in ("language", "speed", "text_mode")
-                    self.opts[key] = field(data, key, typ, self.opts[key] if keep else None)
-            try:
-                self.opts["lexicon"] = lexicon_entries(data.get("lexicon", self.opts["lexicon"]), "session.update")
-                check_speed(self.opts["speed"])
-            except LexiconError as exc:
-                raise ApiError(400, str(exc)) from None
-            except ValueError as exc:
-                raise ApiError(400, f"'speed': {exc}") from None
-            if self.opts["text_mode"] not in TEXT_MODES:
-                raise ApiError(400, f"'text_mode' must be one of {', '.join(TEXT_MODES)}")
-            check_voice(self.ctx.host.engine, self.opts["voice"])  # VoiceNotFound, as the speech route says
-            return False
-        if kind == "input_text.append":
-            self._add(self._pronounce(field(data, "text", str, required=True)))
-            return False
-        if kind == "input_text.end":
-            held = self._pronounce("", final=True)
-            if held:
-                self._add(held)
-            if self.feed is not None:
-                self.feed.end()
-                self.feed = None
-            rest, self.rest = self.rest.strip(), ""
-            if rest:
-                self._queue(rest)
-            self.text_came.set()
-            return True
-        raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append, "
-                            "input_text.end or session.close")
+            self._configure(data)
+        elif kind == "input_text.append":
+            self._append(field(data, "text", str, required=True))
+        elif kind == "input_text.end":
+            self._end()
+            return END
+        else:
+            raise ApiError(400, f"unknown message type {kind!r}; send session.update, input_text.append, "
+                                "input_text.end or session.close")
+        return None
+
+    def _configure(self, data: dict) -> None:
+        """The session's settings from `data` (session.update's fields), checked; only before any text."""
+        if self.words is not None:
+            raise ApiError(400, "the session's settings must come before any text")
+        for key, typ in (("voice", str), ("language", str), ("instructions", str), ("seed", int),
+                         ("max_frames", int), ("speed", (int, float)), ("text_mode", str)):
+            if key in data:
+                keep = key in ("language", "speed", "text_mode")
+                self.opts[key] = field(data, key, typ, self.opts[key] if keep else None)
+        try:
+            self.opts["lexicon"] = lexicon_entries(data.get("lexicon", self.opts["lexicon"]), "session.update")
+            check_speed(self.opts["speed"])
+        except LexiconError as exc:
+            raise ApiError(400, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, f"'speed': {exc}") from None
+        if self.opts["text_mode"] not in TEXT_MODES:
+            raise ApiError(400, f"'text_mode' must be one of {', '.join(TEXT_MODES)}")
+        check_voice(self.ctx.host.engine, self.opts["voice"])  # VoiceNotFound, as the speech route says
+
+    def _append(self, text: str) -> None:
+        """More text to speak."""
+        self._add(self._pronounce(text))
+
+    def _end(self) -> None:
+        """No more text: what is held is spoken, then the session ends."""
+        held = self._pronounce("", final=True)
+        if held:
+            self._add(held)
+        if self.feed is not None:
+            self.feed.end()
+            self.feed = None
+        rest, self.rest = self.rest.strip(), ""
+        if rest:
+            self._queue(rest)
+        self.text_came.set()
 
     def _pronounce(self, text: str, final: bool = False) -> str:
         """`text` through the session's lexicon; without `final`, what follows its last space or punctuation
@@ -288,7 +310,7 @@ class LiveSession:
             self.speaking = False
         if isinstance(item, str):
             self.queued_chars -= len(item)
-            await self._send({"type": "text.done", "text": item})
+            await self._text_done(item)
             return None
         item.end()  # its request has ended: no more words go to it
         spoken, rest = item.text[:item.taken], item.rest
@@ -300,7 +322,7 @@ class LiveSession:
                 self.feed = more  # still receiving: new words go there
             else:
                 more.end()
-        await self._send({"type": "text.done", "text": spoken.strip()})
+        await self._text_done(spoken.strip())
         return more
 
     async def _speak_one(self, item) -> None:
@@ -332,11 +354,28 @@ class LiveSession:
         if len(chunk):
             await asyncio.wait_for(self.ws.send_bytes(pcm16(chunk)), self.ctx.cfg.http.write_timeout_s)
             self.samples += len(chunk)
+            self.frames_sent += 1
 
     async def _start_audio(self) -> None:
         if not self.audio_started:
             self.audio_started = True
-            await self._send({"type": "audio.start", "sample_rate": self.sample_rate, "format": "pcm_s16le"})
+            await self._send(self._start_event())
+
+    # -- the server's events (a subclass speaking another protocol overrides them) ------------------
+    def _start_event(self) -> dict:
+        """Sent once, before the first audio (or before the end when there is none)."""
+        return {"type": "audio.start", "sample_rate": self.sample_rate, "format": "pcm_s16le"}
+
+    async def _text_done(self, text: str) -> None:
+        """The audio of `text` (an utterance or a sentence) has all been sent."""
+        await self._send({"type": "text.done", "text": text})
+
+    def _done_event(self) -> dict:
+        """The last event: everything was spoken (the server then closes with 1000)."""
+        return {"type": "done", "audio_seconds": round(self.samples / self.sample_rate, 3)}
+
+    def _error_event(self, message: str, code: str) -> dict:
+        return {"type": "error", "message": message, "code": code}
 
     async def _send(self, event: dict) -> None:
         await asyncio.wait_for(self.ws.send_json(event), self.ctx.cfg.http.write_timeout_s)
@@ -346,7 +385,7 @@ class LiveSession:
         log.info("live speech: %s", message)
         self.close_code, self.close_reason = close_code, message
         try:
-            await self._send({"type": "error", "message": message, "code": code})
+            await self._send(self._error_event(message, code))
         except (ConnectionResetError, asyncio.TimeoutError):
             pass
 
@@ -368,7 +407,8 @@ def _utterance_end(current: str, text: str, lang: str) -> Optional[int]:
     return space if space > 0 else max(UTTERANCE_MAX_CHARS - len(current), 1)
 
 
-def _parse(raw: str) -> dict:
+def parse_message(raw: str) -> dict:
+    """A client's message: a JSON object (400 otherwise)."""
     try:
         data = json.loads(raw)
     except ValueError as exc:
@@ -380,13 +420,19 @@ def _parse(raw: str) -> dict:
 
 async def live(request: web.Request) -> web.WebSocketResponse:
     """GET /v1/audio/speech/live: upgrade to a WebSocket and speak text as it arrives (module docstring)."""
+    return await serve_session(request, LiveSession)
+
+
+async def serve_session(request: web.Request, session_class, protocols=()) -> web.WebSocketResponse:
+    """Upgrade to a WebSocket (offering the subprotocols `protocols`) and serve one `session_class` session
+    (LiveSession or a subclass) on it; 503 while the daemon stops."""
     ctx = request.app[CTX]
     if not ctx.accepting:
         raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
     # autoping off: LiveSession._read answers pings itself, so that they do not restart its idle clock
-    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes, autoping=False)
+    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes, autoping=False, protocols=protocols)
     await ws.prepare(request)
-    session = LiveSession(ctx, ws)
+    session = session_class(ctx, ws)
     try:
         await session.run()
     finally:

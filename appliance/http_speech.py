@@ -22,20 +22,16 @@ import numpy as np
 from aiohttp import web
 
 from engines.model.errors import TTSError
-from text.normalize.lexicon import LexiconError
-from text.lexicons import file_lexicon, lexicon_entries, merged
-from audio.speed import StreamStretcher, check_speed, stretch
+from audio.speed import StreamStretcher, stretch
 
-from audio.encode_stream import EncoderUnavailable, StreamEncoder, encode_whole
-from appliance.http_common import CTX, ApiError, decode_b64_audio, field, read_json
-from appliance.languages import model_language
+from audio.encode_stream import CONTENT_TYPES, EncoderUnavailable, StreamEncoder, encode_whole
+from appliance.http_common import CTX, ApiError, read_json
+from appliance.http_refaudio import reference_audio
+from appliance.speech_body import options, spoken_text, synthesis_request
 from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
-# response_format -> Content-Type (OpenAI's values)
-FORMATS = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg",
-           "aac": "audio/aac"}
-STREAM_FORMATS = ("audio", "sse")
+FORMATS = CONTENT_TYPES  # response_format -> Content-Type (OpenAI's values)
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # names OpenAI clients send; all mean the loaded model
 FRAME_SAMPLES = 1920  # samples of one codec frame (12.5 frames per second at 24 kHz): the audio "tokens"
 
@@ -44,63 +40,31 @@ async def speech(request: web.Request) -> web.StreamResponse:
     """POST /v1/audio/speech — OpenAI speech API.
 
     Body: model (ignored: one model is loaded), input (text), voice (a name, or {"id": name}), instructions,
-    response_format (pcm | wav | flac | mp3 | opus | aac; default mp3 as OpenAI), speed (0.5-2.0, default
-    1.0: time-stretched with the pitch kept; a stream stays chunked, its first audio up to 0.4 s of speech
-    later), stream_format ("audio": the encoded audio; "sse": Server-Sent Events, streamed), and extras:
-    stream (default false: one complete file when done; true: encoded chunk by chunk as audio is made),
-    language (a name or a BCP-47 tag: en, de-DE), ref_audio (base64), ref_text, seed, max_frames (cap on
-    the answer's frames, 12.5 per second, over all pieces of a long input; model.max_frames caps each piece), lexicon ({"word": "what to say"},
-    over the entries of jobs.lexicon's file).
+    response_format (pcm | wav | flac | mp3 | opus | aac; default http.response_format, mp3 as OpenAI), speed
+    (0.25-4.0, default 1.0: time-stretched with the pitch kept; natural within 0.5-2.0; a stream stays chunked,
+    its first audio up to 0.4 s of speech later), stream_format ("audio": the encoded audio; "sse": Server-Sent
+    Events, streamed), and extras: stream (default false: one complete file when done; true: encoded chunk by
+    chunk as audio is made), language (a name or a BCP-47 tag: en, de-DE), ref_audio (base64, a data URL or a
+    file in the voices folder: appliance.http_refaudio), ref_text, seed, max_frames (cap on the answer's
+    frames, 12.5 per second, over all pieces of a long input; model.max_frames caps each piece), lexicon
+    ({"word": "what to say"}, over the entries of jobs.lexicon's file); vllm-omni's fields (task_type,
+    max_new_tokens, non_streaming_mode, x_vector_only_mode, ...: appliance.speech_body).
     """
     ctx = request.app[CTX]
     data = await read_json(request)
-    text = field(data, "input", str, required=True)
-    if not text.strip():
-        raise ApiError(400, "'input' is empty: give some text to speak")
-    if len(text) > ctx.cfg.http.max_text_chars:
-        raise ApiError(413, f"'input' has {len(text)} characters; the limit is {ctx.cfg.http.max_text_chars} "
-                            "(submit long texts as a job: POST /v1/jobs)", "too_large")
-    fmt = (field(data, "response_format", str) or "mp3").lower()  # null: the default too
-    if fmt not in FORMATS:
-        raise ApiError(400, f"unknown response_format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    stream_format = field(data, "stream_format", str) or "audio"
-    if stream_format not in STREAM_FORMATS:
-        raise ApiError(400, f"unknown stream_format {stream_format!r}; choose audio (the encoded audio itself) or "
-                            "sse (Server-Sent Events with base64 audio)")
-    sse = stream_format == "sse"
-    stream = sse or field(data, "stream", bool) is True  # absent or null: one complete file
-    try:
-        lexicon = merged(file_lexicon(ctx.cfg.jobs.lexicon), lexicon_entries(data.get("lexicon"), "request"))
-    except LexiconError as exc:
-        raise ApiError(400, str(exc)) from None
-    text = lexicon.apply(text) if lexicon else text
-    voice = data.get("voice")
-    if isinstance(voice, dict):  # the SDK's custom voice reference {"id": ...}
-        voice = voice.get("id")
-    if voice is not None and not isinstance(voice, str):
-        raise ApiError(400, """'voice' must be a voice name or {"id": name} (GET /v1/audio/voices lists them)""")
-    try:
-        speed = check_speed(field(data, "speed", (int, float)))
-    except ValueError as exc:
-        raise ApiError(400, f"'speed': {exc}") from None
-    try:  # opening an encoder also tells, before any synthesis, whether this machine can write fmt
-        encoder = StreamEncoder(fmt, ctx.host.engine.sample_rate)
+    opts = options(ctx, data)
+    text = spoken_text(ctx, data, opts)
+    try:  # opening an encoder also tells, before any synthesis, whether this machine can write the format
+        encoder = StreamEncoder(opts.fmt, ctx.host.engine.sample_rate)
     except EncoderUnavailable as exc:
         raise ApiError(400, str(exc), "unsupported_format") from None
-    if not stream:
+    if not opts.stream:
         encoder.close()
         encoder = None
     try:
         with tempfile.TemporaryDirectory(prefix="tts-req-") as tmp:
-            ref_audio = decode_b64_audio(data, Path(tmp))
-            language = model_language(field(data, "language", str), ctx.host.engine.languages)
-            req = ctx.host.request(text, voice=voice, language=language, instruct=field(data, "instructions", str),
-                                   ref_audio=ref_audio, ref_text=field(data, "ref_text", str),
-                                   seed=field(data, "seed", int), max_frames=field(data, "max_frames", int))
-            if req is None:
-                raise ApiError(400, "this Base checkpoint clones voices: give 'ref_audio' (base64) or a saved voice "
-                                    "(POST /v1/voices adds one)")
-            return await _serve(request, req, fmt, encoder, speed, sse, field(data, "max_frames", int))
+            req = synthesis_request(ctx, opts, text, reference_audio(ctx, data.get("ref_audio"), Path(tmp)))
+            return await _serve(request, req, opts.fmt, encoder, opts.speed, opts.sse, opts.max_frames)
     finally:
         if encoder is not None:
             encoder.close()  # no-op once finished
@@ -216,21 +180,25 @@ async def get_model(request):
 
 async def list_audio_voices(request):
     """GET /v1/audio/voices -> {"object": "list", "data": [{"id", "name", "object": "audio.voice", "type",
-    "created_at"}], "languages": [...]}: the checkpoint's speakers (type "builtin") or saved cloned voices
-    (type "audio_sample"), the names `voice` takes."""
+    "created_at"}], "languages": [...], "voices": [names], "uploaded_voices": [{"name", "created_at",
+    "file_size"}]}: the checkpoint's speakers (type "builtin") or saved cloned voices (type "audio_sample"), the
+    names `voice` takes; `voices` and `uploaded_voices` (the saved clones) are what vllm-omni's clients read."""
     e = request.app[CTX].host.engine
     builtin = e.model_type != "base"
-    data = []
+    data, uploaded = [], []
     for name in e.voices:
-        created = 0
+        created = size = 0
         if not builtin:
             try:
-                created = int(e.voice_file(name).stat().st_mtime)
+                st = e.voice_file(name).stat()
+                created, size = int(st.st_mtime), st.st_size
             except (OSError, ValueError):
                 pass
+            uploaded.append({"name": name, "created_at": created, "file_size": size})
         data.append({"id": name, "name": name, "object": "audio.voice", "created_at": created,
                      "type": "builtin" if builtin else "audio_sample"})
-    return web.json_response({"object": "list", "data": data, "languages": e.languages})
+    return web.json_response({"object": "list", "data": data, "languages": e.languages, "voices": list(e.voices),
+                              "uploaded_voices": uploaded})
 
 
 def add_routes(app: web.Application) -> None:

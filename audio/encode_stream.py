@@ -36,6 +36,9 @@ from audio.encode import OPUS_RATES, SOUNDFILE, encode_bytes, pcm16, wav_header
 
 log = logging.getLogger(__name__)
 
+# the formats of the speech API (OpenAI's response_format) -> their Content-Type
+CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg",
+                 "aac": "audio/aac"}
 # libsndfile major format and subtype of the coded formats
 CODED = {fmt: SOUNDFILE[fmt] for fmt in ("flac", "mp3", "opus")}
 OGG_PAGE_MS = 60.0  # libsndfile's default Ogg page latency is 1000 ms: too late for a stream

@@ -1,9 +1,12 @@
 """Speaking speed: audio time-stretched with its pitch kept.
 
-`speed` 0.5-2.0 (1.0: as the model speaks) is a setting of the speech API (streamed through
-`StreamStretcher`) and of jobs (each segment is stretched when its chapter is assembled, so the cached
-segment audio stays at the model's pace and subtitles follow the stretched audio). The stretching is
-Rubber Band's, from the `pedalboard` wheel (no system library needed).
+`speed` 0.25-4.0 (1.0: as the model speaks; the range of OpenAI's and vllm-omni's speech APIs) is a setting
+of the speech API (streamed through `StreamStretcher`), the WebSockets and jobs (each segment is stretched
+when its chapter is assembled, so the cached segment audio stays at the model's pace and subtitles follow
+the stretched audio). The stretching is Rubber Band's, from the `pedalboard` wheel (no system library
+needed). Within 0.5-2.0 it sounds natural; beyond it the artefacts of any time-stretch grow (slower than
+0.5: smeared, echoing consonants; faster than 2.0: clipped syllables), so QUALITY_MIN..QUALITY_MAX is the
+range to recommend.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import logging
 import numpy as np
 
 log = logging.getLogger(__name__)
-SPEED_MIN, SPEED_MAX = 0.5, 2.0
+SPEED_MIN, SPEED_MAX = 0.25, 4.0
+QUALITY_MIN, QUALITY_MAX = 0.5, 2.0  # beyond these the stretched speech audibly suffers (module doc)
 
 
 def check_speed(speed) -> float:

@@ -5,8 +5,9 @@
 # Stages: tests (pytest -m gpu), ab (decode-step variants), bench (engine benchmark), book (book job),
 #         load (open-loop streams against the daemon), loadbook (the same with a book running),
 #         live (live-text WebSocket sessions: first word -> first audio, last word -> end, at 1 and 16 sessions),
-#         say (CLI).
-# Knobs: SHAPE, FUSE (layer|pass), CODEC (torch|torch-compiled), BENCH_ARGS, AB_ARGS, BOOK_ARGS, LOAD_ARGS, LIVE_ARGS,
+#         ttsbench (tts-bench, the Nari server's open-loop client, WebSocket and HTTP: .whl from
+#         benchmarks/tts_bench_wheels.sh), say (CLI).
+# Knobs: SHAPE, FUSE (layer|pass), CODEC (torch|torch-compiled), BENCH_ARGS, AB_ARGS, BOOK_ARGS, LOAD_ARGS, LIVE_ARGS, TTSBENCH_ARGS,
 #        T_<STAGE>.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -35,6 +36,9 @@ for stage in "$@"; do
              --json "$OUT/bench_$SHAPE.json" --md "$OUT/bench_$SHAPE.md" ;;
     book) run "book_$SHAPE" "${T_BOOK:-180}" python3 -m benchmarks.book_job --dummy "$SHAPE" --codec "$CODEC" --fuse "$FUSE" \
             ${BOOK_ARGS:-} --json "$OUT/book_$SHAPE.json" ;;
+    ttsbench) run "ttsbench_$SHAPE" "${T_TTSBENCH:-560}" python3 -m benchmarks.tts_bench --dummy "$SHAPE" --device cuda \
+                --dtype bfloat16 --bench "python3 -m tts_bench" ${TTSBENCH_ARGS:---slots 64 --config-extra runtime.max_queue=256 \
+                --frames 60 --rates 1,4,10,20 --transports websocket,http --warmup 5 --duration 15} --out "$OUT/tts_bench_$SHAPE" ;;
     load) run "load_$SHAPE" "${T_LOAD:-420}" python3 -m benchmarks.load --dummy "$SHAPE" --device cuda --dtype bfloat16 \
             ${LOAD_ARGS:---slots 64 --frames 60 --rates 1,4,10,20,30} --json "$OUT/load_$SHAPE.json" --md "$OUT/load_$SHAPE.md" ;;
     loadbook) run "loadbook_$SHAPE" "${T_LOAD:-300}" python3 -m benchmarks.load --dummy "$SHAPE" --device cuda --dtype bfloat16 \

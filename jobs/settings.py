@@ -132,8 +132,9 @@ class JobSpec:
     `{"max_new_tokens": 200}`); `seed` is the base seed of every segment (a redo may give one
     segment its own seed). `chapters` selects chapters by number as `tts-appliance preview` lists
     them ("1,3-5"; None: all); `chapter_voices` maps a chapter number to its voice (e.g. {"2": "ryan"});
-    `speed` (0.5-2.0) time-stretches the book's audio, pitch kept. `lexicon`: pronunciation entries
-    (word or phrase -> what to say, `jobs.normalize.lexicon`), the jobs.lexicon file's under the job's own.
+    `speed` (0.25-4.0; natural within 0.5-2.0) time-stretches the book's audio, pitch kept. `lexicon`:
+    pronunciation entries (word or phrase -> what to say, `jobs.normalize.lexicon`), the jobs.lexicon file's
+    under the job's own.
     """
 
     voice: Optional[str] = None

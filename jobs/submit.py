@@ -58,9 +58,10 @@ def precheck_type(path: Path) -> str:
 
 
 def check_voice(engine, voice: Optional[str]) -> None:
-    """Raise the engine's VoiceNotFound when `voice` is neither a known voice nor a voice file."""
+    """Raise the engine's VoiceNotFound when `voice` is neither a known voice (in any case: "Ryan" is the
+    speaker ryan, as the engine reads it) nor a voice file."""
     voices = list(getattr(engine, "voices", None) or [])
-    if voice and voices and voice not in voices and not Path(voice).is_file():
+    if voice and voices and voice not in voices and voice.strip().lower() not in voices and not Path(voice).is_file():
         from engines.model.errors import VoiceNotFound
 
         raise VoiceNotFound(voice, voices)

@@ -196,7 +196,7 @@ def test_flood_is_an_error_event(daemon):
 
 @pytest.mark.parametrize("message,needle", [
     ("{nope", "not valid JSON"), (json.dumps({"type": "speak"}), "unknown message type 'speak'"),
-    (json.dumps({"type": "session.update", "speed": 3}), "'speed'"),
+    (json.dumps({"type": "session.update", "speed": 5}), "'speed'"),
     (json.dumps({"type": "session.update", "text_mode": "letters"}), "'text_mode' must be one of words, sentences"),
     (json.dumps({"type": "session.update", "lexicon": {"a": 1}}), "'lexicon' must map words")])
 def test_bad_messages_are_error_events(daemon, message, needle):
