@@ -27,7 +27,7 @@ from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
-from jobs.queue.schema import SchemaTooNew, migrate
+from jobs.queue.schema import SchemaTooNew, migrate, pending
 from jobs.queue.location import is_url, parse_location, redact
 from jobs.queue.store import QueueUnavailable, open_store
 from jobs.queue.submissions import Submissions
@@ -72,12 +72,16 @@ class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
         self.path = location
         self.where = redact(str(location))
         self.max_attempts, self.max_lost = int(max_attempts), int(max_lost)
-        if read_only and not is_url(location) and not Path(location).is_file():
+        if read_only and not is_url(location) and not Path(location).exists():
             raise NoQueue(f"no queue in {self.where} yet")
+        if read_only and not is_url(location) and not Path(location).is_file():
+            raise QueueError(f"cannot open the queue database {self.where}: not a file")
         try:
             self.store = open_store(location, busy_timeout_s, read_only=read_only)
             if read_only:
                 made = self.store.has_table("migrations")
+                if made:
+                    pending(self.store, self.where)  # SchemaTooNew: a newer tts-appliance's tables are not read
             else:
                 migrate(self.store, self.where)
         except (QueueUnavailable, SchemaTooNew, sqlite3.Error) as exc:
