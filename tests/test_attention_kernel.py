@@ -135,7 +135,8 @@ def test_asking_for_the_kernel_where_it_cannot_run_is_a_clear_error():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_kernel_equals_torch_form_at_real_shapes(dtype):
     """Compiled for the GPU (the interpreter above multiplies no bf16 tiles): the real heads (16 query, 8
-    key/value, 128 wide), 64 rows at scattered positions of a 512-slot cache, one and two new tokens."""
+    key/value, 128 wide), 64 rows at scattered positions of a 512-slot cache (the talker's launch) and of a
+    17-slot one (the code predictor's: attention.launch_for), one and two new tokens."""
     import torch
 
     from engines.model.layers import rope_cos_sin
@@ -144,9 +145,9 @@ def test_gpu_kernel_equals_torch_form_at_real_shapes(dtype):
     torch.backends.cuda.matmul.allow_tf32 = False
     dt, dev = getattr(torch, dtype), torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
-    H, KV, D, S, B = 16, 8, 128, 512, 64
-    cos, sin = (t[0].contiguous() for t in rope_cos_sin(torch.arange(S, device=dev)[None], D, 1e6, torch.float32))
-    for T in (1, 2):
+    H, KV, D, B = 16, 8, 128, 64
+    for S, T in ((512, 1), (512, 2), (17, 1), (17, 2)):
+        cos, sin = (t[0].contiguous() for t in rope_cos_sin(torch.arange(S, device=dev)[None], D, 1e6, torch.float32))
         qkv = torch.randn(B, T, (H + 2 * KV) * D, device=dev, generator=g).to(dt)
         qn, kn = (torch.rand(D, device=dev, generator=g) + 0.5).to(dt), (torch.rand(D, device=dev, generator=g) + 0.5).to(dt)
         first = torch.randint(0, S - T, (B, 1), device=dev, generator=g)

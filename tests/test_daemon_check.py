@@ -9,7 +9,6 @@ import socket
 import time
 import uuid
 
-import psycopg
 import pytest
 import yaml
 
@@ -58,6 +57,8 @@ def test_a_reachable_postgresql_queue_passes_and_a_wrong_one_fails(pg, check, tm
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     _fails(check(queue=f"postgresql://tts:secret@127.0.0.1:{closed}/tts"), "refused", "is PostgreSQL running")
+
+    import psycopg  # the PostgreSQL queue's driver (the pg fixture has it); the module's other tests need none
 
     from jobs.queue import Queue
 

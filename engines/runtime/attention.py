@@ -221,12 +221,26 @@ def scale_strides(kc, ks, vs) -> tuple:
     return ks, vs, ks.stride(0), ks.stride(1)
 
 
+SMALL_CACHE = 32  # caches of at most this many slots per row (the code predictor's 17) take the small launch
+
+
+def launch_for(slots: int) -> dict:
+    """The kernel's block of cache slots and its warps for a cache of `slots` positions per row. A cache as
+    short as the code predictor's is read in one or two blocks of 16 by one warp: 2.6x faster than blocks of
+    64 by four warps at 256 rows on an H100 (12 vs 31 us a call); at book contexts (450 positions) the two
+    are alike, and the default stays (benchmarks.attention_tune; docs/PERFORMANCE.md)."""
+    if slots <= SMALL_CACHE:
+        return {"BLOCK_S": 16, "num_warps": 1, "num_stages": 1}
+    return {"BLOCK_S": 64, "num_warps": 4}
+
+
 def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_kv: int, eps: float,
-                     ks=None, vs=None):
+                     ks=None, vs=None, launch: dict | None = None):
     """`reference_attention` as one kernel launch (see the module doc). qkv `[B, T, (H + 2 KV) D]` with a
     contiguous last dimension, pos `[B, T]` int64, kc/vc `[B, KV, S, D]` views with a contiguous last
     dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous; an fp8 cache's scales
-    ks, vs `[B, KV, S]` (row slices too)."""
+    ks, vs `[B, KV, S]` (row slices too). `launch`: BLOCK_S / num_warps / num_stages in place of `launch_for`'s
+    (benchmarks.attention_tune sweeps them)."""
     b, t, _ = qkv.shape
     d = kc.shape[-1]
     out = torch.empty(b, t, n_heads * d, device=qkv.device, dtype=qkv.dtype)
@@ -236,7 +250,7 @@ def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n
         qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), s_sb, s_sh, out.stride(0), out.stride(1),
         eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, triton.next_power_of_2(t * n_heads // n_kv)),
-        BLOCK_S=64, PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
-        FP8=ks is not None, num_warps=4)
+        PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
+        FP8=ks is not None, **(launch or launch_for(kc.shape[2])))
     return out
 
