@@ -53,13 +53,21 @@ def settings(spec: EngineSpec) -> dict:
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
            "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model"}
-    if str(spec.max_slots) != "auto":
+    configured = str(spec.max_slots) != "auto"
+    if configured and memory.device_free_bytes(torch.device(spec.device)) is None:  # the CPU: nothing to check
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
     path = Path(spec.model)
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
                              dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype),
-                             kv_cache=spec.kv_cache)
-    return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
+                             kv_cache=spec.kv_cache, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
+    if not configured:
+        return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
+    if plan.slots < int(spec.max_slots):  # would run out of memory while the cache is allocated or graphs captured
+        raise RuntimeError(
+            f"runtime.max_slots: {spec.max_slots} slots of {spec.max_context} positions do not fit on {spec.device}: "
+            f"{plan.free_bytes / 2**30:.1f} GiB free, {plan.per_slot_bytes / 2**20:.0f} MiB a slot, at most "
+            f"{plan.slots} fit; lower runtime.max_slots or runtime.max_context, or set runtime.max_slots: auto")
+    return out | {"max_slots": plan.slots, "slots_reason": "configured; " + plan.describe()}
 
 
 def load_runner(spec: EngineSpec):

@@ -189,3 +189,39 @@ def test_follow_stops_when_the_stream_ends_before_the_job(capsys):
     msg = err.value.message
     assert "job abc123: the daemon ended its event stream before the job finished" in msg
     assert "tts-appliance status JOB" in msg and "1/3" in capsys.readouterr().err
+
+
+def test_explicit_slots_are_checked_against_the_accelerators_memory(monkeypatch):
+    """`runtime.max_slots: N` on an accelerator is held against its free memory as `auto` is: N that fit run
+    as configured, N that do not stop the engine before it allocates anything, with one line naming the key
+    and how many fit (512 slots of 2,048 positions on an 80 GB card used to die out of memory at start)."""
+    import torch
+
+    import engines.load
+    from engines.api import EngineSpec
+    from engines.runtime import memory
+
+    free = {"bytes": 64 * 2**30}
+    monkeypatch.setattr(memory, "device_free_bytes",
+                        lambda device: free["bytes"] if torch.device(device).type == "cuda" else None)
+    spec = EngineSpec(model=str(CV), device="cuda:0", dtype="float32", max_slots=8, max_context=256)
+    fits = engines.load.settings(spec)
+    assert fits["max_slots"] == 8 and fits["slots_reason"].startswith("configured; 8 slots"), fits
+    auto = engines.load.settings(replace(spec, max_slots="auto"))["max_slots"]
+    need = memory.fixed_bytes(*_shape(), 256, 8, 1024) + memory.weights_bytes(CV, torch.float32)
+    free["bytes"] = int((need + 3.5 * memory.per_slot_bytes(*_shape(), 256)) / 0.9)  # 3 slots fit (headroom 90%)
+    few = engines.load.settings(replace(spec, max_slots="auto"))["max_slots"]
+    assert few == 3 and auto >= 8, (few, auto)
+    with pytest.raises(RuntimeError, match=rf"runtime.max_slots: 8 slots of 256 positions do not fit on cuda:0: .* "
+                                           rf"at most {few} fit; lower runtime.max_slots or runtime.max_context"):
+        engines.load.settings(spec)
+    cpu = engines.load.settings(replace(spec, device="cpu", max_slots=64))  # no memory figure to hold it against
+    assert (cpu["max_slots"], cpu["slots_reason"]) == (64, "configured")
+
+
+def _shape():
+    import torch
+
+    from engines.model.config import CodecConfig, ModelConfig
+
+    return ModelConfig.from_dir(CV), CodecConfig.from_dir(CV / "speech_tokenizer"), torch.float32
