@@ -45,6 +45,7 @@ from appliance.languages import language_tags, model_language
 from appliance.streams import ShuttingDown, serve_stream
 
 log = logging.getLogger(__name__)
+LINGER_S = 2.0  # after an error: how long the client's remaining input is read before the socket closes
 ATTRIBUTION = Attribution(name="Qwen", url="https://github.com/QwenLM/Qwen3-TTS")
 
 
@@ -58,6 +59,7 @@ class TtsHandler(AsyncEventHandler):
         self.stream_language = "auto"
         self.stream_text: Optional[str] = None  # None: no text stream open
         self.audio_started = False
+        self.failed = False  # an error event was sent: the connection ends (see `disconnect`)
 
     def info(self) -> Info:
         e = self.d.host.engine
@@ -83,7 +85,26 @@ class TtsHandler(AsyncEventHandler):
         """Send an error event; returns False: the connection is closed after it."""
         log.info("wyoming: %s (%s); closing the connection", text, code)
         await self.write_event(Error(text, code).event())
+        self.failed = True
         return False
+
+    async def disconnect(self) -> None:
+        """After an error event, before the socket closes: the write side is shut first (the client reads the
+        end and stops waiting), then what the client still sends (the rest of a text stream) is read and
+        dropped until it closes, at most LINGER_S. A socket closed with unread data resets the connection:
+        a client still writing would meet "connection reset" in place of the error and the end."""
+        if not self.failed:
+            return
+        try:
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            await asyncio.wait_for(self._discard_input(), LINGER_S)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            pass
+
+    async def _discard_input(self) -> None:
+        while await self.reader.read(65536):
+            pass
 
     async def _handle(self, event: Event) -> bool:
         if Describe.is_type(event.type):

@@ -206,6 +206,40 @@ def test_an_error_in_a_text_stream_ends_the_connection(daemon):
     assert [e.type for e in events].count("error") == 1
 
 
+def test_text_still_arriving_after_the_error_does_not_reset_the_connection(daemon):
+    """A client that is still writing its text stream when the error comes (here: a megabyte of chunks sent
+    at once behind a start with an unknown voice) reads the error and a clean end: the server shuts its side,
+    reads and drops the rest, then closes. Closing with the rest unread reset the connection, and the client
+    met "connection reset by peer" instead of the error (CI saw it on a loaded machine)."""
+    import io
+    import socket
+
+    from wyoming.event import read_event, write_event
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeVoice
+
+    out = io.BytesIO()
+    write_event(SynthesizeStart(voice=SynthesizeVoice(name="nobody")).event(), out)
+    chunk = SynthesizeChunk(text="More words arrive while the server answers. " * 20).event()
+    while out.tell() < 2**20:
+        write_event(chunk, out)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(20)
+        s.connect(str(daemon.wyoming))
+        s.sendall(out.getvalue())
+        s.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            part = s.recv(65536)  # ConnectionResetError here is the defect
+            if not part:
+                break
+            received += part
+    inp = io.BytesIO(received)
+    events = []
+    while (ev := read_event(inp)) is not None:
+        events.append(ev)
+    assert_error_then_end(events, True, "VoiceNotFound")
+
+
 def test_a_chunk_without_a_start_is_an_error_and_the_end(daemon):
     from wyoming.client import AsyncUnixClient
     from wyoming.tts import SynthesizeChunk
