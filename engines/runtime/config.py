@@ -37,6 +37,7 @@ class EngineConfig:
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
     batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
+    cpu_call_frames: int = 64  # on the CPU at most this (a call's activations out of cache cost more than its size)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)

@@ -109,6 +109,8 @@ class ModelRunner:
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
+        # steps that are neither captured nor compiled run the exact rows and cache length, not their buckets
+        self.exact = not self.use_graphs and not compile_regions
         self.store = FrameStore(2 * n, cfg.max_context, tc.num_code_groups, self.device)
         self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
         # one memory pool for the decode graphs (they replay on one stream, one at a time); each codec lane
@@ -207,6 +209,8 @@ class ModelRunner:
     def bucket(self, seqs: list, n: int) -> tuple[int, int]:
         """(batch bucket, cache-length bucket) of a step over slots [0, n), from host-side lengths."""
         need = max(seq.pos for seq in seqs[:n]) + 2
+        if self.exact:  # nothing captured or compiled: the exact rows and cache length (padding is work on a CPU)
+            return n, min(need, self.cfg.max_context)
         return pick_bucket(n, self.buckets), length_bucket(need, self.cfg.length_step, self.cfg.max_context)
 
     def k_cap(self, seqs: list, b: int) -> int:
