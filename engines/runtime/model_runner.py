@@ -26,7 +26,7 @@ import torch
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model import kv_cache
 from engines.model.generate import control_mask
-from engines.names import KV_CACHES
+from engines.names import KV_CACHES, LINEARS
 from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
@@ -73,6 +73,21 @@ def kv_cache_choice(setting: str, device: torch.device) -> bool:
     return True
 
 
+def linear_choice(setting: str, device: torch.device) -> bool:
+    """Whether the decoder layers run with int8 weights (`runtime.linear`): auto and model keep the model's
+    dtype (auto: docs/PERFORMANCE.md, "int8 on the CPU", says why); int8 where it cannot run is a clear error."""
+    from engines.runtime.int8 import unavailable_reason
+
+    if setting not in LINEARS:
+        raise ValueError(f"runtime.linear: {setting!r} is not one of {', '.join(LINEARS)}")
+    if setting != "int8":
+        return False
+    why = unavailable_reason(device)
+    if why:
+        raise ValueError(f"runtime.linear: int8 cannot run here ({why}); set it to auto or model")
+    return True
+
+
 class ModelRunner:
     def __init__(self, engine, cfg: EngineConfig, timings: dict):
         self.engine, self.cfg, self.timings = engine, cfg, timings
@@ -104,8 +119,12 @@ class ModelRunner:
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
+        self.int8 = linear_choice(cfg.linear, self.device)
+        if self.int8:
+            log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
-                             sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel)
+                             sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
+                             int8=self.int8)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
