@@ -15,6 +15,7 @@ Random weights of the real shape; timings depend on shapes, not on the values.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -107,6 +108,8 @@ def profile_rows(eng, rows: int, reps: int, codec_frames: int, ops: bool, linear
                     "audio_s_per_s": round(audio / statistics.median(ts), 2),
                     "ms_per_frame_row": round(statistics.median(ts) * 1e3 / (rows * n), 1)}
     runner.stop()
+    del runner, handles, fast, m, lane
+    gc.collect()  # the runner's caches (reference cycles) before the next one is built
     return out
 
 

@@ -51,8 +51,11 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
+    from engines.runtime.int8 import linear_setting
+
+    linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model"}
+           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason}
     if str(spec.max_slots) != "auto":
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
     path = Path(spec.model)
@@ -85,7 +88,7 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache,
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
                               engine_cache=spec.engine_cache)
     runner.settings = chosen
     return runner

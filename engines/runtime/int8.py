@@ -114,3 +114,19 @@ def quantize_modules(stack: torch.nn.Module) -> int:
                     setattr(parent, name, Int8Linear(mod))
                     n += 1
     return n
+
+
+def linear_setting(setting: str, device, dtype: torch.dtype) -> tuple[str, str]:
+    """`runtime.linear` decided: ("model" or "int8", why). auto keeps the model's dtype; int8 is chosen only where
+    asked (docs/PERFORMANCE.md, "int8 on the CPU", has the agreement it was measured with). A value that is not
+    one of the names, or int8 where it cannot run, is a ValueError saying what to set."""
+    from engines.names import LINEARS
+
+    if setting not in LINEARS:
+        raise ValueError(f"runtime.linear: {setting!r} is not one of {', '.join(LINEARS)}")
+    if setting == "int8":
+        why = unavailable_reason(device)
+        if why:
+            raise ValueError(f"runtime.linear: int8 cannot run here ({why}); set it to auto or model")
+        return "int8", "runtime.linear: int8"
+    return "model", "configured" if setting == "model" else "auto: the model's dtype"

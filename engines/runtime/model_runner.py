@@ -26,10 +26,11 @@ import torch
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model import kv_cache
 from engines.model.generate import control_mask
-from engines.names import KV_CACHES, LINEARS
+from engines.names import KV_CACHES
 from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
+from engines.runtime.int8 import linear_setting
 from engines.runtime.scheduler import length_bucket, pick_bucket
 from engines.runtime.slots import SlotTable
 from engines.runtime.stream import FrameStore
@@ -73,21 +74,6 @@ def kv_cache_choice(setting: str, device: torch.device) -> bool:
     return True
 
 
-def linear_choice(setting: str, device: torch.device) -> bool:
-    """Whether the decoder layers run with int8 weights (`runtime.linear`): auto and model keep the model's
-    dtype (auto: docs/PERFORMANCE.md, "int8 on the CPU", says why); int8 where it cannot run is a clear error."""
-    from engines.runtime.int8 import unavailable_reason
-
-    if setting not in LINEARS:
-        raise ValueError(f"runtime.linear: {setting!r} is not one of {', '.join(LINEARS)}")
-    if setting != "int8":
-        return False
-    why = unavailable_reason(device)
-    if why:
-        raise ValueError(f"runtime.linear: int8 cannot run here ({why}); set it to auto or model")
-    return True
-
-
 class ModelRunner:
     def __init__(self, engine, cfg: EngineConfig, timings: dict):
         self.engine, self.cfg, self.timings = engine, cfg, timings
@@ -119,7 +105,7 @@ class ModelRunner:
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
-        self.int8 = linear_choice(cfg.linear, self.device)
+        self.int8 = linear_setting(cfg.linear, self.device, dtype)[0] == "int8"
         if self.int8:
             log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
