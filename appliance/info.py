@@ -266,6 +266,7 @@ def render(r: dict) -> str:
     section("engines", r["engines"], lambda es: [
         f"  {e['error']}" if "error" in e else
         f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
+        f"{'int8 decoder-layer weights (lossy; ' + e.get('linear_reason', '') + '), ' if e.get('linear') == 'int8' else ''}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
         f"codec {e['codec']}, {e['threads']} CPU threads" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))

@@ -1,12 +1,16 @@
 """Quality guard of the narrower numbers: how often bf16 picks the same codes as fp32, and how often the fp8
 key/value cache (bf16 weights, `runtime.kv_cache: fp8`) picks the same codes as bf16, on the same weights and
-inputs. fp8 is adopted only where its agreement with bf16 is as good as bf16's with fp32.
+inputs. fp8 is adopted only where its agreement with bf16 is as good as bf16's with fp32; int8 decoder-layer
+weights (`runtime.linear: int8`, CPU) are measured against fp32 the same way and compared with bf16's figure.
 
     python -m benchmarks.bf16_agreement --model tests/data/tiny/cv_small --device cpu
     python -m benchmarks.bf16_agreement --dummy 0.6b --device cuda
+    python -m benchmarks.bf16_agreement --dummy 0.6b --device cpu --pairs bf16_vs_fp32,int8_vs_fp32
 
 Pairs (test against reference): bf16_vs_fp32 (bf16 weights and cache against fp32), fp8_vs_bf16 (bf16 weights
-with the fp8 cache against bf16 with its bf16 cache), fp8_vs_fp32. Two measures each, both greedy:
+with the fp8 cache against bf16 with its bf16 cache), fp8_vs_fp32, int8_vs_fp32 (fp32 with int8 decoder-layer
+weights: the reference modules' linears replaced by their int8 form for the teacher-forced measure, the runner
+with runtime.linear int8 for the free-running one). Two measures each, both greedy:
 - teacher-forced: the reference's own greedy codes (eager loop) are fed back to both, and at every frame and
   codebook we compare the argmax each would pick (independent of earlier disagreements: the per-decision
   agreement);
@@ -70,15 +74,33 @@ def load(args, dtype):
     return dummy_engine(args.dummy, args.device, dtype)
 
 
-def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list) -> dict:
-    """The two measures of `test` against `ref` (each an engine and whether its talker cache is fp8)."""
+def int8_engine(args):
+    """The fp32 engine with its decoder layers' linears in int8 (the reference form of runtime.linear: int8)."""
+    from engines.runtime.int8 import quantize_modules
+
+    eng = load(args, "float32")
+    quantize_modules(eng.talker.model)
+    quantize_modules(eng.talker.code_predictor.model)
+    return eng
+
+
+def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list, runner_eng=None, linear: str = "auto",
+         free: bool = True) -> dict:
+    """The two measures of `test` against `ref` (each an engine and whether its talker cache is fp8);
+    `runner_eng`, `linear`: the engine and runtime.linear the free-running measure runs (default: `test_eng`)."""
     from engines.runtime.runner import EngineRunner
 
     ref = [g.codes for g, _ in ref_eng.generate_codes(reqs, fp8=ref_fp8)]
     tf = torch.cat([(teacher_forced_picks(ref_eng, req, codes, ref_fp8) ==
                      teacher_forced_picks(test_eng, req, codes, test_fp8)).float()
                     for req, codes in zip(reqs, ref)])  # [frames, 16]
-    runner = EngineRunner(test_eng, max_slots=len(reqs), max_context=512, kv_cache="fp8" if test_fp8 else "model")
+    out = {"teacher_forced_codebook0": float(tf[:, 0].mean()),
+           "teacher_forced_codebooks1_15": float(tf[:, 1:].mean()), "teacher_forced_all": float(tf.mean()),
+           "teacher_forced_decisions": tf.numel()}
+    if not free:
+        return out
+    runner = EngineRunner(runner_eng or test_eng, max_slots=len(reqs), max_context=512,
+                          kv_cache="fp8" if test_fp8 else "model", linear=linear)
     free = [r.codes for r in runner.synthesize(reqs)]
     same_prefix = []
     for r, c in zip(ref, free):
@@ -86,9 +108,7 @@ def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list) -> dict:
         n = min(len(r), len(c))
         diff = np.nonzero((r[:n] != c[:n]).any(1))[0]
         same_prefix.append((diff[0] if len(diff) else n) / max(len(r), 1))
-    return {"teacher_forced_codebook0": float(tf[:, 0].mean()), "teacher_forced_codebooks1_15": float(tf[:, 1:].mean()),
-            "teacher_forced_all": float(tf.mean()),
-            "free_running_identical_requests": sum(int(np.array_equal(r.numpy(), c)) for r, c in zip(ref, free)),
+    return out | {"free_running_identical_requests": sum(int(np.array_equal(r.numpy(), c)) for r, c in zip(ref, free)),
             "free_running_requests": len(reqs), "free_running_mean_prefix": float(np.mean(same_prefix))}
 
 
@@ -99,25 +119,37 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--pairs", default="bf16_vs_fp32,fp8_vs_bf16,fp8_vs_fp32")
+    ap.add_argument("--requests", type=int, default=len(TEXTS), help="how many of the texts (at most 8)")
+    ap.add_argument("--free-running", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the free-running measure (off: teacher-forced only; bf16 on a CPU without bf16 "
+                         "instructions takes long)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    f32, b16 = load(args, "float32"), load(args, "bfloat16")
+    names = {n for p in args.pairs.split(",") for n in p.split("_vs_")}
+    f32 = load(args, "float32")
+    b16 = load(args, "bfloat16") if names & {"bf16", "fp8"} else None
     voice = f32.voices[0] if f32.voices else None
     reqs = [SynthesisRequest(text=t, voice=voice, language="english",
                              sampling=SamplingParams.greedy(max_new_tokens=args.frames + 1,
                                                             min_new_tokens=args.frames + 1, seed=i))
-            for i, t in enumerate(TEXTS)]
+            for i, t in enumerate(TEXTS[:args.requests])]
     kinds = {"fp32": (f32, False), "bf16": (b16, False), "fp8": (b16, True)}
+    if "int8" in names:
+        kinds["int8"] = (int8_engine(args), False)
     res = {"model": args.model or f"dummy-{args.dummy}", "device": args.device, "frames": args.frames}
     for name in args.pairs.split(","):
         test, ref = name.split("_vs_")
-        res[name] = pair(*kinds[ref], *kinds[test], reqs)
+        run = {"runner_eng": f32, "linear": "int8"} if test == "int8" else {}
+        res[name] = pair(*kinds[ref], *kinds[test], reqs, free=args.free_running, **run)
         log.info("%s: %s", name, res[name])
     if "bf16_vs_fp32" in res and "fp8_vs_bf16" in res:  # the adoption rule of the fp8 cache
         res["fp8_as_good_as_bf16"] = all(res["fp8_vs_bf16"][k] >= res["bf16_vs_fp32"][k] for k in (
+            "teacher_forced_codebook0", "teacher_forced_all"))
+    if "bf16_vs_fp32" in res and "int8_vs_fp32" in res:  # the adoption rule of int8 weights (runtime.linear auto)
+        res["int8_as_good_as_bf16"] = all(res["int8_vs_fp32"][k] >= res["bf16_vs_fp32"][k] for k in (
             "teacher_forced_codebook0", "teacher_forced_all"))
     text = json.dumps(res, indent=1)
     print(text)
@@ -126,9 +158,10 @@ def main() -> None:
     print("| pair | teacher-forced code 0 | codes 1-15 | all | identical requests | mean prefix |\n|---|---|---|---|---|---|")
     for name in args.pairs.split(","):
         r = res[name]
+        free = (f"{r['free_running_identical_requests']}/{r['free_running_requests']} | "
+                f"{r['free_running_mean_prefix']:.2f}" if "free_running_requests" in r else "- | -")
         print(f"| {name} | {r['teacher_forced_codebook0']:.3f} | {r['teacher_forced_codebooks1_15']:.3f} | "
-              f"{r['teacher_forced_all']:.3f} | {r['free_running_identical_requests']}/{r['free_running_requests']} | "
-              f"{r['free_running_mean_prefix']:.2f} |")
+              f"{r['teacher_forced_all']:.3f} | {free} |")
 
 
 if __name__ == "__main__":

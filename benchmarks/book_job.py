@@ -145,7 +145,7 @@ def make_runner(device: str, args) -> tuple[EngineRunner, dict]:
         logging.info("auto slots on %s: %s", device, plan.describe())
         slots = plan.slots
     runner = EngineRunner(eng, max_slots=slots, max_context=ctx, max_queue=4096, codec_backend=args.codec,
-                          fuse=args.fuse)
+                          fuse=args.fuse, linear=args.linear)
     t_prep = time.perf_counter()
     prep = runner.prepare()  # start-up (compile, capture) apart from the book's time
     runner.start()
@@ -197,6 +197,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="engine slots, each engine (0: auto, what fits in free memory)")
     ap.add_argument("--codec", default="torch", help="codec backend: torch, torch-compiled, built, auto")
     ap.add_argument("--fuse", default="layer", help="decode-step regions: layer or pass")
+    ap.add_argument("--linear", default="auto", help="runtime.linear: auto, model or int8 (CPU)")
     ap.add_argument("--in-flight", type=int, default=0, help="segments the worker keeps in flight (0: the daemon's "
                     "choice for these slots, appliance.settings.WorkerSettings.batch_for)")
     ap.add_argument("--format", default="flac")
@@ -213,7 +214,7 @@ def main() -> None:
 
     sets = [[d.strip() for d in x.split(",") if d.strip()] for x in (args.devices or [args.device])]
     made: dict = {}  # (device, n-th engine on it) -> (runner, start-up figures): kept between runs
-    res = {"model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec,
+    res = {"model": args.model or f"dummy-{args.dummy}", "dtype": args.dtype, "codec": args.codec, "linear": args.linear,
            "fuse": args.fuse, "format": args.format}
     variants = [(f, v, g) for f in args.codec_fast.split(",") for v in args.codec_streams.split(",")
                 for g in (args.gil_switch_ms.split(",") if args.gil_switch_ms else [None])]

@@ -51,10 +51,13 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
+    from engines.runtime.int8 import linear_setting
+
+    linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model"}
+           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason}
     configured = str(spec.max_slots) != "auto"
-    if configured and memory.device_free_bytes(torch.device(spec.device)) is None:  # the CPU: nothing to check
+    if configured and torch.device(spec.device).type == "cpu":  # the admin's row count: nothing to hold it against
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
     path = Path(spec.model)
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
@@ -93,7 +96,7 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache,
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
                               engine_cache=spec.engine_cache)
     runner.settings = chosen
     return runner

@@ -61,6 +61,18 @@ def test_info_without_daemon(tmp_path):
         assert needle in text, (needle, text)
 
 
+def test_info_shows_int8_weights(tmp_path):
+    """runtime.linear: int8 (lossy) is on the engine's line of `info`; auto keeps the model's dtype."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {CV}, device: cpu}}\nruntime: {{max_slots: 3, linear: int8}}\n"
+                   f"jobs: {{home: {tmp_path / 'home'}}}\nservice: {{runtime_dir: {tmp_path / 'run'}}}\n")
+    report = json.loads(run_info("--config", str(cfg), "info", "--json"))
+    assert [e["linear"] for e in report["engines"]] == ["int8"]
+    assert "cpu: float32, int8 decoder-layer weights (lossy" in run_info("--config", str(cfg), "info")
+    cfg.write_text(cfg.read_text().replace("linear: int8", "linear: auto"))
+    assert [e["linear"] for e in json.loads(run_info("--config", str(cfg), "info", "--json"))["engines"]] == ["model"]
+
+
 def _paths_info(tmp_path, queue: str) -> dict:
     from appliance.config import load_config
     from appliance.info import paths_info

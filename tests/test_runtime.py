@@ -313,14 +313,15 @@ def test_batch_work_leaves_a_reserve_of_slots_while_streams_are_about():
     def batch_rows(runner):
         return sum(1 for s in runner.slots.seqs + runner.sched.prefilling if s.priority > 0)
 
-    quiet = EngineRunner(eng, max_slots=4, max_context=256)  # reserve: a quarter = 1 slot
+    # (cpu_call_frames as batch_call_frames: the CPU's shorter calls would hide the change under test)
+    quiet = EngineRunner(eng, max_slots=4, max_context=256, cpu_call_frames=1024)  # reserve: a quarter = 1 slot
     batch = [quiet.submit(r, priority=1) for r in requests(4, frames=30)]
     for _ in range(6):
         quiet.step_once()
     assert batch_rows(quiet) == 4  # no stream seen: batch work may use every slot
     assert quiet.lanes["batch"].frames_per_call == quiet.cfg.batch_call_frames  # ... and long codec calls
 
-    runner = EngineRunner(eng, max_slots=4, max_context=256)
+    runner = EngineRunner(eng, max_slots=4, max_context=256, cpu_call_frames=1024)
     first = runner.submit(requests(1, frames=2)[0])
     while not first.done:
         runner.step_once()

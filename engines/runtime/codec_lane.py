@@ -101,6 +101,8 @@ class CodecLane:
         self.buckets = tuple(b for b in BUCKETS if b < self.size) + (self.size,)
         self.members: list[Member] = []
         self.use_graphs = use_graphs and getattr(codec, "graphable", False)
+        # CPU, eager: calls decode exactly the members and frames due (no graph wants a bucket; padding is work)
+        self.exact = frames.codes.device.type == "cpu" and not getattr(codec, "compiled", False)
         if use_graphs and not self.use_graphs:
             log.info("the %s codec is not graph-captured (runs as is)", codec.name)
         self.graphs: dict = {}  # (b, n) -> (graph, ctrl_in, wav_out), or None: runs eagerly (capture failed)
@@ -161,7 +163,11 @@ class CodecLane:
     def chunk_cap(self, b: int, frames_per_call: Optional[int] = None) -> int:
         """Largest frame bucket a call over b rows may use (now, or at `frames_per_call`)."""
         cap = max(1, min(self.max_chunk, (frames_per_call or self.frames_per_call) // b))
-        return 1 << (cap.bit_length() - 1)
+        return cap if self.exact else 1 << (cap.bit_length() - 1)
+
+    def _rows(self, members: int) -> int:
+        """Rows a call over `members` members decodes: their batch bucket, or exactly them (`exact`)."""
+        return members if self.exact else pick_bucket(members, self.buckets)
 
     def _is_due(self, m: Member, cap: int, flush: bool) -> bool:
         return (m.dropped or m.pending >= min(m.target, cap) or (m.finished and m.pending > 0 and flush)
@@ -172,7 +178,7 @@ class CodecLane:
         return not self.lazy_finish or self.free == 0 or all(m.finished for m in self.members)
 
     def due(self) -> bool:
-        cap = self.chunk_cap(pick_bucket(max(len(self.members), 1), self.buckets))
+        cap = self.chunk_cap(self._rows(max(len(self.members), 1)))
         flush = self._flush()
         return any(self._is_due(m, cap, flush) for m in self.members)
 
@@ -196,7 +202,7 @@ class CodecLane:
         complete when the call has finished."""
         if not self.members:
             return
-        b = pick_bucket(len(self.members), self.buckets)
+        b = self._rows(len(self.members))
         cap = self.chunk_cap(b)
         flush = self._flush()
         due = [m for m in self.members if self._is_due(m, cap, flush)]
@@ -206,7 +212,7 @@ class CodecLane:
         want = max((min(m.pending, m.target) for m in due if not m.dropped and m.pending), default=0)
         with self._on_stream():
             if want:
-                n = min(cap, 1 << (want - 1).bit_length())
+                n = min(cap, want if self.exact else 1 << (want - 1).bit_length())
                 rows, starts, valid = [self.frames.trash] * b, [0] * b, [0] * b
                 for i, m in enumerate(self.members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)

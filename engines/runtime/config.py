@@ -28,6 +28,7 @@ class EngineConfig:
     sample_kernel: Optional[bool] = None  # the step's draws as one Triton kernel each, no sort (None: as attn_kernel)
     row_kernel: bool = False  # one-row projections as Triton kernels, norms and residuals fused (A/B: off)
     layer_kernel: Optional[bool] = None  # one-row layers as one persistent kernel each, fuse="layer" (None: as attn_kernel)
+    linear: str = "auto"  # the decoder layers' weights: auto / model (the model's dtype) or int8 (CPU; engines.runtime.int8)
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)
@@ -37,6 +38,7 @@ class EngineConfig:
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
     batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
+    cpu_call_frames: int = 64  # on the CPU at most this (a call's activations out of cache cost more than its size)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)

@@ -5,14 +5,15 @@ halves it: one byte per element and a float32 scale per 128-element vector), the
 two codec stream states (one per codec lane) and two FrameStore rows. Besides that, independent of the
 slot count: the prefill side cache, the largest codec call's activations in each of the two codec lanes (`batch_call_frames` frames at
 24 kHz through the last upsampling stage) and the captured graphs' pools. `plan_slots` sizes the slot
-count so all of it fits in the free memory with headroom (before or after the weights are loaded); on
-the CPU it is one slot per core.
+count so all of it fits in the free memory with headroom (before or after the weights are loaded). On
+the CPU the free memory is the system's available memory, and the count is at most CPU_MAX_SLOTS: a CPU step
+reads every weight once whatever its rows, so a book wants many rows per step (docs/PERFORMANCE.md, "Books
+on the CPU": 434 ms per frame-row at 2 rows, 45 ms at 64, fp32, 2 cores).
 """
 from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,7 @@ from engines.model.kv_cache import SCALE_DTYPE
 log = logging.getLogger(__name__)
 
 MAX_AUTO_SLOTS = 256  # beyond this a step is compute-bound: more slots only add latency
+CPU_MAX_SLOTS = 64  # CPU: rows per step past which the time per frame-row hardly falls (and a step takes seconds)
 GRAPH_RESERVE = 2 * 2**30  # decode-step intermediates and bookkeeping of the captured graphs
 CODEC_LIVE_TENSORS = 8  # activations of the last upsampling stage alive at once in a codec call
 
@@ -104,11 +106,25 @@ def weights_bytes(model_dir: str | Path, dtype: torch.dtype) -> int:
 
 
 def device_free_bytes(device: torch.device) -> Optional[int]:
-    """Free memory of an accelerator (None on the CPU)."""
+    """Free memory of the device: an accelerator's, or on the CPU the system's available memory (None where
+    it cannot be read)."""
+    if device.type == "cpu":
+        return available_ram()
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type == "npu" and hasattr(torch, "npu"):
         return torch.npu.mem_get_info(device)[0]
+    return None
+
+
+def available_ram(meminfo: Path = Path("/proc/meminfo")) -> Optional[int]:
+    """The memory the system can give without swapping (MemAvailable), in bytes; None where unknown."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return None
 
 
@@ -117,15 +133,17 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
                still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS,
                kv_cache: str = "auto") -> MemoryPlan:
     """The slot count on `device`: what fits in its free memory (x headroom, less `still_to_load` bytes of
-    weights not loaded yet), at most `cap`; on the CPU one slot per core (at least 1, at most `cap`).
-    `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
+    weights not loaded yet), at most `cap`; on the CPU what fits in the available memory, at most
+    CPU_MAX_SLOTS (and `cap`). `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
     device = torch.device(device)
     per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows, kv_cache)
     fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames, kv_cache)
     free = device_free_bytes(device)
-    if free is None:
-        n = max(1, min(cap, os.cpu_count() or 1))
-        return MemoryPlan(n, per, fixed, 0, f"CPU: one slot per core ({os.cpu_count()} cores)")
+    if device.type == "cpu":
+        fixed -= GRAPH_RESERVE  # no device graphs on the CPU
+        cap = min(cap, CPU_MAX_SLOTS)
+        if free is None:
+            return MemoryPlan(cap, per, fixed, 0, f"CPU: {cap} rows per step (available memory unknown)")
     budget = free * headroom - fixed - still_to_load
     n = int(budget // per) if budget > 0 else 0
     if n < 1:
@@ -133,6 +151,8 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
                            f"{(fixed + per + still_to_load) / 2**30:.1f} GiB needed; lower runtime.max_context, "
                            "use a smaller model or free the device")
     reason = f"what fits in {headroom:.0%} of the free memory" if n < cap else f"capped at {cap}"
+    if device.type == "cpu":
+        reason = f"CPU: {reason} (a CPU step reads every weight once: more rows per step, more audio per second)"
     return MemoryPlan(min(n, cap), per, fixed, int(free), reason)
 
 

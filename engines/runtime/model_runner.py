@@ -30,6 +30,7 @@ from engines.names import KV_CACHES
 from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
+from engines.runtime.int8 import linear_setting
 from engines.runtime.scheduler import length_bucket, pick_bucket
 from engines.runtime.slots import SlotTable
 from engines.runtime.stream import FrameStore
@@ -104,11 +105,17 @@ class ModelRunner:
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
+        self.int8 = linear_setting(cfg.linear, self.device, dtype)[0] == "int8"
+        if self.int8:
+            log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
-                             sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel)
+                             sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
+                             int8=self.int8)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
+        # steps that are neither captured nor compiled run the exact rows and cache length, not their buckets
+        self.exact = not self.use_graphs and not compile_regions
         self.store = FrameStore(2 * n, cfg.max_context, tc.num_code_groups, self.device)
         self.table.frame_row.fill_(self.store.trash)  # free slots write their frames to the scratch row
         # one memory pool for the decode graphs (they replay on one stream, one at a time); each codec lane
@@ -207,6 +214,8 @@ class ModelRunner:
     def bucket(self, seqs: list, n: int) -> tuple[int, int]:
         """(batch bucket, cache-length bucket) of a step over slots [0, n), from host-side lengths."""
         need = max(seq.pos for seq in seqs[:n]) + 2
+        if self.exact:  # nothing captured or compiled: the exact rows and cache length (padding is work on a CPU)
+            return n, min(need, self.cfg.max_context)
         return pick_bucket(n, self.buckets), length_bucket(need, self.cfg.length_step, self.cfg.max_context)
 
     def k_cap(self, seqs: list, b: int) -> int:

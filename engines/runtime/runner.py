@@ -55,9 +55,12 @@ class EngineRunner:
         self.model = ModelRunner(engine, cfg, self.loop_s)
         self.store, self.use_graphs = self.model.store, self.model.use_graphs
 
+        call_frames = cfg.batch_call_frames if engine.device.type != "cpu" else min(cfg.batch_call_frames,
+                                                                                    cfg.cpu_call_frames)
+
         def lane(name, first, max_chunk, stream, **kw):
             codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast)
-            return CodecLane(name, codec, self.store, first, max_chunk, cfg.batch_call_frames, self.use_graphs,
+            return CodecLane(name, codec, self.store, first, max_chunk, call_frames, self.use_graphs,
                              stream=stream, **kw)
 
         s_stream, b_stream = self.model.lane_streams
