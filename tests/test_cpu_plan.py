@@ -29,7 +29,7 @@ def test_cpu_slots_follow_available_memory(monkeypatch):
     monkeypatch.setattr(memory, "available_ram", lambda: 10**15)
     plan = memory.plan_slots(model, codec, "cpu", torch.float32, 2048)
     assert plan.slots == memory.CPU_MAX_SLOTS and "CPU" in plan.reason  # plenty: the CPU cap
-    fixed = memory.fixed_bytes(model, codec, torch.float32, 2048, 8, 1024) - memory.GRAPH_RESERVE
+    fixed = memory.fixed_bytes(model, codec, torch.float32, 2048, 8, 64) - memory.GRAPH_RESERVE  # CPU: 64-frame calls
     monkeypatch.setattr(memory, "available_ram", lambda: int((fixed + 5.5 * per) / 0.9))
     assert memory.plan_slots(model, codec, "cpu", torch.float32, 2048).slots == 5  # what fits
     monkeypatch.setattr(memory, "available_ram", lambda: None)

@@ -22,6 +22,7 @@ import torch
 
 from engines.model.config import CodecConfig, ModelConfig
 from engines.model.kv_cache import SCALE_DTYPE
+from engines.runtime.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,8 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
     CPU_MAX_SLOTS (and `cap`). `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
     device = torch.device(device)
     per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows, kv_cache)
+    if device.type == "cpu":  # the CPU's codec calls are shorter (EngineConfig.cpu_call_frames)
+        batch_call_frames = min(batch_call_frames, EngineConfig.cpu_call_frames)
     fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames, kv_cache)
     free = device_free_bytes(device)
     if device.type == "cpu":
