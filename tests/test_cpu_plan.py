@@ -30,8 +30,13 @@ def test_cpu_slots_follow_available_memory(monkeypatch):
     plan = memory.plan_slots(model, codec, "cpu", torch.float32, 2048)
     assert plan.slots == memory.CPU_MAX_SLOTS and "CPU" in plan.reason  # plenty: the CPU cap
     fixed = memory.fixed_bytes(model, codec, torch.float32, 2048, 8, 64) - memory.GRAPH_RESERVE  # CPU: 64-frame calls
+    monkeypatch.setattr(memory, "available_ram", lambda: int((fixed + 5.5 * per) / memory.CPU_HEADROOM))
+    assert memory.plan_slots(model, codec, "cpu", torch.float32, 2048).slots == 5  # what fits in half of it
     monkeypatch.setattr(memory, "available_ram", lambda: int((fixed + 5.5 * per) / 0.9))
-    assert memory.plan_slots(model, codec, "cpu", torch.float32, 2048).slots == 5  # what fits
+    assert memory.plan_slots(model, codec, "cpu", torch.float32, 2048).slots < 5  # not 90%, as a GPU's
+    monkeypatch.setattr(memory, "available_ram", lambda: fixed // 4)
+    small = memory.plan_slots(model, codec, "cpu", torch.float32, 2048)  # a small machine still runs one row
+    assert small.slots == 1 and "1 row per step" in small.reason
     monkeypatch.setattr(memory, "available_ram", lambda: None)
     assert memory.plan_slots(model, codec, "cpu", torch.float32, 2048).slots == memory.CPU_MAX_SLOTS
 

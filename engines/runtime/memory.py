@@ -27,6 +27,7 @@ from engines.runtime.config import EngineConfig
 log = logging.getLogger(__name__)
 
 MAX_AUTO_SLOTS = 256  # beyond this a step is compute-bound: more slots only add latency
+CPU_HEADROOM = 0.5  # CPU: the slots take at most half the memory available at start (the machine has other work)
 CPU_MAX_SLOTS = 64  # CPU: rows per step past which the time per frame-row hardly falls (and a step takes seconds)
 GRAPH_RESERVE = 2 * 2**30  # decode-step intermediates and bookkeeping of the captured graphs
 CODEC_LIVE_TENSORS = 8  # activations of the last upsampling stage alive at once in a codec call
@@ -134,8 +135,8 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
                still_to_load: int = 0, headroom: float = 0.9, cap: int = MAX_AUTO_SLOTS,
                kv_cache: str = "auto") -> MemoryPlan:
     """The slot count on `device`: what fits in its free memory (x headroom, less `still_to_load` bytes of
-    weights not loaded yet), at most `cap`; on the CPU what fits in the available memory, at most
-    CPU_MAX_SLOTS (and `cap`). `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
+    weights not loaded yet), at most `cap`; on the CPU what fits in CPU_HEADROOM of the available memory (at
+    least 1), at most CPU_MAX_SLOTS (and `cap`). `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
     device = torch.device(device)
     per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows, kv_cache)
     if device.type == "cpu":  # the CPU's codec calls are shorter (EngineConfig.cpu_call_frames)
@@ -144,11 +145,14 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
     free = device_free_bytes(device)
     if device.type == "cpu":
         fixed -= GRAPH_RESERVE  # no device graphs on the CPU
-        cap = min(cap, CPU_MAX_SLOTS)
+        cap, headroom = min(cap, CPU_MAX_SLOTS), min(headroom, CPU_HEADROOM)
         if free is None:
             return MemoryPlan(cap, per, fixed, 0, f"CPU: {cap} rows per step (available memory unknown)")
     budget = free * headroom - fixed - still_to_load
     n = int(budget // per) if budget > 0 else 0
+    if n < 1 and device.type == "cpu":  # the CPU runs as it did with one slot per core: one row at least, no refusal
+        return MemoryPlan(1, per, fixed, int(free), f"CPU: 1 row per step: {headroom:.0%} of the available memory "
+                          "holds no more")
     if n < 1:
         raise RuntimeError(f"not enough free {device.type} memory for one slot: {free / 2**30:.1f} GiB free, "
                            f"{(fixed + per + still_to_load) / 2**30:.1f} GiB needed; lower runtime.max_context, "
