@@ -25,7 +25,7 @@ import yaml
 from benchmarks.load.client import Target, http_request
 
 log = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: `python -m benchmarks.X` children find the package there
 # variables that would make the child act as a systemd service or read another configuration
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
                "JOURNAL_STREAM", "RUNTIME_DIRECTORY")
