@@ -268,7 +268,9 @@ def test_security_exposure_is_low(box):
 
 # -- an admin's day: the people who use the service, and the service stopping mid-book ----------------------
 MEMBER, OUTSIDER_NAME = "member", "outsider"
-BOOK = "\n\n".join(f"Paragraph {i} of the long book is read aloud by the service." for i in range(40)) + "\n"
+# one segment a paragraph; more than the service leases at once (its slots: up to 64 on a CPU), so a stop
+# comes while some are in flight and others wait
+BOOK = "\n\n".join(f"Paragraph {i} of the long book is read aloud by the service." for i in range(200)) + "\n"
 
 
 def person(c: Container, name: str, member: bool) -> tuple[int, list[int]]:
