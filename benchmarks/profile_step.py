@@ -11,17 +11,14 @@ captured step's replay time (`ab_step.time_steps`): the difference is time betwe
 from __future__ import annotations
 
 import argparse
-
-import torch
-from torch.profiler import ProfilerActivity, profile
-
+import gc
 from contextlib import contextmanager
 
+import torch
 from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
 
-import statistics
-
-from benchmarks.ab_step import advance
+from benchmarks.ab_step import advance, time_steps
 from benchmarks.bench import request
 from benchmarks.dummy_engine import dummy_engine
 from engines.runtime.runner import EngineRunner
@@ -73,20 +70,14 @@ def by_part(prof) -> dict:
     return out
 
 
-def replay_ms(model, b: int, length: int, k_cap: int, reps: int = 20) -> float:
-    """Median time of the step's captured graph replayed (captured first), between CUDA events."""
-    model.use_graphs = True
-    model.run_step(b, length, k_cap)  # captures
-    times = []
-    for _ in range(reps):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        model.run_step(b, length, k_cap)
-        e.record()
-        e.synchronize()
-        times.append(a.elapsed_time(e))
-    model.use_graphs = False
-    return statistics.median(times)
+def replay_ms(runner: EngineRunner, b: int, reps: int = 20) -> float:
+    """Median time of the step's captured graph replayed (ab_step.time_steps: captured first, CUDA events);
+    the runner's model steps eagerly again afterwards."""
+    runner.model.use_graphs = True
+    try:
+        return time_steps(runner, b, reps)
+    finally:
+        runner.model.use_graphs = False
 
 
 @torch.no_grad()  # as the loop runs the step
@@ -126,7 +117,7 @@ def main() -> None:
             runner.model.run_step(b, length, runner.model.k_cap(runner.slots.seqs, b))
             torch.cuda.synchronize()
         parts = by_part(prof)
-        replay = replay_ms(runner.model, b, length, runner.model.k_cap(runner.slots.seqs, b))
+        replay = replay_ms(runner, b)
         print(f"== by part (kernel time of one eager step; per frame = / {b} rows):")
         for name, (t, n) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
             print(f"{t:8.3f} ms {n:5d} kernels  {t * 1e3 / b:7.2f} us/frame  {name}")
@@ -152,6 +143,9 @@ def main() -> None:
                   f"{total / 1e3:.2f} ms")
             for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
                 print(f"{e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
+        del runner, lane  # this batch's caches and graph pools go before the next batch's are made
+        gc.collect()  # (the runner's reference cycles hold them otherwise: 512 rows ran out of memory behind 256)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
