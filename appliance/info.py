@@ -85,7 +85,8 @@ def engines_info(s: Settings) -> list:
     broken = code_error()
     if broken:
         return {"error": broken}
-    return [_guard(lambda spec: {**decided(spec), "codec": spec.codec, "threads": spec.threads}, spec)
+    return [_guard(lambda spec: {**decided(spec), "codec": spec.codec, "threads": spec.threads,
+                                   "codec_threads": spec.codec_threads}, spec)
             for spec in s.engines]
 
 
@@ -268,7 +269,8 @@ def render(r: dict) -> str:
         f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
         f"{'int8 decoder-layer weights (lossy; ' + e.get('linear_reason', '') + '), ' if e.get('linear') == 'int8' else ''}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
-        f"codec {e['codec']}, {e['threads']} CPU threads" for e in es])
+        f"codec {e['codec']}, {e['threads']} CPU threads"
+        f"{' + ' + str(e['codec_threads']) + ' for the codec' if e.get('codec_threads') else ''}" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))
     section("codec engines", r["codec_engines"], lambda k: [f"  cache {k['cache']}", *[
         f"  {b['backend']}: {'usable' if b['usable'] else 'not usable: ' + str(b['why_not'])}"

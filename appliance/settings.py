@@ -77,15 +77,36 @@ class Settings:
 
 
 def torch_threads(threads: Optional[str]) -> int:
-    """model.threads decided: a number as given; auto (or null): the physical cores this process may use
-    less one, at least 1 (engines.device.detect.cpu_cores). torch's intra-op threads wait for each other at
-    every op, so one that loses its core (to the daemon's other threads, to other programs) stalls them
-    all: docs/PERFORMANCE.md ("CPU threads") has the measurement."""
-    if threads not in (None, "auto"):
-        return int(threads)
-    from engines.device.detect import cpu_cores
+    """model.threads decided: a number as given; auto (or null): the loop's share of the physical cores this
+    process may use (`cpu_split`). torch's intra-op threads wait for each other at every op, so one that
+    loses its core (to the daemon's other threads, to other programs) stalls them all: docs/PERFORMANCE.md
+    ("CPU threads") has the measurement."""
+    return cpu_split(threads)[0]
 
-    return max(1, cpu_cores() - 1)
+
+def codec_threads(threads: Optional[str]) -> int:
+    """torch threads of a CPU engine's codec thread (0: the codec runs in the loop's thread): `cpu_split`."""
+    return cpu_split(threads)[1]
+
+
+def cpu_split(threads: Optional[str], cores: Optional[int] = None) -> tuple[int, int]:
+    """(the engine loop's torch threads, its codec thread's) on `cores` physical cores (those this process
+    may use: engines.device.detect.cpu_cores). A CPU engine runs its codec on a thread of its own beside the
+    decode steps (engines.runtime.codec_lane.HostWorker): on 2 cores one core each, the decode step and the
+    codec costing about the same per audio-second (docs/PERFORMANCE.md, "Books on the CPU"); from 3 cores
+    one core is left to the daemon's other threads and the rest split between the loop and the codec, the
+    loop's share the larger. On one core the codec runs in the loop's thread. model.threads as a number
+    sets the loop's share; the codec then takes what is left (at least 1)."""
+    if cores is None:
+        from engines.device.detect import cpu_cores
+
+        cores = cpu_cores()
+    if cores < 2:
+        return (int(threads) if threads not in (None, "auto") else 1), 0
+    if threads not in (None, "auto"):
+        return int(threads), max(1, cores - int(threads) - (cores > 2))
+    usable = cores - (cores > 2)
+    return usable - usable // 2, max(1, usable // 2)
 
 
 def devices(device: str, instance: Optional[str] = None) -> tuple:
@@ -147,7 +168,8 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
     m, r = cfg.model, cfg.runtime
     model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
     return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
-                      threads=torch_threads(m.threads), max_slots=max_slots or r.max_slots,
+                      threads=torch_threads(m.threads), codec_threads=codec_threads(m.threads) if device == "cpu" else 0,
+                      max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
                       attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,

@@ -61,6 +61,7 @@ class EngineSpec:
     dtype: str = "auto"
     voices_dir: Optional[str] = None
     threads: int = 0  # torch CPU threads (0: torch's choice)
+    codec_threads: int = 0  # CPU: torch threads of each codec lane's own thread (0: the codec runs in the loop's)
     max_slots: object = "auto"  # int | "auto"
     max_queue: int = 16
     max_context: int = 2048

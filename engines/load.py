@@ -46,7 +46,7 @@ def settings(spec: EngineSpec) -> dict:
     """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
     the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
     engines.runtime.memory). The one place these are decided: the loader runs with it, `info` shows it."""
-    from engines.model.checkpoint import resolve_dtype
+    from engines.model.checkpoint import model_folder, resolve_dtype
     from engines.model.config import CodecConfig, ModelConfig
     from engines.runtime import memory
 
@@ -57,12 +57,14 @@ def settings(spec: EngineSpec) -> dict:
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
            "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason}
     configured = str(spec.max_slots) != "auto"
-    if configured and torch.device(spec.device).type == "cpu":  # the admin's row count: nothing to hold it against
-        return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
-    path = Path(spec.model)
+    path = model_folder(spec.model)
+    cpu = torch.device(spec.device).type == "cpu"
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
                              dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype),
                              kv_cache=spec.kv_cache, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
+    out["max_positions"] = plan.positions  # CPU: what admission may reserve at once (0: no limit)
+    if configured and cpu:  # the admin's row count, held only by the positions admission reserves
+        return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
     if not configured:
         return out | {"max_slots": plan.slots, "slots_reason": plan.describe()}
     if plan.slots < int(spec.max_slots):  # would run out of memory while the cache is allocated or graphs captured
@@ -97,7 +99,8 @@ def load_runner(spec: EngineSpec):
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
-                              engine_cache=spec.engine_cache)
+                              engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
+                              max_positions=chosen["max_positions"])
     runner.settings = chosen
     return runner
 

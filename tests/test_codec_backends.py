@@ -195,20 +195,70 @@ def test_codec_lane_over_a_backend_equals_the_one_shot_decode(decoder, backend, 
         assert np.abs(r - g).max() <= TOL and np.abs(r - o).max() <= TOL
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_codec_lane_decodes_only_valid_frames(decoder, backend, request):
+@pytest.mark.parametrize("backend,worker", [("torch", 0), ("onnxruntime", 0), ("torch", 1), ("onnxruntime", 1)])
+def test_codec_lane_decodes_only_valid_frames(decoder, backend, worker, request):
     """A FrameStore holding EOS (an id past the codebook) wherever no frame was written, the scratch row
     included: 3 requests in a 4-row lane (one idle row) with chunks that pad still get the one-shot decode
-    of their frames; the lane call masks the rest of its window (the codec used to get EOS: IndexError)."""
+    of their frames; the lane call masks the rest of its window (the codec used to get EOS: IndexError).
+    The same with the codec on a thread of its own (`worker`: the CPU lane's HostWorker), its calls, row
+    resets and moves (members leave mid-way here) run there in order."""
     onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
     frames = codes(decoder, 3, 12, seed=11).transpose(1, 2)  # [S, T, K]
     eos = decoder.config.codebook_size + 102  # the tiny checkpoints' EOS id
-    got, _ = drive_lane(makers(decoder, onnx)[backend](4), frames, [(1, 1, 0), (2, 1, 1), (3, 4, 2), (6, 6, 9)],
-                        fill=eos)
+    got, lane = drive_lane(makers(decoder, onnx)[backend](4), frames, [(1, 1, 0), (2, 1, 1), (3, 4, 2), (6, 6, 9)],
+                           fill=eos, worker_threads=worker)
+    assert (lane.worker is not None) == bool(worker)
     with torch.inference_mode():
         one_shot = decoder(frames.transpose(1, 2))[:, 0].numpy()
     for g, o in zip(got, one_shot):
         assert g.shape == o.shape and np.abs(g - o).max() <= TOL
+
+
+class _Failing:
+    """A codec whose push (or reset) fails: the error a worker thread meets."""
+
+    def __init__(self, inner, where: str):
+        self.inner, self.where = inner, where
+        self.samples_per_frame, self.batch_size, self.decoder = inner.samples_per_frame, inner.batch_size, inner.decoder
+
+    def push(self, codes, n_valid=None):
+        if self.where == "push":
+            raise RuntimeError("codec push failed")
+        return self.inner.push(codes, n_valid)
+
+    def reset(self, rows=None):
+        if self.where == "reset" and rows is not None:
+            raise RuntimeError("codec reset failed")
+        return self.inner.reset(rows)
+
+    def move(self, src, dst):
+        return self.inner.move(src, dst)
+
+
+@pytest.mark.parametrize("where", ["push", "reset"])
+def test_a_codec_error_on_the_worker_thread_reaches_the_loop(decoder, where):
+    """A call that fails on the lane's worker thread raises in the loop when its audio is collected (as a
+    failed CUDA call does when its event is waited for); a row reset nobody waits for keeps its error for
+    the lane's next collection. Either way the runner then fails the requests in flight (`reset_all`), after
+    which the lane works again."""
+    store = FrameStore(2, 8, decoder.config.num_quantizers, "cpu")
+    store.codes.zero_()
+    lane = CodecLane("test", _Failing(TorchCodec(decoder, 2), where), store, 1, 4, 4096, use_graphs=False,
+                     worker_threads=1)
+    m = lane.add("a", store.take(), 0)
+    m.emitted = 2
+    with pytest.raises(RuntimeError, match=f"codec {where} failed"):
+        lane.run(block=True)
+    lane.reset_all()
+    lane.codec.where = None
+    m = lane.add("b", store.take(), 0)
+    m.emitted, m.finished = 3, True
+    got, complete = 0, []
+    for _ in range(6):  # chunks of 1, 2 frames
+        out, done = lane.run(block=True)
+        got, complete = got + sum(len(a) for _, a in out), complete + done
+    assert got == 3 * decoder.samples_per_frame and complete == [m]
+    lane.close()
 
 
 def test_bench_call_decodes_a_zeroed_scratch_row(decoder):

@@ -82,6 +82,9 @@ def test_info_shows_what_work_runs(tmp_path, monkeypatch):
     cli("--config", path, "work", "--until-idle")
     [spec] = specs
     runs = engines.load.settings(spec)
+    # the positions admission may reserve follow the memory available at each call: the same within 5%
+    positions = runs.pop("max_positions"), shown.pop("max_positions")
+    assert min(positions) > 0 and abs(positions[0] - positions[1]) <= 0.05 * max(positions), positions
     assert {k: shown[k] for k in runs} == runs and runs["max_slots"] == 3, (shown, runs)
     assert (shown["codec"], shown["threads"]) == (spec.codec, spec.threads) == ("torch", 1)
     text = cli("--config", path, "info", "--no-daemon").stdout

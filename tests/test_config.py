@@ -73,16 +73,25 @@ def test_validation_errors_are_clear(tmp_path, text, needle):
     assert needle in str(exc.value) and str(path) in str(exc.value)
 
 
-@pytest.mark.parametrize("cores,auto", [(1, 1), (2, 1), (8, 7)])
-def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, cores, auto):
-    """model.threads auto (the default; null too): the physical cores usable less one, at least 1 (on a
-    2-core box 2 intra-op threads stall each other); a number is taken as given."""
+@pytest.mark.parametrize("cores,auto,codec", [(1, 1, 0), (2, 1, 1), (3, 1, 1), (4, 2, 1), (8, 4, 3)])
+def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, cores, auto, codec):
+    """model.threads auto (the default; null too): a CPU engine's loop and its codec thread share the physical
+    cores usable (on 2 cores one each: two intra-op threads on 2 cores stall each other; from 3 cores one core
+    is left to the rest of the daemon), the codec in the loop's thread on one core; a number is the loop's,
+    the codec taking what is left (at least 1). A GPU engine has no codec thread."""
     import engines.device.detect as detect
+    from appliance.settings import engine_spec
 
     monkeypatch.setattr(detect, "cpu_cores", lambda: cores)
     assert Config().model.threads == "auto" and settings(Config()).threads == auto
     assert settings(load_config(write(tmp_path / "a.yaml", "model: {threads: null}\n"), environ={})).threads == auto
-    assert settings(load_config(write(tmp_path / "b.yaml", "model: {threads: 3}\n"), environ={})).threads == 3
+    three = load_config(write(tmp_path / "b.yaml", "model: {threads: 3, path: /m}\n"), environ={})
+    assert settings(three).threads == 3
+    auto_cfg = load_config(write(tmp_path / "c.yaml", "model: {path: /m}\n"), environ={})
+    spec = engine_spec(auto_cfg, "cpu")
+    assert (spec.threads, spec.codec_threads) == (auto, codec)
+    assert engine_spec(three, "cpu").codec_threads == (max(1, cores - 3 - (cores > 2)) if cores > 1 else 0)
+    assert engine_spec(auto_cfg, "cuda:0").codec_threads == 0
 
 
 def test_cpu_cores_follow_the_cgroup_quota(tmp_path, monkeypatch):

@@ -49,15 +49,18 @@ def test_info_without_daemon(tmp_path):
     assert report["paths"]["http_socket"] == str(tmp_path / "run" / "api.sock")
     assert report["daemon"]["reachable"] is False
     assert not (tmp_path / "home" / "queue.db").exists()  # the report creates nothing
-    from appliance.settings import torch_threads
+    from appliance.settings import codec_threads, torch_threads
 
     threads = torch_threads("auto")  # model.threads auto, as decided for this machine
     assert report["configured"]["threads"] == "auto" and report["configured"]["torch_threads"] == threads
+    codec_n = codec_threads("auto")  # the CPU engine's codec thread (0 on one core: the codec in the loop's)
+    assert report["engines"] and {(e["threads"], e["codec_threads"]) for e in report["engines"]} == {(threads, codec_n)}
 
     text = run_info("--config", str(cfg), "info", env=env)
     for needle in ("kind custom_voice", "cpu: float32, 3 slots", "onnxruntime: not usable: different device",
                    "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg),
-                   f"CPU threads {threads} (model.threads auto)"):
+                   f"CPU threads {threads} (model.threads auto)",
+                   f"{threads} CPU threads + {codec_n} for the codec" if codec_n else f"{threads} CPU threads"):
         assert needle in text, (needle, text)
 
 

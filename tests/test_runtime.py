@@ -475,3 +475,45 @@ def test_the_warm_up_request_is_no_clients_stream():
             h.cancel()
     finally:
         runner.stop()
+
+
+@pytest.mark.parametrize("slots,overlap", [(1, True), (3, True), (3, False)])
+def test_the_codec_on_a_thread_of_its_own_gives_the_same_codes_and_audio(slots, overlap):
+    """A CPU engine's codec lanes on threads of their own (runtime.cpu_codec_threads, the daemon's default on
+    a CPU of 2 cores or more: appliance.settings.cpu_split): requests queue, join and leave, the codec's row
+    resets and moves run on those threads in order, and every request gets the reference codes and audio."""
+    eng = engine()
+    reqs = requests(5)
+    ref = reference(eng, reqs)
+    runner = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap, cpu_codec_threads=1)
+    assert all(ln.worker is not None for ln in runner.lanes.values())
+    out = runner.synthesize(reqs[:2]) + runner.synthesize(reqs[2:], priority=0)  # the batch lane, then streams'
+    for (codes, wav), res in zip(ref, out):
+        assert np.array_equal(res.codes, codes)
+        assert res.audio.shape == wav.shape and np.abs(res.audio - wav).max() < 1e-4
+
+
+def test_the_codec_threads_follow_the_loop_thread_and_stop_with_it():
+    """With the loop in a thread of its own, the codec works on its lanes' threads (named codec-stream /
+    codec-batch) and the loop thread keeps the torch thread count it was given; stop() lets them go."""
+    import threading
+
+    eng = engine()
+    saved = torch.get_num_threads()
+    runner = EngineRunner(eng, max_slots=4, max_context=256, cpu_codec_threads=1)
+    before = set(threading.enumerate())  # (other tests' runners may keep idle codec threads of their own)
+    runner.start()
+    try:
+        hs = [runner.submit(r, priority=i % 2) for i, r in enumerate(requests(3))]
+        results = [h.result() for h in hs]
+        ours = [t for t in threading.enumerate() if t not in before and t.name.startswith("codec-")]
+        assert {t.name.split("_")[0] for t in ours} == {"codec-stream", "codec-batch"}, ours
+    finally:
+        runner.stop()
+    assert torch.get_num_threads() == saved
+    for (codes, _), res in zip(reference(eng, requests(3)), results):
+        assert np.array_equal(res.codes, codes)
+    deadline = time.monotonic() + 30  # (a loaded machine: the threads wake to leave when they get a core)
+    while any(t.is_alive() for t in ours):
+        assert time.monotonic() < deadline, "the codec threads outlived the runner's stop()"
+        time.sleep(0.05)

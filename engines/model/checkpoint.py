@@ -114,12 +114,18 @@ class Qwen3TTSWeights(nn.Module):
             self.speaker_encoder = None
 
 
-def load_weights(root: str | Path, device="cpu", dtype="float32") -> tuple[ModelConfig, Qwen3TTSWeights]:
-    """Config + weights of `root/model.safetensors` on `device` in `dtype` (speaker encoder kept fp32)."""
+def model_folder(root: str | Path) -> Path:
+    """`root` as a Path; CheckpointError saying what to pass when there is no such folder."""
     root = Path(root)
     if not root.is_dir():
         raise CheckpointError(f"model folder not found: {root} (pass the folder of a downloaded "
                               "Qwen3-TTS checkpoint with --model)")
+    return root
+
+
+def load_weights(root: str | Path, device="cpu", dtype="float32") -> tuple[ModelConfig, Qwen3TTSWeights]:
+    """Config + weights of `root/model.safetensors` on `device` in `dtype` (speaker encoder kept fp32)."""
+    root = model_folder(root)
     cfg = ModelConfig.from_dir(root)
     path = root / "model.safetensors"
     state = read_safetensors(path, device)

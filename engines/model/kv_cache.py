@@ -15,7 +15,8 @@ folds the scales into its scores and weights where it reads; here is the torch f
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import mmap
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -103,12 +104,19 @@ class KVCache:
     v_scale: Optional[list[torch.Tensor]] = None
     all_k_scale: Optional[torch.Tensor] = None
     all_v_scale: Optional[torch.Tensor] = None
+    maps: list = field(default_factory=list)  # a lazy cache's anonymous memory maps (all_k's, all_v's)
 
     @staticmethod
-    def allocate(cfg, batch: int, max_len: int, device, dtype, fp8: bool = False) -> "KVCache":
-        """Zeroed buffers for `cfg`'s stack (a DecoderStackConfig); `fp8`: float8 e4m3 values with scales."""
+    def allocate(cfg, batch: int, max_len: int, device, dtype, fp8: bool = False, lazy: bool = False) -> "KVCache":
+        """Zeroed buffers for `cfg`'s stack (a DecoderStackConfig); `fp8`: float8 e4m3 values with scales.
+        `lazy` (CPU, model dtype): the buffers are anonymous memory maps, so memory is taken only where
+        positions are written, and `clear` hands cleared pages back (a CPU cache of many slots of the full
+        context holds only what its requests use)."""
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         kind = FP8 if fp8 else dtype
+        if lazy and not fp8 and torch.device(device).type == "cpu":
+            (k, mk), (v, mv) = _mapped_zeros(shape, dtype), _mapped_zeros(shape, dtype)
+            return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v, maps=[mk, mv])
         k, v = torch.zeros(shape, device=device, dtype=kind), torch.zeros(shape, device=device, dtype=kind)
         if not fp8:
             return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v)
@@ -142,5 +150,55 @@ class KVCache:
             pairs += [(self.all_k_scale, src_cache.all_k_scale), (self.all_v_scale, src_cache.all_v_scale)]
         for a, b in pairs:
             a[:, dst, :, :length].copy_(b[:, src, :, :length])
-            if clear_rest:
-                a[:, dst, :, length:].zero_()
+        if clear_rest:
+            self.clear(dst, length)
+
+    def clear(self, row: int, start: int = 0) -> None:
+        """Zero positions [start, max_len) of `row` in every layer (scales too). A lazy cache hands the whole
+        pages among them back to the system (they read as zeros and take no memory until written again)."""
+        tensors = [self.all_k, self.all_v] + ([self.all_k_scale, self.all_v_scale] if self.fp8 else [])
+        if not self.maps or not _release_rows(tensors, self.maps, row, start):
+            for t in tensors:
+                t[:, row, :, start:].zero_()
+
+PAGE = mmap.PAGESIZE
+
+
+def _mapped_zeros(shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
+    """A zeroed CPU tensor over anonymous memory of its own (taken page by page as it is written)."""
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(m, dtype=dtype, count=n).view(shape), m
+
+
+def _release_rows(tensors: list, maps: list, row: int, start: int) -> bool:
+    """Zero positions [start, S) of `row` of each [L, B, KV, S, D] tensor over its own map: the partial pages
+    by writing zeros, the whole pages by handing them back (madvise DONTNEED: they read as zeros again).
+    False (nothing done) when a position's bytes do not tile a page, or a (layer, row, head)'s do not fill
+    whole pages: the caller writes the zeros then."""
+    done = []
+    for t, m in zip(tensors, maps):
+        L, B, KV, S, D = t.shape
+        per_pos = D * t.element_size()
+        if PAGE % per_pos or (S * per_pos) % PAGE:
+            return False
+        done.append((t, m, L, B, KV, S, per_pos))
+    for t, m, L, B, KV, S, per_pos in done:
+        first = min(S, -(-start * per_pos // PAGE) * PAGE // per_pos)  # the first position on a page of its own
+        if first > start:
+            t[:, row, :, start:first].zero_()
+        if first >= S:
+            continue
+        span = (S - first) * per_pos
+        for layer in range(L):
+            base = ((layer * B + row) * KV * S) * per_pos
+            if first == 0:  # the whole (layer, row) block: one call
+                m.madvise(mmap.MADV_DONTNEED, base, KV * S * per_pos)
+                continue
+            for h in range(KV):
+                m.madvise(mmap.MADV_DONTNEED, base + (h * S + first) * per_pos, span)
+    return True
+

@@ -43,9 +43,10 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.code_predictor, cfg.hidden_size)
 
-    def new_cache(self, batch: int, max_len: int, device, dtype, fp8: bool = False) -> KVCache:
-        """The talker's key/value cache; `fp8`: float8 values with scales (engines.model.kv_cache)."""
-        return KVCache.allocate(self.cfg, batch, max_len, device, dtype, fp8)
+    def new_cache(self, batch: int, max_len: int, device, dtype, fp8: bool = False, lazy: bool = False) -> KVCache:
+        """The talker's key/value cache; `fp8`: float8 values with scales; `lazy`: CPU memory taken where
+        written (engines.model.kv_cache)."""
+        return KVCache.allocate(self.cfg, batch, max_len, device, dtype, fp8, lazy)
 
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids `[..., T]` -> projected talker-space rows `[..., T, H]`."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Optional
 
@@ -78,6 +79,72 @@ class _Call:
         return self.event is None or self.event.query()
 
 
+class _HostCall:
+    """A call running on a CPU lane's worker thread: the counterpart of a CUDA call's event (`query`: has it
+    finished; `synchronize`: wait for it, raising what it raised)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def query(self) -> bool:
+        return self.future.done()
+
+    def synchronize(self) -> None:
+        self.future.result()
+
+
+class HostWorker:
+    """One thread that runs a CPU lane's codec work in order (its calls, row resets and moves): the CPU's
+    counterpart of a lane's CUDA stream, so a book's codec calls run on one core while the loop's decode
+    steps run on another (docs/PERFORMANCE.md, "Books on the CPU"). `threads`: torch's intra-op threads in
+    that thread. Work whose result nobody waits for (`later`) keeps its error for `check`."""
+
+    def __init__(self, name: str, threads: int):
+        self.name, self.threads = name, max(1, threads)
+        self._pool: Optional[ThreadPoolExecutor] = None  # started at the first submit (again after close)
+        self.error: Optional[BaseException] = None
+
+    def _init(self) -> None:
+        if torch.get_num_threads() != self.threads:  # (this thread's count: the loop thread keeps its own)
+            torch.set_num_threads(self.threads)
+
+    @staticmethod
+    def _no_grad(fn, *args):
+        with torch.inference_mode():  # grad mode is per thread: the loop's no_grad does not reach this one
+            return fn(*args)
+
+    def submit(self, fn, *args) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"codec-{self.name}", initializer=self._init)
+        return self._pool.submit(self._no_grad, fn, *args)
+
+    def later(self, fn, *args) -> None:
+        self.submit(fn, *args).add_done_callback(self._keep_error)
+
+    def _keep_error(self, f: Future) -> None:
+        if f.exception() is not None and self.error is None:
+            self.error = f.exception()
+
+    def check(self) -> None:
+        """Raise the first error of work nobody waited for (once)."""
+        err, self.error = self.error, None
+        if err is not None:
+            raise err
+
+    def join(self) -> None:
+        """Wait until everything submitted so far has run."""
+        if self._pool is not None:
+            self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Let the thread go once its work is done (a later submit starts a new one)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
 class CodecLane:
     """Codec stream rows [0, size) of one backend instance, members packed at the front.
 
@@ -88,7 +155,7 @@ class CodecLane:
 
     def __init__(self, name: str, codec, frames, first: int, max_chunk: int, frames_per_call: int,
                  use_graphs: bool, pool=None, lazy_finish: bool = False, wait: bool = True, stream=None,
-                 max_inflight: int = 2):
+                 max_inflight: int = 2, worker_threads: int = 0):
         self.name, self.codec, self.frames = name, codec, frames
         self.first, self.max_chunk, self.frames_per_call = first, max_chunk, frames_per_call
         self.max_frames_per_call = frames_per_call  # frames_per_call may be lowered later, never raised above
@@ -118,6 +185,8 @@ class CodecLane:
         self._wait, self.max_inflight = wait, max_inflight
         self._inflight: deque[_Call] = deque()
         self._ring: list = []  # pinned host buffers for call outputs, one per call that may be in flight
+        # CPU: `worker_threads` > 0 runs the codec on a thread of its own (HostWorker), else in the caller's
+        self.worker = HostWorker(name, worker_threads) if worker_threads > 0 and dev.type == "cpu" else None
         self.use_stream(True)
 
     def use_stream(self, on: bool) -> None:
@@ -156,9 +225,17 @@ class CodecLane:
         mask = torch.zeros(self.size, dtype=torch.bool)
         mask[len(self.members)] = True
         with self._on_stream():  # after the lane's earlier calls, which may still use the row
-            self.codec.reset(mask)
+            self._in_order(self.codec.reset, mask)
         self.members.append(m)
         return m
+
+    def _in_order(self, fn, *args) -> None:
+        """Codec state work (a row reset or move), after the calls launched before it: on the worker's
+        thread where there is one (in its order), else now."""
+        if self.worker is not None:
+            self.worker.later(fn, *args)
+        else:
+            fn(*args)
 
     def chunk_cap(self, b: int, frames_per_call: Optional[int] = None) -> int:
         """Largest frame bucket a call over b rows may use (now, or at `frames_per_call`)."""
@@ -217,6 +294,8 @@ class CodecLane:
                 for i, m in enumerate(self.members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
                 call.wav = self._call(torch.tensor([rows, starts, valid], dtype=torch.long), b, n)
+                if isinstance(call.wav, Future):  # on the worker's thread: collected like a CUDA call
+                    call.event, call.wav = _HostCall(call.wav), None
                 self.calls += 1  # after _call: it picks the ring buffer by this count
                 for i, m in enumerate(self.members):
                     got = valid[i] * self.spf
@@ -254,12 +333,16 @@ class CodecLane:
 
     def _harvest(self, block: bool) -> tuple[list, list]:
         out, complete = [], []
+        if self.worker is not None:
+            self.worker.check()
         while self._inflight and (block or self._inflight[0].ready()):
             call = self._inflight.popleft()
             if call.event is not None:
                 t0 = time.perf_counter()
                 call.event.synchronize()
                 self.wait_s += time.perf_counter() - t0
+                if isinstance(call.event, _HostCall):
+                    call.wav = call.event.future.result()
             pinned = isinstance(call.wav, torch.Tensor)  # a ring buffer the next calls reuse: copy out
             wav = call.wav.numpy() if pinned else call.wav
             for m, row, a, z in call.parts:
@@ -271,6 +354,8 @@ class CodecLane:
                 m.codes = codes.numpy().astype(np.int64)
                 m.lead = self._lead(m)
             complete.extend(call.complete)
+        if self.worker is not None:  # (a reset or move before the calls just waited for has run by now)
+            self.worker.check()
         return out, complete
 
     def _lead(self, m: Member) -> Optional[np.ndarray]:
@@ -283,7 +368,7 @@ class CodecLane:
     def _remove(self, m: Member) -> None:
         i, last = self.members.index(m), len(self.members) - 1
         if i != last:
-            self.codec.move(last, i)
+            self._in_order(self.codec.move, last, i)
             self.members[i] = self.members[last]
         self.members.pop()
 
@@ -291,10 +376,18 @@ class CodecLane:
         """Forget every member and launched call (engine failure)."""
         if self.stream is not None:
             self.stream.synchronize()
+        if self.worker is not None:
+            self.worker.join()
+            self.worker.error = None  # (the failure being reset)
         self._inflight.clear()
         with self._on_stream():
             self.codec.reset()
         self.members.clear()
+
+    def close(self) -> None:
+        """Let the worker thread (a CPU lane's) go when its work is done; later work starts a new one."""
+        if self.worker is not None:
+            self.worker.close()
 
     # ----- the call itself --------------------------------------------------------------------------
     def _gather_decode(self, ctrl: torch.Tensor, n: int) -> torch.Tensor:
@@ -304,13 +397,22 @@ class CodecLane:
         row on the scratch row, a reused row's old frames) holds whatever the decode step wrote there,
         EOS included (an id past the codebook): it is decoded as code 0 (its audio is dropped), on the
         device inside the call, so every backend and every captured graph sees only codes in range."""
+        return self._decode(*self._gather(ctrl, n))
+
+    def _gather(self, ctrl: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes [b, K, n] with every code past a row's `valid` frames 0, valid [b]): see `_gather_decode`."""
         rows, start, valid = ctrl[0], ctrl[1], ctrl[2]
         t = torch.arange(n, device=ctrl.device)
         idx = (start[:, None] + t).clamp(max=self.frames.max_frames - 1)
         codes = self.frames.codes[rows[:, None], idx]  # [b, n, K]
         codes = codes.masked_fill((t[None, :] >= valid[:, None])[..., None], 0)  # [b, n, K]: past valid -> 0
-        wav = self.codec.push(codes.permute(0, 2, 1).long(), valid)
-        return wav[:, 0].float()
+        return codes.permute(0, 2, 1).long(), valid
+
+    def _decode(self, codes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return self.codec.push(codes, valid)[:, 0].float()
+
+    def _decode_host(self, codes: torch.Tensor, valid: torch.Tensor):
+        return self._decode(codes, valid).numpy()
 
     def _to_host(self, wav: torch.Tensor):
         """Device wav -> host: numpy at once on the CPU, else a view of a pinned ring buffer filled behind the
@@ -331,6 +433,8 @@ class CodecLane:
         entry = self.graphs.get((b, n), False) if self.use_graphs else None
         if entry is False:  # first use of this bucket: run it for real, then capture it for the next calls
             return self._to_host(self.capture(b, n, ctrl))
+        if entry is None and self.worker is not None:  # codes gathered now (the step goes on writing the
+            return self.worker.submit(self._decode_host, *self._gather(ctrl, n))  # store); decoded there
         if entry is None:
             return self._to_host(self._gather_decode(ctrl.to(dev, non_blocking=True), n))
         graph, ctrl_in, out = entry
@@ -383,6 +487,8 @@ class CodecLane:
             self.frames.codes[self.frames.trash].zero_()
             wav = self._call(ctrl, b, n)
         self.calls += 1
+        if isinstance(wav, Future):
+            wav = wav.result()
         if self.stream is not None:
             self.stream.synchronize()
         elif self.cuda:

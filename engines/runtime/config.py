@@ -13,6 +13,7 @@ class EngineConfig:
     batch_admit_streams: int = 2  # batch requests admitted per loop iteration while streams are about
     prefill_rows_streams: int = 2  # rows of the prefill group batch work leaves free while streams are about
     max_context: int = 2048  # talker cache length per slot (prompt + frames)
+    max_positions: int = 0  # positions admitted requests may reserve at once, each its prompt + frame limit (0: no limit)
     max_text_rows: int = 1024  # streaming-text rows per request
     prefill_chunk: int = 256  # prompt tokens per request per loop iteration (keeps streams flowing)
     prefill_batch: int = 8  # requests prefilled together (side-cache rows)
@@ -39,6 +40,7 @@ class EngineConfig:
     batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     cpu_call_frames: int = 64  # on the CPU at most this (a call's activations out of cache cost more than its size)
+    cpu_codec_threads: int = 0  # CPU: > 0 runs each lane's codec on a thread of its own with this many torch threads
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 MAX_AUTO_SLOTS = 256  # beyond this a step is compute-bound: more slots only add latency
 CPU_HEADROOM = 0.5  # CPU: the slots take at most half the memory available at start (the machine has other work)
 CPU_MAX_SLOTS = 64  # CPU: rows per step past which the time per frame-row hardly falls (and a step takes seconds)
+# CPU: positions a slot is planned at. A CPU cache takes memory only where it is written (KVCache lazy), and
+# admission reserves each request's own worst case (prompt + frame limit) against the plan's `positions`:
+# a book segment (a paragraph of at most 300 characters: ~60 prompt positions, ~250 frames) fits in 512
+CPU_PLAN_POSITIONS = 512
 GRAPH_RESERVE = 2 * 2**30  # decode-step intermediates and bookkeeping of the captured graphs
 CODEC_LIVE_TENSORS = 8  # activations of the last upsampling stage alive at once in a codec call
 
@@ -44,17 +48,19 @@ class MemoryPlan:
     fixed_bytes: int
     free_bytes: int
     reason: str
+    positions: int = 0  # CPU: key/value positions all requests may reserve at once (0: no limit but the slots')
 
     def describe(self) -> str:
         gib = 2 ** 30
         free = f", {self.free_bytes / gib:.1f} GiB free" if self.free_bytes else ""
+        held = f", at most {self.positions} positions reserved at once" if self.positions else ""
         return (f"{self.slots} slots ({self.per_slot_bytes / 2**20:.0f} MiB each, {self.fixed_bytes / gib:.1f} GiB "
-                f"fixed{free}): {self.reason}")
+                f"fixed{free}{held}): {self.reason}")
 
     def as_dict(self) -> dict:
         return {"slots": self.slots, "per_slot_mib": round(self.per_slot_bytes / 2**20, 1),
                 "fixed_gib": round(self.fixed_bytes / 2**30, 2), "free_gib": round(self.free_bytes / 2**30, 2),
-                "reason": self.reason}
+                "positions": self.positions, "reason": self.reason}
 
 
 def _codec_state_values(codec: CodecConfig) -> int:
@@ -96,14 +102,19 @@ def fixed_bytes(model: ModelConfig, codec: CodecConfig, dtype: torch.dtype, max_
 
 def weights_bytes(model_dir: str | Path, dtype: torch.dtype) -> int:
     """What loading the checkpoint's weights in `dtype` will take (from the safetensors headers)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
+
+    from engines.model.errors import CheckpointError
 
     total = 0
     for f in (Path(model_dir) / "model.safetensors", Path(model_dir) / "speech_tokenizer" / "model.safetensors"):
         if f.is_file():
-            with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
-                    total += math.prod(st.get_slice(name).get_shape())
+            try:
+                with safe_open(str(f), framework="pt") as st:
+                    for name in st.keys():
+                        total += math.prod(st.get_slice(name).get_shape())
+            except (SafetensorError, OSError, ValueError) as exc:  # the loader's words for it
+                raise CheckpointError(f"corrupt checkpoint file {f}: {exc}") from exc
     return total * _nbytes(dtype)
 
 
@@ -138,19 +149,23 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
     weights not loaded yet), at most `cap`; on the CPU what fits in CPU_HEADROOM of the available memory (at
     least 1), at most CPU_MAX_SLOTS (and `cap`). `kv_cache`: runtime.kv_cache (fp8: the talker's cache at about half the bytes)."""
     device = torch.device(device)
-    per = per_slot_bytes(model, codec, dtype, max_context, max_text_rows, kv_cache)
-    if device.type == "cpu":  # the CPU's codec calls are shorter (EngineConfig.cpu_call_frames)
+    cpu = device.type == "cpu"
+    # CPU: the cache is lazy (memory where written) and admission holds requests to `positions`: slots are
+    # planned at CPU_PLAN_POSITIONS each (kv_cache fp8 is not lazy: planned at the full context)
+    planned = min(max_context, CPU_PLAN_POSITIONS) if cpu and kv_cache != "fp8" else max_context
+    per = per_slot_bytes(model, codec, dtype, planned, max_text_rows, kv_cache)
+    if cpu:  # the CPU's codec calls are shorter (EngineConfig.cpu_call_frames)
         batch_call_frames = min(batch_call_frames, EngineConfig.cpu_call_frames)
-    fixed = fixed_bytes(model, codec, dtype, max_context, prefill_batch, batch_call_frames, kv_cache)
+    fixed = fixed_bytes(model, codec, dtype, planned, prefill_batch, batch_call_frames, kv_cache)
     free = device_free_bytes(device)
-    if device.type == "cpu":
+    if cpu:
         fixed -= GRAPH_RESERVE  # no device graphs on the CPU
         cap, headroom = min(cap, CPU_MAX_SLOTS), min(headroom, CPU_HEADROOM)
         if free is None:
             return MemoryPlan(cap, per, fixed, 0, f"CPU: {cap} rows per step (available memory unknown)")
     budget = free * headroom - fixed - still_to_load
     n = int(budget // per) if budget > 0 else 0
-    if n < 1 and device.type == "cpu":  # the CPU runs as it did with one slot per core: one row at least, no refusal
+    if n < 1 and cpu:  # the CPU runs as it did with one slot per core: one row at least, no refusal
         return MemoryPlan(1, per, fixed, int(free), f"CPU: 1 row per step: {headroom:.0%} of the available memory "
                           "holds no more")
     if n < 1:
@@ -158,9 +173,13 @@ def plan_slots(model: ModelConfig, codec: CodecConfig, device, dtype: torch.dtyp
                            f"{(fixed + per + still_to_load) / 2**30:.1f} GiB needed; lower runtime.max_context, "
                            "use a smaller model or free the device")
     reason = f"what fits in {headroom:.0%} of the free memory" if n < cap else f"capped at {cap}"
-    if device.type == "cpu":
-        reason = f"CPU: {reason} (a CPU step reads every weight once: more rows per step, more audio per second)"
-    return MemoryPlan(min(n, cap), per, fixed, int(free), reason)
+    if not cpu:
+        return MemoryPlan(min(n, cap), per, fixed, int(free), reason)
+    slots = min(n, cap)
+    kv = kv_position_bytes(model, dtype, kv_cache)
+    positions = 0 if planned == max_context else max(int((budget - slots * (per - planned * kv)) // kv), max_context)
+    return MemoryPlan(slots, per, fixed, int(free), f"CPU: {reason} (a CPU step reads every weight once: more rows "
+                      "per step, more audio per second)", positions)
 
 
 def plan_for_engine(engine, max_context: int, **kw) -> MemoryPlan:

@@ -86,8 +86,10 @@ class ModelRunner:
         self.table = SlotTable.allocate(n, tc.hidden_size, tc.vocab_size, tc.num_code_groups, cfg.max_text_rows,
                                         self.device, dtype)
         self.fp8 = kv_cache_choice(cfg.kv_cache, self.device)  # the talker's cache (the predictor's: model dtype)
-        self.cache = talker.new_cache(n, cfg.max_context, self.device, dtype, self.fp8)
-        self.side = talker.new_cache(cfg.prefill_batch, cfg.max_context, self.device, dtype, self.fp8)
+        # CPU: caches take memory where written, a slot's handed back when its request leaves (engines.runtime.memory)
+        self.lazy = self.device.type == "cpu" and not self.fp8
+        self.cache = talker.new_cache(n, cfg.max_context, self.device, dtype, self.fp8, self.lazy)
+        self.side = talker.new_cache(cfg.prefill_batch, cfg.max_context, self.device, dtype, self.fp8, self.lazy)
         log.info("talker key/value cache: %s", "fp8 (e4m3, a scale per vector)" if self.fp8 else dtype)
         with torch.no_grad():
             ids = torch.tensor([engine.cfg.tts_pad_token_id], device=self.device)
@@ -141,11 +143,16 @@ class ModelRunner:
     def prefill(self, group: list) -> tuple[list, Optional[torch.Tensor]]:
         """Up to `prefill_chunk` prompt rows of every sequence in `group`, as one batch over side-cache rows
         [0, b) (shorter rows are padded; their padding lands beyond their own length, which is never
-        attended to nor copied). Returns the sequences whose prompt is now complete and the hidden rows
+        attended to nor copied; where nothing is captured, the side cache is cut to the positions the chunk
+        reaches). Returns the sequences whose prompt is now complete and the hidden rows
         `[b, H]` (row = side row) to `place` them with (a view: place them before the next prefill)."""
         b = max(seq.side_row for seq in group) + 1
         t = min(self.cfg.prefill_chunk, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))
         dev, cap = self.device, self.cfg.max_context - 1
+        length = None  # the side cache's whole length
+        if self.exact:  # nothing captured: attend over the positions this chunk reaches, not the whole context
+            length = min(cap + 1, max(seq.offset for seq in group) + t)
+            cap = length - 1
         graph = None
         if self.use_graphs and self.cfg.prefill_graphs:  # padded up to a captured (rows, length) bucket
             b, t = pick_bucket(b, self.prefill_rows), pick_bucket(t, self.prefill_lengths)
@@ -165,7 +172,7 @@ class ModelRunner:
         if graph is not None:
             graph.replay()
         else:
-            hidden = self.fast.prefill(x, pos, self.side.rows(0, b), last)  # [b, H]
+            hidden = self.fast.prefill(x, pos, self.side.rows(0, b, length), last)  # [b, H]
         t = min(t, max(seq.prompt.prefill.shape[0] - seq.offset for seq in group))  # rows taken per request
         complete = []
         for seq in group:
@@ -180,6 +187,8 @@ class ModelRunner:
         end = seq.pos = seq.offset
         # masked positions still enter attention as 0 * value: clear what a free slot left there
         self.cache.copy_row(slot, self.side, seq.side_row, end, clear_rest=True)
+        if self.lazy:  # the side row's memory goes back until the next prompt writes it
+            self.side.clear(seq.side_row)
         self.table.load(slot, seq.prompt, hidden, seq.settings, seq.frame_row, seq.member.n_ref, seq.text_open)
 
     def _prefill_graph(self, b: int, t: int) -> tuple:
@@ -292,11 +301,15 @@ class ModelRunner:
         trash = self.store.trash
         self.table.free(slot, trash)  # free slots keep stepping inside the bucket: finite, writing to scratch
         if move is None:
+            if self.lazy:  # its memory goes back
+                self.cache.clear(slot)
             return
         src, dst = move
-        self.cache.copy_row(dst, self.cache, src, min(pos, self.cfg.max_context))
+        self.cache.copy_row(dst, self.cache, src, min(pos, self.cfg.max_context), clear_rest=self.lazy)
         self.table.move(src, dst)
         self.table.free(src, trash)
+        if self.lazy:
+            self.cache.clear(src)
 
     def free_all(self) -> None:
         for slot in range(self.cfg.max_slots):

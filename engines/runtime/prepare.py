@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 
 def prepare(seq: Sequence, engine, max_context: int) -> None:
     """Fill `seq.prompt`, `seq.settings` and `seq.ref_codes` from its request on `engine` (a TTSEngine).
-    TTSError when the request cannot be spoken (its text too long for `max_context`, a bad voice, ...)."""
+    TTSError when the request cannot be spoken (its text too long for `max_context`, a bad voice, ...). Also
+    `seq.reserve`, the cache positions it may come to hold. A request prepared before (sent back to the queue
+    to wait for memory, `EngineRunner._admit`) keeps what it has, unless its text is still arriving."""
+    if seq.feed is None and seq.prompt is not None:  # prepared before, then sent back to wait for memory
+        return
     if seq.feed is None:
         spec, ref_codes = engine.resolve(seq.request)
         seq.prompt = engine.prompts.build(spec)
@@ -36,6 +40,7 @@ def prepare(seq: Sequence, engine, max_context: int) -> None:
             raise TTSError(f"text too long for one request ({seq.prompt.prefill.shape[0]} prompt tokens); "
                            "split it into shorter segments")
     seq.ref_codes = ref_codes
+    seq.reserve = min(max_context, seq.prompt.prefill.shape[0] + seq.settings.max_new_tokens + 1)
 
 
 def _prepare_feed(seq: Sequence, engine):

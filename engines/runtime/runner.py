@@ -61,7 +61,7 @@ class EngineRunner:
         def lane(name, first, max_chunk, stream, **kw):
             codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast)
             return CodecLane(name, codec, self.store, first, max_chunk, call_frames, self.use_graphs,
-                             stream=stream, **kw)
+                             stream=stream, worker_threads=cfg.cpu_codec_threads, **kw)
 
         s_stream, b_stream = self.model.lane_streams
         self.lanes = {  # priority 0 (streams): waited for at once, high-priority stream; batch work: collected later
@@ -81,6 +81,7 @@ class EngineRunner:
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = False
+        self._torch_threads = torch.get_num_threads()  # the loop thread's (the codec workers set their own)
         self.frames = 0
         self.holds = 0  # rows x steps that waited for text
         self.preempted = 0  # batch requests sent back to the queue to give their slot to a stream
@@ -207,6 +208,8 @@ class EngineRunner:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        for ln in self.lanes.values():
+            ln.close()
 
     def wake(self) -> None:
         with self._cv:
@@ -227,6 +230,8 @@ class EngineRunner:
             torch.cuda.set_device(self.device)  # one engine per GPU runs on its own ("cuda": the current one)
         if self.model.run_stream is not None:  # this thread's device work goes to the loop's own stream
             torch.cuda.set_stream(self.model.run_stream)
+        if self.device.type == "cpu" and torch.get_num_threads() != self._torch_threads:
+            torch.set_num_threads(self._torch_threads)  # torch's intra-op threads are counted per thread
         while True:
             with self._cv:
                 while not self._stop and not self._has_work():
@@ -281,19 +286,34 @@ class EngineRunner:
         return self.lanes["stream" if seq.is_stream else "batch"]
 
     def _admit(self, picked: list) -> None:
-        """Prepare the sequences the scheduler picked; each joins the prefill group, or fails alone."""
-        for seq in picked:
+        """Prepare the sequences the scheduler picked; each joins the prefill group, or fails alone. One whose
+        positions do not fit now (`_fits`) goes back to the queue with those after it."""
+        for i, seq in enumerate(picked):
             try:
-                self._prepare(seq)
+                seq.handle.marks["admit"] = time.perf_counter()
+                prepare(seq, self.engine, self.cfg.max_context)
             except TTSError as exc:
                 seq.handle.fail(exc)
                 continue
+            if not self._fits(seq):
+                self.sched.requeue(picked[i:])
+                return
+            self._prepare(seq)
             self.sched.join(seq)
 
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether `seq`'s positions (its prompt and frame limit) fit beside those of the requests admitted
+        already, within cfg.max_positions (the CPU's memory plan, engines.runtime.memory; 0: no limit). Batch
+        work leaves one stream's worst case free; a request always runs when none is admitted."""
+        limit = self.cfg.max_positions
+        held = self.slots.seqs + self.sched.prefilling
+        if not limit or not held:
+            return True
+        room = limit - (0 if seq.is_stream else self.cfg.max_context)
+        return sum(s.reserve for s in held) + seq.reserve <= room
+
     def _prepare(self, seq: Sequence) -> None:
-        """Its voice, prompt and settings (engines.runtime.prepare), a FrameStore row, a place in its lane."""
-        seq.handle.marks["admit"] = time.perf_counter()
-        prepare(seq, self.engine, self.cfg.max_context)
+        """A prepared sequence's FrameStore row and place in its codec lane."""
         ref_codes = seq.ref_codes
         seq.frame_row = self.store.take(ref_codes)
         seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))

@@ -51,6 +51,7 @@ class AdmissionQueue:
         self.max_size = max_size
         self._heap: list[_Queued] = []
         self._count = itertools.count()
+        self._front = itertools.count(-1, -1)  # orders of items put back in front of their priority
         self._per_priority: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -66,6 +67,12 @@ class AdmissionQueue:
     def push(self, item: Any, priority: int = 0) -> None:
         heapq.heappush(self._heap, _Queued(priority, next(self._count), item))
         self._per_priority[priority] = self.waiting(priority) + 1
+
+    def push_front(self, items: list, priority: int) -> None:
+        """Put `items` (in this order) back before every other waiting item of `priority`."""
+        for item in reversed(items):
+            heapq.heappush(self._heap, _Queued(priority, next(self._front), item))
+            self._per_priority[priority] = self.waiting(priority) + 1
 
     def peek(self) -> Optional[Any]:
         return self._heap[0].item if self._heap else None
@@ -205,6 +212,13 @@ class Scheduler:
                 lane_free[head.priority <= 0] -= 1
                 picked.append(self.queue.pop())
         return picked
+
+    def requeue(self, seqs: list) -> None:
+        """Picked sequences that cannot join now (no memory for them yet) go back to the front of the queue,
+        in order: they are the next ones picked."""
+        with self.lock:
+            for priority in sorted({s.priority for s in seqs}):
+                self.queue.push_front([s for s in seqs if s.priority == priority], priority)
 
     def join(self, seq: Any) -> None:
         """A prepared sequence enters the prefill group, on the first free side-cache row."""

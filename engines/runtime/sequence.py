@@ -26,6 +26,7 @@ class Sequence:
         self.feed_version = -1
         self.held = False  # the last collected step held its row (waiting for text)
         self.requeued = False  # preempted: its request went back to the queue as a new Sequence
+        self.reserve = 0  # cache positions it may come to hold (prompt + frame limit), once prepared
 
     @property
     def is_stream(self) -> bool:
