@@ -92,7 +92,7 @@ def codec_threads(threads: Optional[str]) -> int:
 def cpu_split(threads: Optional[str], cores: Optional[int] = None) -> tuple[int, int]:
     """(the engine loop's torch threads, its codec thread's) on `cores` physical cores (those this process
     may use: engines.device.detect.cpu_cores). A CPU engine runs its codec on a thread of its own beside the
-    decode steps (engines.runtime.codec_lane.HostWorker): on 2 cores one core each, the decode step and the
+    decode steps (engines.runtime.host_worker.HostWorker): on 2 cores one core each, the decode step and the
     codec costing about the same per audio-second (docs/PERFORMANCE.md, "Books on the CPU"); from 3 cores
     one core is left to the daemon's other threads and the rest split between the loop and the codec, the
     loop's share the larger. On one core the codec runs in the loop's thread. model.threads as a number

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import Optional
 
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from engines.model.voice import reference_cut
+from engines.runtime.host_worker import HostCall, HostWorker
 from engines.runtime.scheduler import pick_bucket
 
 log = logging.getLogger(__name__)
@@ -77,72 +78,6 @@ class _Call:
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
-
-
-class _HostCall:
-    """A call running on a CPU lane's worker thread: the counterpart of a CUDA call's event (`query`: has it
-    finished; `synchronize`: wait for it, raising what it raised)."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: Future):
-        self.future = future
-
-    def query(self) -> bool:
-        return self.future.done()
-
-    def synchronize(self) -> None:
-        self.future.result()
-
-
-class HostWorker:
-    """One thread that runs a CPU lane's codec work in order (its calls, row resets and moves): the CPU's
-    counterpart of a lane's CUDA stream, so a book's codec calls run on one core while the loop's decode
-    steps run on another (docs/PERFORMANCE.md, "Books on the CPU"). `threads`: torch's intra-op threads in
-    that thread. Work whose result nobody waits for (`later`) keeps its error for `check`."""
-
-    def __init__(self, name: str, threads: int):
-        self.name, self.threads = name, max(1, threads)
-        self._pool: Optional[ThreadPoolExecutor] = None  # started at the first submit (again after close)
-        self.error: Optional[BaseException] = None
-
-    def _init(self) -> None:
-        if torch.get_num_threads() != self.threads:  # (this thread's count: the loop thread keeps its own)
-            torch.set_num_threads(self.threads)
-
-    @staticmethod
-    def _no_grad(fn, *args):
-        with torch.inference_mode():  # grad mode is per thread: the loop's no_grad does not reach this one
-            return fn(*args)
-
-    def submit(self, fn, *args) -> Future:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"codec-{self.name}", initializer=self._init)
-        return self._pool.submit(self._no_grad, fn, *args)
-
-    def later(self, fn, *args) -> None:
-        self.submit(fn, *args).add_done_callback(self._keep_error)
-
-    def _keep_error(self, f: Future) -> None:
-        if f.exception() is not None and self.error is None:
-            self.error = f.exception()
-
-    def check(self) -> None:
-        """Raise the first error of work nobody waited for (once)."""
-        err, self.error = self.error, None
-        if err is not None:
-            raise err
-
-    def join(self) -> None:
-        """Wait until everything submitted so far has run."""
-        if self._pool is not None:
-            self._pool.submit(lambda: None).result()
-
-    def close(self) -> None:
-        """Let the thread go once its work is done (a later submit starts a new one)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
 
 
 class CodecLane:
@@ -295,7 +230,7 @@ class CodecLane:
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
                 call.wav = self._call(torch.tensor([rows, starts, valid], dtype=torch.long), b, n)
                 if isinstance(call.wav, Future):  # on the worker's thread: collected like a CUDA call
-                    call.event, call.wav = _HostCall(call.wav), None
+                    call.event, call.wav = HostCall(call.wav), None
                 self.calls += 1  # after _call: it picks the ring buffer by this count
                 for i, m in enumerate(self.members):
                     got = valid[i] * self.spf
@@ -341,7 +276,7 @@ class CodecLane:
                 t0 = time.perf_counter()
                 call.event.synchronize()
                 self.wait_s += time.perf_counter() - t0
-                if isinstance(call.event, _HostCall):
+                if isinstance(call.event, HostCall):
                     call.wav = call.event.future.result()
             pinned = isinstance(call.wav, torch.Tensor)  # a ring buffer the next calls reuse: copy out
             wav = call.wav.numpy() if pinned else call.wav
