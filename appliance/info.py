@@ -86,7 +86,7 @@ def engines_info(s: Settings) -> list:
     if broken:
         return {"error": broken}
     return [_guard(lambda spec: {**decided(spec), "codec": spec.codec, "threads": spec.threads,
-                                   "codec_threads": spec.codec_threads}, spec)
+                                   "codec_threads": spec.codec_threads, "idle_threads": spec.idle_threads}, spec)
             for spec in s.engines]
 
 
@@ -270,6 +270,7 @@ def render(r: dict) -> str:
         f"{'int8 decoder-layer weights (lossy; ' + e.get('linear_reason', '') + '), ' if e.get('linear') == 'int8' else ''}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
         f"codec {e['codec']}, {e['threads']} CPU threads"
+        f"{' (' + str(e['idle_threads']) + ' while the codec idles)' if e.get('idle_threads', 0) > e['threads'] else ''}"
         f"{' + ' + str(e['codec_threads']) + ' for the codec' if e.get('codec_threads') else ''}" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))
     section("codec engines", r["codec_engines"], lambda k: [f"  cache {k['cache']}", *[

@@ -85,28 +85,40 @@ def torch_threads(threads: Optional[str]) -> int:
 
 
 def codec_threads(threads: Optional[str]) -> int:
-    """torch threads of a CPU engine's codec thread (0: the codec runs in the loop's thread): `cpu_split`."""
+    """A CPU engine's codec threads (0: the codec runs in the loop's thread): `cpu_split`."""
     return cpu_split(threads)[1]
 
 
-def cpu_split(threads: Optional[str], cores: Optional[int] = None) -> tuple[int, int]:
-    """(the engine loop's torch threads, its codec thread's) on `cores` physical cores (those this process
-    may use: engines.device.detect.cpu_cores). A CPU engine runs its codec on a thread of its own beside the
-    decode steps (engines.runtime.host_worker.HostWorker): on 2 cores one core each, the decode step and the
-    codec costing about the same per audio-second (docs/PERFORMANCE.md, "Books on the CPU"); from 3 cores
-    one core is left to the daemon's other threads and the rest split between the loop and the codec, the
-    loop's share the larger. On one core the codec runs in the loop's thread. model.threads as a number
-    sets the loop's share; the codec then takes what is left (at least 1)."""
+def idle_threads(threads: Optional[str]) -> int:
+    """A CPU engine loop's torch threads while its codec has no call running: `cpu_split`."""
+    return cpu_split(threads)[2]
+
+
+def cpu_split(threads: Optional[str], cores: Optional[int] = None) -> tuple[int, int, int]:
+    """(the engine loop's torch threads, its codec's threads, the loop's threads while the codec has no call
+    running) on `cores` physical cores (those this process
+    may use: engines.device.detect.cpu_cores). A CPU engine runs its codec beside the decode steps, off the
+    loop's thread (engines.runtime.host_worker.HostWorker), a call's rows split over the codec's threads of
+    one torch thread each (engines.codec.streaming.StreamingCodecDecoder). From 3 cores one core is left to
+    the daemon's other threads; the loop takes the larger half of the rest (model.threads as a number sets
+    it). The codec's threads take the cores neither the loop's threads nor the spare one hold, at least 1;
+    a loop of one thread has no other intra-op thread to stall, so it shares its core with them: on 2 cores
+    the loop has 1 thread and the codec 2, and when the decode waits the codec has both cores
+    (docs/PERFORMANCE.md, "Books on the CPU"). While no codec call runs (a book's first prompts, streams
+    between chunks) the loop takes every usable core, unless model.threads gives its number. On one core
+    the codec runs in the loop's thread."""
     if cores is None:
         from engines.device.detect import cpu_cores
 
         cores = cpu_cores()
+    given = threads not in (None, "auto")
     if cores < 2:
-        return (int(threads) if threads not in (None, "auto") else 1), 0
-    if threads not in (None, "auto"):
-        return int(threads), max(1, cores - int(threads) - (cores > 2))
-    usable = cores - (cores > 2)
-    return usable - usable // 2, max(1, usable // 2)
+        loop = int(threads) if given else 1
+        return loop, 0, loop
+    spare = int(cores > 2)
+    usable = cores - spare
+    loop = int(threads) if given else usable - usable // 2
+    return loop, max(1, cores - spare - (loop if loop > 1 else 0)), loop if given else usable
 
 
 def devices(device: str, instance: Optional[str] = None) -> tuple:
@@ -169,6 +181,7 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
     model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
     return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
                       threads=torch_threads(m.threads), codec_threads=codec_threads(m.threads) if device == "cpu" else 0,
+                      idle_threads=idle_threads(m.threads) if device == "cpu" else 0,
                       max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,

@@ -2,6 +2,8 @@
 
     python -m benchmarks.codec_cpu --codec real --threads 1 --chunks 1,4,12
     python -m benchmarks.codec_cpu --codec tests/data/tiny/cv_small/speech_tokenizer
+    # a call's rows split over 2 threads of one torch thread each (the daemon's CPU codec on 2 cores)
+    python -m benchmarks.codec_cpu --codec real --threads 1 --row-threads 2 --batch 40 --chunks 1 --backends torch
 
 `--codec real` builds the real-size Qwen3-TTS-Tokenizer-12Hz decoder from the config defaults
 (hidden 1024, 8 layers, 16 heads, latent 1024, decoder_dim 1536, codebook_dim 512, upsampling
@@ -49,6 +51,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1, help="streams per push")
     ap.add_argument("--seconds", type=float, default=3.0, help="timing window per measurement")
     ap.add_argument("--backends", default="torch,onnxruntime")
+    ap.add_argument("--row-threads", type=int, default=1, help="torch: a push's rows split over this many threads")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -56,9 +59,10 @@ def main(argv=None) -> None:
     n_params = sum(p.numel() for p in dec.parameters()) / 1e6
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"# machine: {cpu_name()}, {os.cpu_count()} cores, load {load:.1f}, threads {args.threads}, "
+          f"row threads {args.row_threads}, "
           f"torch {torch.__version__}; codec {args.codec} ({n_params:.1f} M params)")
     with tempfile.TemporaryDirectory() as tmp:
-        makers = {"torch": lambda b: TorchCodec(dec, b)}
+        makers = {"torch": lambda b: TorchCodec(dec, b, row_threads=args.row_threads)}
         if "onnxruntime" in args.backends:
             path = export_step(dec, Path(tmp) / "codec_step.onnx")
             makers["onnxruntime"] = lambda b: OnnxCodec(path, b, dec.samples_per_frame, threads=args.threads)

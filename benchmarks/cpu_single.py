@@ -2,15 +2,18 @@
 
     python -m benchmarks.cpu_single --dummy 0.6b --threads 2 --frames 12
     python -m benchmarks.cpu_single --dummy 0.6b --threads 2 --frames 24 --dtypes float32 --linear model,int8 --reps 3
-    # as the daemon runs it on 2 cores (model.threads auto): the loop on 1 thread, the codec on its own thread
-    python -m benchmarks.cpu_single --dummy 0.6b --threads 1 --codec-threads 1 --frames 24 --dtypes float32 --reps 3
+    # as the daemon runs it on 2 cores (model.threads auto, appliance.settings.cpu_split): the loop on 1 thread
+    # (2 while no codec call runs), the codec off the loop's thread, a call's rows split over 2 threads
+    python -m benchmarks.cpu_single --dummy 0.6b --threads 1 --codec-threads 2 --idle-threads 2 --frames 24 \
+        --dtypes float32 --reps 3
 
 One stream as an app meets it: the request is submitted as a stream (priority 0) to a started runner (its loop in
 its own thread) and its chunks are read as they come. Reported per run: time to first audio (submit -> first
 chunk) and x realtime (audio seconds / wall seconds, submit -> last chunk); medians over `--reps` runs after
 a warm-up request (start-up apart). `--linear`: runtime.linear values to compare (model, int8) in one process;
-`--codec-threads` N > 0: the codec lanes on threads of their own with N torch threads each (runtime
-cpu_codec_threads, what appliance.settings.cpu_split gives the daemon's CPU engine).
+`--codec-threads` N > 0: the codec lanes off the loop's thread, a call's rows split over N threads (runtime
+cpu_codec_threads); `--idle-threads`: the loop's torch threads while no codec call runs (runtime
+cpu_idle_threads); appliance.settings.cpu_split gives the daemon's CPU engine both.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def main() -> None:
     ap.add_argument("--linear", default="model", help="comma list of runtime.linear values: model, int8")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--codec-threads", type=int, default=0, help="the codec on its own thread(s) (0: in the loop's)")
+    ap.add_argument("--idle-threads", type=int, default=0, help="the loop's threads while no codec call runs (0: --threads)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for dt in args.dtypes.split(","):
@@ -54,14 +58,15 @@ def main() -> None:
         for linear in args.linear.split(","):
             t0 = time.perf_counter()
             runner = EngineRunner(eng, max_slots=1, max_context=256, linear=linear,
-                                  cpu_codec_threads=args.codec_threads)
+                                  cpu_codec_threads=args.codec_threads, cpu_idle_threads=args.idle_threads)
             runner.start()
             one_stream(runner, 2, 0)  # warm-up
             startup = time.perf_counter() - t0
             runs = [one_stream(runner, args.frames, 1 + i) for i in range(args.reps)]
             runner.stop()
             ttfa, speed = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-            print(f"{args.dummy} {dt} linear {linear}, {args.threads} threads, codec threads {args.codec_threads}, "
+            print(f"{args.dummy} {dt} linear {linear}, {args.threads} threads ({args.idle_threads or args.threads} "
+                  f"while the codec idles), codec threads {args.codec_threads}, "
                   f"{args.frames} frames: "
                   f"{speed:.3f}x realtime, first audio {ttfa:.2f} s (medians of {args.reps}; "
                   f"each {', '.join(f'{s:.3f}x/{f:.2f} s' for f, s in runs)}; start-up {startup:.1f} s)", flush=True)

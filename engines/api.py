@@ -61,7 +61,8 @@ class EngineSpec:
     dtype: str = "auto"
     voices_dir: Optional[str] = None
     threads: int = 0  # torch CPU threads (0: torch's choice)
-    codec_threads: int = 0  # CPU: torch threads of each codec lane's own thread (0: the codec runs in the loop's)
+    codec_threads: int = 0  # CPU: threads a codec call's rows are split over, off the loop's (0: the codec runs in the loop's)
+    idle_threads: int = 0  # CPU: the loop's torch threads while no codec call runs (0: `threads` always)
     max_slots: object = "auto"  # int | "auto"
     max_queue: int = 16
     max_context: int = 2048

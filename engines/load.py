@@ -100,6 +100,7 @@ def load_runner(spec: EngineSpec):
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
+                              cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])
     runner.settings = chosen
     return runner

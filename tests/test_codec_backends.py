@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -46,7 +47,8 @@ def codes(decoder, b, n, seed=0):
 
 
 def makers(decoder, step_onnx=None):
-    out = {"torch": lambda b: TorchCodec(decoder, b)}
+    out = {"torch": lambda b: TorchCodec(decoder, b),
+           "torch-rows": lambda b: TorchCodec(decoder, b, row_threads=3)}  # a call's rows split over 3 threads
     if step_onnx is not None:
         from engines.codec.backend_onnx import OnnxCodec
 
@@ -54,7 +56,7 @@ def makers(decoder, step_onnx=None):
     return out
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["torch", "torch-rows", "onnxruntime"])
 def test_push_of_leading_rows_leaves_the_others_alone(decoder, backend, request):
     onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
     make, spf = makers(decoder, onnx)[backend], decoder.samples_per_frame
@@ -83,7 +85,7 @@ def make_ref_continuation(decoder, c, make):
     return ref.push(c[:2, :, :1])
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["torch", "torch-rows", "onnxruntime"])
 def test_move_copies_a_stream(decoder, backend, request):
     onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
     make = makers(decoder, onnx)[backend]
@@ -107,81 +109,7 @@ def _drive(codec, frames, plan, first: int = 1, max_chunk: int = 4) -> list[np.n
     return drive_lane(codec, frames, plan, first, max_chunk)[0]
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_push_of_leading_rows_leaves_the_others_alone(decoder, backend, request):
-    onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
-    make, spf = makers(decoder, onnx)[backend], decoder.samples_per_frame
-    c = codes(decoder, 3, 9, seed=1)
-    whole = make(3)
-    ref = torch.cat([whole.push(c[..., :4]), whole.push(c[..., 4:])], -1)
-    part = make(3)
-    out = part.push(c[:2, :, :4])  # rows 0 and 1 only: row 2 waits
-    assert out.shape == (2, 1, 4 * spf) and part.frames_decoded.tolist() == [4, 4, 0]
-    assert float((out - ref[:2, :, :4 * spf]).abs().max()) <= TOL
-    out = part.push(c[:2, :, 4:], torch.tensor([5, 5]))
-    assert float((out - ref[:2, :, 4 * spf:]).abs().max()) <= TOL
-    late = c.clone()
-    late[:2] = 0  # rows 0 and 1 idle (n_valid 0): their streams must not move
-    out = part.push(late[..., :4], torch.tensor([0, 0, 4]))
-    out2 = part.push(late[..., 4:], torch.tensor([0, 0, 5]))
-    assert part.frames_decoded.tolist() == [9, 9, 9]
-    assert float((torch.cat([out, out2], -1)[2] - ref[2]).abs().max()) <= TOL
-    tail = part.push(c[:2, :, :1])  # rows 0/1 continue exactly where they were
-    assert float((tail - make_ref_continuation(decoder, c, make)).abs().max()) <= TOL
-
-
-def make_ref_continuation(decoder, c, make):
-    ref = make(2)
-    ref.push(c[:2])
-    return ref.push(c[:2, :, :1])
-
-
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_move_copies_a_stream(decoder, backend, request):
-    onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
-    make = makers(decoder, onnx)[backend]
-    c = codes(decoder, 2, 10, seed=2)
-    with torch.inference_mode():
-        ref = decoder(c)
-    codec = make(3)
-    codec.push(torch.cat([c[..., :6], torch.zeros_like(c[:1, :, :6])]))
-    codec.move(1, 2)  # stream of row 1 now continues in row 2
-    codec.reset(torch.tensor([False, True, False]))
-    out = codec.push(torch.stack([c[0, :, 6:], torch.zeros_like(c[0, :, 6:]), c[1, :, 6:]]))
-    assert codec.frames_decoded.tolist() == [10, 4, 10]
-    spf = decoder.samples_per_frame
-    assert float((out[2] - ref[1, :, 6 * spf:]).abs().max()) <= TOL
-    assert float((out[0] - ref[0, :, 6 * spf:]).abs().max()) <= TOL
-    with pytest.raises(ValueError, match="rows must lie in"):
-        codec.move(0, 3)
-
-
-def _drive(codec, frames: torch.Tensor, plan, first: int = 1, max_chunk: int = 4) -> list[np.ndarray]:
-    """Feed frames [S, T, 16] through a codec lane following `plan` (frames per request per round), as
-    the runner does: frames written to the request's FrameStore row, the lane told how many there are."""
-    s, t_max = frames.shape[0], frames.shape[1]
-    store = FrameStore(s, t_max, frames.shape[2], "cpu")
-    lane = CodecLane("test", codec, store, first, max_chunk, 4096, use_graphs=False)
-    members = [lane.add(i, store.take(), 0) for i in range(s)]
-    audio, pos = [[] for _ in range(s)], [0] * s
-    for rnd in plan:
-        for i, k in enumerate(rnd):
-            store.codes[members[i].frame_row, pos[i]:pos[i] + k] = frames[i, pos[i]:pos[i] + k].int()
-            pos[i] += k
-            members[i].emitted = pos[i]
-            members[i].finished = pos[i] == t_max
-        out, _ = lane.run()
-        for m, a in out:
-            audio[m.seq].append(a)
-    for _ in range(t_max):  # one call per loop iteration, as in the runner, until every request is complete
-        out, _ = lane.run()
-        for m, a in out:
-            audio[m.seq].append(a)
-    assert not lane.members
-    return [np.concatenate(a) for a in audio]
-
-
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["torch", "torch-rows", "onnxruntime"])
 def test_codec_lane_over_a_backend_equals_the_one_shot_decode(decoder, backend, request):
     onnx = request.getfixturevalue("step_onnx") if backend == "onnxruntime" else None
     frames = codes(decoder, 3, 12, seed=3).transpose(1, 2)  # [S, T, K]
@@ -195,7 +123,8 @@ def test_codec_lane_over_a_backend_equals_the_one_shot_decode(decoder, backend, 
         assert np.abs(r - g).max() <= TOL and np.abs(r - o).max() <= TOL
 
 
-@pytest.mark.parametrize("backend,worker", [("torch", 0), ("onnxruntime", 0), ("torch", 1), ("onnxruntime", 1)])
+@pytest.mark.parametrize("backend,worker", [("torch", 0), ("onnxruntime", 0), ("torch", 1), ("onnxruntime", 1),
+                                            ("torch-rows", 1)])
 def test_codec_lane_decodes_only_valid_frames(decoder, backend, worker, request):
     """A FrameStore holding EOS (an id past the codebook) wherever no frame was written, the scratch row
     included: 3 requests in a 4-row lane (one idle row) with chunks that pad still get the one-shot decode
@@ -259,6 +188,46 @@ def test_a_codec_error_on_the_worker_thread_reaches_the_loop(decoder, where):
         got, complete = got + sum(len(a) for _, a in out), complete + done
     assert got == 3 * decoder.samples_per_frame and complete == [m]
     lane.close()
+
+
+def test_a_call_s_rows_are_decoded_on_threads_of_their_own(decoder):
+    """row_threads (the CPU engine's codec threads): a push of several rows is split into groups decoded at
+    once on as many threads, each with one torch thread; the audio and state equal the unsplit codec's over a
+    ragged schedule (idle rows, prefix pushes, a reset and a move), an error in any group reaches the caller
+    after every group has stopped, and close() lets the threads go."""
+    import threading
+
+    from engines.codec.parity import ragged_parity
+
+    err = ragged_parity(lambda b: TorchCodec(decoder, b), lambda b: TorchCodec(decoder, b, row_threads=3), decoder,
+                        batch=5)
+    assert err <= TOL
+    codec = TorchCodec(decoder, 5, row_threads=3)
+    seen = []  # (thread, torch threads, rows) of every decoder call
+    hook = decoder.register_forward_pre_hook(
+        lambda m, args: seen.append((threading.current_thread().name, torch.get_num_threads(), args[0].shape[0])))
+    try:
+        codec.push(codes(decoder, 5, 2, seed=4))
+        assert sorted(n for _, _, n in seen) == [1, 2, 2] and len({t for t, _, _ in seen}) == 3
+        assert all(k == 1 for t, k, _ in seen if t != threading.current_thread().name)
+        seen.clear()
+        codec.push(codes(decoder, 1, 2, seed=5))  # one row: no split
+        assert [(t, n) for t, _, n in seen] == [(threading.current_thread().name, 1)]
+    finally:
+        hook.remove()
+    before = codec.frames_decoded.tolist()
+    bad = codes(decoder, 5, 2, seed=6)
+    bad[4, 0, 1] = decoder.config.codebook_size  # out of range in the last group (the debug guard is on)
+    with pytest.raises(ValueError, match="codes out of range"):
+        codec.push(bad)
+    assert codec.frames_decoded.tolist()[4] == before[4]  # (the failing group stopped before its counter moved)
+    helpers = [t for t in threading.enumerate() if t.name.startswith("codec-rows")]
+    assert helpers
+    codec.close()
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in helpers):
+        assert time.monotonic() < deadline, "the row threads outlived close()"
+        time.sleep(0.05)
 
 
 def test_bench_call_decodes_a_zeroed_scratch_row(decoder):

@@ -274,3 +274,24 @@ def test_codebook_clamps_small_usage(model):
             assert torch.equal(entry, cb.embedding_sum[7] / 1e-5)
         finally:
             cb.cluster_usage[7] = saved
+
+
+def test_in_place_layers_equal_their_out_of_place_form():
+    """SnakeBeta and the residual unit write their temporaries in place in eager inference; under autograd
+    (as under ONNX export or torch.compile) they keep the out-of-place form: both give the same numbers."""
+    from engines.codec.layers import ResidualUnit, SnakeBeta
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, 50) * 3
+    snake, unit = SnakeBeta(16), ResidualUnit(16, 3)
+    with torch.no_grad():
+        for p in (snake.alpha, snake.beta, unit.act1.alpha, unit.act2.beta):
+            p.normal_(0, 0.5)
+    with torch.inference_mode():
+        fast_snake, fast_unit = snake(x), unit(x)
+    ref = x + (1.0 / (snake.beta.exp() + 1e-9))[None, :, None] * torch.sin(x * snake.alpha.exp()[None, :, None]) ** 2
+    assert torch.allclose(fast_snake, ref, atol=1e-5, rtol=1e-6)
+    xg = x.clone().requires_grad_(True)
+    assert torch.allclose(fast_snake, snake(xg), atol=1e-5, rtol=1e-6)
+    assert torch.allclose(fast_unit, unit(xg), atol=1e-5, rtol=1e-6)
+    assert not torch.equal(fast_unit, x)  # (the unit did something)

@@ -73,12 +73,15 @@ def test_validation_errors_are_clear(tmp_path, text, needle):
     assert needle in str(exc.value) and str(path) in str(exc.value)
 
 
-@pytest.mark.parametrize("cores,auto,codec", [(1, 1, 0), (2, 1, 1), (3, 1, 1), (4, 2, 1), (8, 4, 3)])
-def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, cores, auto, codec):
-    """model.threads auto (the default; null too): a CPU engine's loop and its codec thread share the physical
-    cores usable (on 2 cores one each: two intra-op threads on 2 cores stall each other; from 3 cores one core
-    is left to the rest of the daemon), the codec in the loop's thread on one core; a number is the loop's,
-    the codec taking what is left (at least 1). A GPU engine has no codec thread."""
+@pytest.mark.parametrize("cores,auto,codec,idle", [(1, 1, 0, 1), (2, 1, 2, 2), (3, 1, 2, 2), (4, 2, 1, 3),
+                                                (8, 4, 3, 7)])
+def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, cores, auto, codec, idle):
+    """model.threads auto (the default; null too): a CPU engine's loop and its codec threads share the physical
+    cores usable (two intra-op threads of the loop on 2 cores stall each other; from 3 cores one core is left
+    to the rest of the daemon; a loop of one thread shares its core with the codec's threads, which split a
+    call's rows and never wait for each other), the codec in the loop's thread on one core; a number is the loop's,
+    the codec taking what is left (at least 1). While no codec call runs the loop takes every usable core
+    (`idle`), unless a number is given. A GPU engine has no codec thread."""
     import engines.device.detect as detect
     from appliance.settings import engine_spec
 
@@ -89,9 +92,11 @@ def test_cpu_threads_are_decided_once_from_the_cores(tmp_path, monkeypatch, core
     assert settings(three).threads == 3
     auto_cfg = load_config(write(tmp_path / "c.yaml", "model: {path: /m}\n"), environ={})
     spec = engine_spec(auto_cfg, "cpu")
-    assert (spec.threads, spec.codec_threads) == (auto, codec)
+    assert (spec.threads, spec.codec_threads, spec.idle_threads) == (auto, codec, idle)
     assert engine_spec(three, "cpu").codec_threads == (max(1, cores - 3 - (cores > 2)) if cores > 1 else 0)
-    assert engine_spec(auto_cfg, "cuda:0").codec_threads == 0
+    assert engine_spec(three, "cpu").idle_threads == 3
+    gpu = engine_spec(auto_cfg, "cuda:0")
+    assert gpu.codec_threads == gpu.idle_threads == 0
 
 
 def test_cpu_cores_follow_the_cgroup_quota(tmp_path, monkeypatch):

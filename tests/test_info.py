@@ -49,18 +49,21 @@ def test_info_without_daemon(tmp_path):
     assert report["paths"]["http_socket"] == str(tmp_path / "run" / "api.sock")
     assert report["daemon"]["reachable"] is False
     assert not (tmp_path / "home" / "queue.db").exists()  # the report creates nothing
-    from appliance.settings import codec_threads, torch_threads
+    from appliance.settings import codec_threads, idle_threads, torch_threads
 
     threads = torch_threads("auto")  # model.threads auto, as decided for this machine
     assert report["configured"]["threads"] == "auto" and report["configured"]["torch_threads"] == threads
-    codec_n = codec_threads("auto")  # the CPU engine's codec thread (0 on one core: the codec in the loop's)
-    assert report["engines"] and {(e["threads"], e["codec_threads"]) for e in report["engines"]} == {(threads, codec_n)}
+    codec_n = codec_threads("auto")  # the CPU engine's codec threads (0 on one core: the codec in the loop's)
+    idle = idle_threads("auto")  # the loop's while the codec idles
+    assert report["engines"] and ({(e["threads"], e["codec_threads"], e["idle_threads"]) for e in report["engines"]}
+                                  == {(threads, codec_n, idle)})
 
     text = run_info("--config", str(cfg), "info", env=env)
     for needle in ("kind custom_voice", "cpu: float32, 3 slots", "onnxruntime: not usable: different device",
                    "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg),
                    f"CPU threads {threads} (model.threads auto)",
-                   f"{threads} CPU threads + {codec_n} for the codec" if codec_n else f"{threads} CPU threads"):
+                   f"{threads} CPU threads" + (f" ({idle} while the codec idles)" if idle > threads else "")
+                   + (f" + {codec_n} for the codec" if codec_n else "")):
         assert needle in text, (needle, text)
 
 

@@ -477,20 +477,62 @@ def test_the_warm_up_request_is_no_clients_stream():
         runner.stop()
 
 
-@pytest.mark.parametrize("slots,overlap", [(1, True), (3, True), (3, False)])
-def test_the_codec_on_a_thread_of_its_own_gives_the_same_codes_and_audio(slots, overlap):
+@pytest.mark.parametrize("slots,overlap,threads", [(1, True, 1), (3, True, 1), (3, False, 1), (3, True, 2)])
+def test_the_codec_on_a_thread_of_its_own_gives_the_same_codes_and_audio(slots, overlap, threads):
     """A CPU engine's codec lanes on threads of their own (runtime.cpu_codec_threads, the daemon's default on
-    a CPU of 2 cores or more: appliance.settings.cpu_split): requests queue, join and leave, the codec's row
-    resets and moves run on those threads in order, and every request gets the reference codes and audio."""
+    a CPU of 2 cores or more: appliance.settings.cpu_split; with 2, a call's rows split over 2 threads):
+    requests queue, join and leave, the codec's row resets and moves run on those threads in order, and
+    every request gets the reference codes and audio."""
     eng = engine()
     reqs = requests(5)
     ref = reference(eng, reqs)
-    runner = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap, cpu_codec_threads=1)
+    runner = EngineRunner(eng, max_slots=slots, max_context=256, overlap=overlap, cpu_codec_threads=threads)
     assert all(ln.worker is not None for ln in runner.lanes.values())
     out = runner.synthesize(reqs[:2]) + runner.synthesize(reqs[2:], priority=0)  # the batch lane, then streams'
     for (codes, wav), res in zip(ref, out):
         assert np.array_equal(res.codes, codes)
         assert res.audio.shape == wav.shape and np.abs(res.audio - wav).max() < 1e-4
+
+
+def test_the_loop_takes_the_codec_s_cores_while_no_codec_call_runs():
+    """runtime cpu_idle_threads (the daemon's: every usable core, appliance.settings.cpu_split): the loop
+    thread prefills and steps with that many torch threads while no codec call runs (the first prompts come
+    before any audio), with its own count while one does; the codes stay the reference's, and a runner
+    driven from the caller's thread (no loop thread) leaves the caller's count alone."""
+    eng = engine()
+    saved = torch.get_num_threads()
+    runner = EngineRunner(eng, max_slots=3, max_context=256, cpu_codec_threads=1, cpu_idle_threads=saved + 1)
+    seen = []  # (a codec call running, the loop's torch threads then) at each pick (the state held throughout)
+    pick = runner._pick_threads
+
+    def watched():
+        before = any(ln.running for ln in runner.lanes.values())
+        pick()
+        if before == any(ln.running for ln in runner.lanes.values()):  # (else a call ended meanwhile)
+            seen.append((before, torch.get_num_threads()))
+    runner._pick_threads = watched
+    for ln in runner.lanes.values():  # slow codec calls: the steps after a launch meet a call running
+        push = ln.codec.push
+
+        def slow(*a, _push=push):
+            time.sleep(0.3)
+            return _push(*a)
+        ln.codec.push = slow
+    runner.start()
+    try:
+        results = [h.result() for h in [runner.submit(r, priority=1) for r in requests(3)]]
+    finally:
+        runner.stop()
+    assert seen[0] == (False, saved + 1)  # the first prompts: no codec call yet
+    assert {threads for running, threads in seen if running} == {saved}, seen
+    assert {threads for running, threads in seen if not running} == {saved + 1}, seen
+    for (codes, _), res in zip(reference(eng, requests(3)), results):
+        assert np.array_equal(res.codes, codes)
+    assert torch.get_num_threads() == saved
+    sync = EngineRunner(eng, max_slots=3, max_context=256, cpu_codec_threads=1, cpu_idle_threads=saved + 1)
+    sync.synthesize(requests(2))
+    sync.stop()
+    assert torch.get_num_threads() == saved
 
 
 def test_the_codec_threads_follow_the_loop_thread_and_stop_with_it():
@@ -500,18 +542,19 @@ def test_the_codec_threads_follow_the_loop_thread_and_stop_with_it():
 
     eng = engine()
     saved = torch.get_num_threads()
-    runner = EngineRunner(eng, max_slots=4, max_context=256, cpu_codec_threads=1)
+    runner = EngineRunner(eng, max_slots=4, max_context=256, cpu_codec_threads=2)
     before = set(threading.enumerate())  # (other tests' runners may keep idle codec threads of their own)
     runner.start()
     try:
-        hs = [runner.submit(r, priority=i % 2) for i, r in enumerate(requests(3))]
+        hs = [runner.submit(r, priority=p) for r, p in zip(requests(4), (0, 1, 1, 0))]
         results = [h.result() for h in hs]
         ours = [t for t in threading.enumerate() if t not in before and t.name.startswith("codec-")]
-        assert {t.name.split("_")[0] for t in ours} == {"codec-stream", "codec-batch"}, ours
+        names = {t.name.split("_")[0] for t in ours}  # the lanes' threads; codec-rows: a call's second row group
+        assert {"codec-stream", "codec-batch"} <= names <= {"codec-stream", "codec-batch", "codec-rows"}, ours
     finally:
         runner.stop()
     assert torch.get_num_threads() == saved
-    for (codes, _), res in zip(reference(eng, requests(3)), results):
+    for (codes, _), res in zip(reference(eng, requests(4)), results):
         assert np.array_equal(res.codes, codes)
     deadline = time.monotonic() + 30  # (a loaded machine: the threads wake to leave when they get a core)
     while any(t.is_alive() for t in ours):

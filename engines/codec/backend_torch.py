@@ -31,13 +31,15 @@ class TorchCodec:
     inductor's default). Compilation happens at the first push or at `warm()`; when it fails (no
     compiler, an inductor error) the codec logs why and runs eagerly from then on (`name` becomes
     "torch", `fallback_reason` says why). Raises RuntimeError at once when compiling cannot work
-    on this device (engines.codec.backend_compiled.unavailable_reason).
+    on this device (engines.codec.backend_compiled.unavailable_reason). `row_threads` (the eager codec on
+    the CPU): a push's rows are decoded in that many groups at once, each on a thread of its own
+    (engines.codec.streaming.StreamingCodecDecoder); `close()` lets those threads go.
     """
 
     graphable = True
 
     def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None,
-                 fast: bool | None = None):
+                 fast: bool | None = None, row_threads: int = 1):
         from engines.codec import backend_compiled as cc
 
         self.decoder, self.batch_size, self.compiled = decoder, batch_size, compile
@@ -52,7 +54,7 @@ class TorchCodec:
         if fast is None:  # the eager codec on CUDA runs the fused stack
             fast = not compile and p.device.type == "cuda"
         self.stream = StreamingCodecDecoder(decoder, max(batch_size, cc.MIN_ROWS) if compile else batch_size,
-                                            fast=fast)
+                                            fast=fast, row_threads=1 if compile else row_threads)
         if fast:
             decoder.fast_stack()  # built now, not inside the first graph capture
         self.device, self.dtype = self.stream.device, self.stream.dtype
@@ -160,6 +162,9 @@ class TorchCodec:
     def move(self, src: int, dst: int) -> None:
         check_move(src, dst, self.batch_size)
         self.stream.move(src, dst)
+
+    def close(self) -> None:
+        self.stream.close()
 
     def __repr__(self) -> str:
         return f"TorchCodec({self.name}, batch={self.batch_size}, device={self.device}, dtype={self.dtype})"

@@ -261,11 +261,12 @@ def _rank(engines: list[dict], dev: str) -> list[str]:
 
 
 def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, device: str = "auto",
-                     batch_size: int = 1, rebuild: bool = True, threads: int | None = None):
+                     batch_size: int = 1, rebuild: bool = True, threads: int | None = None, row_threads: int = 1):
     """The best codec backend built for this model and machine, rebuilding or falling back as needed.
 
     `engine_or_model_dir`: a TTSEngine (its `.root` and `.decoder` are used) or a checkpoint folder.
-    Falls back to the torch codec (logged with the reason) when nothing else can run.
+    Falls back to the torch codec (logged with the reason) when nothing else can run; the eager torch
+    codec, ranked first or fallen back to, decodes a call's rows on `row_threads` threads (CPU).
     """
     from engines.codec.backend_torch import TorchCodec
 
@@ -292,10 +293,10 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
                                      compile_dtypes=opts.get("compile_dtypes"), force=True)
         except Exception as exc:
             log.warning("rebuilding the codec engines failed (%s): using the torch codec", exc)
-            return TorchCodec(decoder, batch_size)
+            return TorchCodec(decoder, batch_size, row_threads=row_threads)
     elif why:
         log.warning("codec engines in %s do not fit (%s): using the torch codec", cache, "; ".join(why))
-        return TorchCodec(decoder, batch_size)
+        return TorchCodec(decoder, batch_size, row_threads=row_threads)
     by_name = {e["backend"]: e for e in manifest["engines"]}
     for name in manifest["ranking"]:
         entry = by_name[name]
@@ -317,7 +318,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
         log.warning("codec engine %s not used: %s; falling back", name, reason)
     log.info("codec backend: torch (%s)", "ranked first by the build" if manifest["ranking"][:1] == ["torch"]
              else "fallback")
-    return TorchCodec(decoder, batch_size)
+    return TorchCodec(decoder, batch_size, row_threads=row_threads)
 
 
 RUNTIME_CHOICES = RUNTIME_CODECS
@@ -333,7 +334,7 @@ def codec_choice(choice: str, cache: Path | None) -> str:
 
 
 def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None,
-                  fast: bool | None = None):
+                  fast: bool | None = None, row_threads: int = 1):
     """The codec backend the runner decodes its slot table with (engines.runtime.stream.CodecStreams).
 
     `choice`:
@@ -346,7 +347,8 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
     - "auto": "built" when a manifest exists in the cache folder, else "torch".
     `cache_dir`: the engine cache folder (default: `default_cache_dir(engine.root)`).
     `fast`: the eager torch codec runs its upsampling stack channels-last and fused (engines.codec.fast);
-    None: on CUDA.
+    None: on CUDA. `row_threads`: the eager torch codec on the CPU decodes a call's rows in that many groups
+    at once, on threads of their own (engines.codec.streaming.StreamingCodecDecoder).
     """
     from engines.codec.backend_torch import TorchCodec
 
@@ -358,17 +360,17 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
         choice = codec_choice(choice, cache)
         log.info("codec backend auto -> %s (%s)", choice, cache / MANIFEST if cache is not None else "no cache folder")
     if choice == "torch":
-        return TorchCodec(engine.decoder, n_slots, fast=fast)
+        return TorchCodec(engine.decoder, n_slots, fast=fast, row_threads=row_threads)
     if choice == COMPILED:
         try:
             codec = TorchCodec(engine.decoder, n_slots, compile=True,
                                cache_dir=cache / INDUCTOR_DIR if cache is not None else None)
         except RuntimeError as exc:
             log.warning("%s: using the eager torch codec", exc)
-            return TorchCodec(engine.decoder, n_slots)
+            return TorchCodec(engine.decoder, n_slots, row_threads=row_threads)
         codec.warm()  # falls back to eager itself, with a log line, when the compile fails
         return codec
     if root is None and cache_dir is None:
         log.warning("codec backend 'built': the engine has no checkpoint folder to find builds for; using torch")
-        return TorchCodec(engine.decoder, n_slots)
-    return load_built_codec(engine, cache, batch_size=n_slots, rebuild=False)
+        return TorchCodec(engine.decoder, n_slots, row_threads=row_threads)
+    return load_built_codec(engine, cache, batch_size=n_slots, rebuild=False, row_threads=row_threads)

@@ -18,6 +18,8 @@ Per stream the state is about 1.3 M values at real size (5 MB in fp32).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -60,9 +62,16 @@ class StreamingCodecDecoder:
     `n_valid`; `state.rate` is a Python int fixed by the layer order. Always pass `n_valid` when
     capturing so the same graph serves full and partial steps; `reset(rows)` stays outside the graph
     (masked in-place fills, also sync-free).
+
+    `row_threads` > 1 (CPU): a push of several rows splits them into that many groups, decoded at once on
+    threads of their own, each with one torch thread (rows are independent streams). Unlike one call with
+    that many torch threads, the groups never wait for each other inside an op, so they share cores with
+    other busy threads (the decode loop) without stalling: when the loop waits, the codec has every core
+    (docs/PERFORMANCE.md, "Books on the CPU"). The calling thread decodes the first group; `close()` lets
+    the others go (a later push starts them again).
     """
 
-    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, fast: bool = False):
+    def __init__(self, decoder: CodecDecoder, batch_size: int = 1, fast: bool = False, row_threads: int = 1):
         self.decoder, self.fast = decoder, fast
         p = next(decoder.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -71,6 +80,8 @@ class StreamingCodecDecoder:
                 for k, s in decoder.stream_state_shapes(batch_size).items()}
         self.state = StreamState(bufs, torch.zeros(batch_size, dtype=torch.long, device=self.device))
         self.batch_size = batch_size
+        self.row_threads = max(1, row_threads) if self.device.type == "cpu" else 1
+        self._helpers: Optional[ThreadPoolExecutor] = None
 
     @property
     def frames_decoded(self) -> Tensor:
@@ -90,12 +101,42 @@ class StreamingCodecDecoder:
             raise ValueError(f"expected a batch of 1 to {self.batch_size} streams, got {b}")
         if codes.shape[-1] == 0:
             return torch.zeros(b, 1, 0, device=self.device, dtype=self.dtype)
-        codes, (bufs, pos) = codes.to(self.device), self.rows(b)
+        codes = codes.to(self.device)
+        n_valid = None if n_valid is None else n_valid.to(self.device, torch.long)
+        groups = min(self.row_threads, b)
+        if groups == 1:
+            return self._push_rows(codes, n_valid, 0, b)
+        if self._helpers is None:
+            self._helpers = ThreadPoolExecutor(self.row_threads - 1, thread_name_prefix="codec-rows",
+                                               initializer=torch.set_num_threads, initargs=(1,))
+        cuts = [b * g // groups for g in range(groups + 1)]  # contiguous groups of (nearly) equal rows
+        later = [self._helpers.submit(self._push_group, codes, n_valid, lo, hi)
+                 for lo, hi in zip(cuts[1:-1], cuts[2:])]
+        try:
+            first = self._push_rows(codes, n_valid, 0, cuts[1])
+        finally:  # (on an error too: no group may still write the state when the caller resets it)
+            wait(later)
+        return torch.cat([first, *(f.result() for f in later)])
+
+    def _push_group(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int) -> Tensor:
+        with torch.inference_mode():  # (grad mode is per thread)
+            return self._push_rows(codes, n_valid, lo, hi)
+
+    def _push_rows(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int) -> Tensor:
+        """Decode rows [lo, hi) of the push (codes [b, K, n]) on their own state rows (views: written through)."""
+        bufs, pos = {k: v[lo:hi] for k, v in self.state.bufs.items()}, self.state.pos[lo:hi]
+        codes = codes[lo:hi]
         if n_valid is not None:
-            return stream_step(self.decoder, codes, n_valid.to(self.device, torch.long), pos, bufs, self.fast)
+            return stream_step(self.decoder, codes, n_valid[lo:hi], pos, bufs, self.fast)
         wav = self.decoder(codes, StreamState(bufs, pos), fast=self.fast)  # all frames valid: contiguous tail copies
         pos += codes.shape[-1]
         return wav
+
+    def close(self) -> None:
+        """Let the row threads go once idle (a later push starts them again)."""
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=False)
+            self._helpers = None
 
     def flush(self, rows: Tensor | None = None) -> Tensor:
         """End the streams in `rows` (all when None) and return their pending audio.

@@ -15,6 +15,7 @@ folds the scales into its scores and weights where it reads; here is the torch f
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 from dataclasses import dataclass, field
 from typing import Optional
@@ -161,14 +162,13 @@ class KVCache:
             for t in tensors:
                 t[:, row, :, start:].zero_()
 
+
 PAGE = mmap.PAGESIZE
 
 
 def _mapped_zeros(shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
     """A zeroed CPU tensor over anonymous memory of its own (taken page by page as it is written)."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     nbytes = n * torch.empty((), dtype=dtype).element_size()
     m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(m, dtype=dtype, count=n).view(shape), m

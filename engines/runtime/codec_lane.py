@@ -150,6 +150,11 @@ class CodecLane:
         return bool(self.members or self._inflight)
 
     @property
+    def running(self) -> bool:
+        """A call launched and not finished yet (a CPU lane's: its threads are decoding it)."""
+        return any(not c.ready() for c in self._inflight)
+
+    @property
     def active(self) -> bool:
         """Calls in flight, a member to complete, or a call due (a lane whose members all wait for frames
         is not active)."""
@@ -320,7 +325,11 @@ class CodecLane:
         self.members.clear()
 
     def close(self) -> None:
-        """Let the worker thread (a CPU lane's) go when its work is done; later work starts a new one."""
+        """Let the worker thread (a CPU lane's) and the codec's own threads go when their work is done; later
+        work starts them again."""
+        close = getattr(self.codec, "close", None)
+        if close is not None:
+            self._in_order(close)  # (after the calls launched before: they may use those threads)
         if self.worker is not None:
             self.worker.close()
 
@@ -347,7 +356,7 @@ class CodecLane:
         return self.codec.push(codes, valid)[:, 0].float()
 
     def _decode_host(self, codes: torch.Tensor, valid: torch.Tensor):
-        return self._decode(codes, valid).numpy()
+        return self._to_host(self._decode(codes, valid))
 
     def _to_host(self, wav: torch.Tensor):
         """Device wav -> host: numpy at once on the CPU, else a view of a pinned ring buffer filled behind the

@@ -40,7 +40,8 @@ class EngineConfig:
     batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
     cpu_call_frames: int = 64  # on the CPU at most this (a call's activations out of cache cost more than its size)
-    cpu_codec_threads: int = 0  # CPU: > 0 runs each lane's codec on a thread of its own with this many torch threads
+    cpu_codec_threads: int = 0  # CPU: > 0 runs each lane's codec off the loop thread, a call's rows split over this many threads
+    cpu_idle_threads: int = 0  # CPU: the loop's torch threads while no codec call runs (0: its own count always)
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)

@@ -2,7 +2,8 @@
 
 On a GPU a lane's calls run on a stream of their own, overlapping the decode steps; on the CPU nothing overlaps
 unless a thread does the work. `HostWorker` is that thread (engines.runtime.codec_lane uses one per CPU lane
-when runtime cpu_codec_threads > 0); `HostCall` is a call submitted to it, collected like a CUDA call's event.
+when runtime cpu_codec_threads > 0; the codec splits a call's rows over threads of its own); `HostCall` is a
+call submitted to it, collected like a CUDA call's event.
 """
 from __future__ import annotations
 

@@ -59,9 +59,12 @@ class EngineRunner:
                                                                                     cfg.cpu_call_frames)
 
         def lane(name, first, max_chunk, stream, **kw):
-            codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast)
+            codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast,
+                                  row_threads=cfg.cpu_codec_threads)
+            # CPU: the lane's work in order on a thread of its own (one torch thread), a call's rows split over
+            # cpu_codec_threads threads by the codec (engines.codec.streaming.StreamingCodecDecoder)
             return CodecLane(name, codec, self.store, first, max_chunk, call_frames, self.use_graphs,
-                             stream=stream, worker_threads=cfg.cpu_codec_threads, **kw)
+                             stream=stream, worker_threads=min(1, cfg.cpu_codec_threads), **kw)
 
         s_stream, b_stream = self.model.lane_streams
         self.lanes = {  # priority 0 (streams): waited for at once, high-priority stream; batch work: collected later
@@ -244,6 +247,17 @@ class EngineRunner:
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail_all("internal engine error (see the daemon log)")
 
+    def _pick_threads(self) -> None:
+        """CPU, in the loop's own thread: its torch threads for the work that follows, cpu_idle_threads while no
+        codec call runs (the codec's cores would idle: a book's first prompts, a stream between chunks), its
+        own count while one does (intra-op threads sharing cores with busy codec threads stall each other)."""
+        idle = self.cfg.cpu_idle_threads
+        if idle <= self._torch_threads or threading.current_thread() is not self._thread:
+            return
+        want = self._torch_threads if any(ln.running for ln in self.lanes.values()) else idle
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
     def _has_work(self) -> bool:
         """Anything to do now (a loop with only rows waiting for text sleeps until a feed wakes it)."""
         return ((self.sched.has_work and not self._starved()) or self._inflight is not None
@@ -264,6 +278,7 @@ class EngineRunner:
                 self._end(seq, dropped=True)
         self._preempt()
         t0 = time.perf_counter()
+        self._pick_threads()
         self._admit(self.sched.schedule(self.store.n_free, {True: self.lanes["stream"].free,
                                                             False: self.lanes["batch"].free}))
         if self.sched.prefilling:  # a stream's prompt goes alone: book prompts wait an iteration, not the stream
@@ -273,6 +288,7 @@ class EngineRunner:
         self.loop_s["admit"] += time.perf_counter() - t0
         n = self.slots.n_active
         if n and not self._starved():
+            self._pick_threads()
             self._decode(n)
         elif self._inflight is not None:
             rec, self._inflight = self._inflight, None
