@@ -230,6 +230,36 @@ def test_a_call_s_rows_are_decoded_on_threads_of_their_own(decoder):
         time.sleep(0.05)
 
 
+def test_a_row_thread_keeps_its_one_torch_thread():
+    """torch gives a thread the process-wide count (the last one any thread set) at its first parallel op
+    unless the thread asked for its count before: the row threads' set-up asks, so the loop thread setting
+    its own count (runtime cpu_idle_threads) after a row thread started leaves that one at 1."""
+    import threading
+
+    from engines.codec.streaming import one_torch_thread
+
+    saved, started, go, seen = torch.get_num_threads(), threading.Event(), threading.Event(), []
+
+    def row_thread():
+        one_torch_thread()
+        started.set()
+        go.wait(30)
+        a = torch.ones(300, 300)
+        (a @ a).sum()
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=row_thread)
+    t.start()
+    try:
+        assert started.wait(30)
+        torch.set_num_threads(saved + 1)  # (another thread's count: the process-wide one changes too)
+        go.set()
+        t.join(30)
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == [1]
+
+
 def test_bench_call_decodes_a_zeroed_scratch_row(decoder):
     """bench_call decodes n frames of the scratch row, where free slots' steps write any id (EOS included):
     it zeroes the row first (it used to hand EOS to the codec)."""

@@ -44,6 +44,14 @@ def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tens
     return wav
 
 
+def one_torch_thread() -> None:
+    """Give the calling thread one torch intra-op thread, for good. torch sets a thread's count from the
+    process-wide last one set (by any thread) at the thread's first parallel op unless it has asked for its
+    count before: asking first makes the 1 stay, whatever the loop thread sets later."""
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
 class StreamingCodecDecoder:
     """Batched streaming front end of a CodecDecoder: one independent stream per batch row.
 
@@ -108,7 +116,7 @@ class StreamingCodecDecoder:
             return self._push_rows(codes, n_valid, 0, b)
         if self._helpers is None:
             self._helpers = ThreadPoolExecutor(self.row_threads - 1, thread_name_prefix="codec-rows",
-                                               initializer=torch.set_num_threads, initargs=(1,))
+                                               initializer=one_torch_thread)
         cuts = [b * g // groups for g in range(groups + 1)]  # contiguous groups of (nearly) equal rows
         later = [self._helpers.submit(self._push_group, codes, n_valid, lo, hi)
                  for lo, hi in zip(cuts[1:-1], cuts[2:])]
