@@ -96,10 +96,10 @@ def idle_threads(threads: Optional[str]) -> int:
 
 def cpu_split(threads: Optional[str], cores: Optional[int] = None) -> tuple[int, int, int]:
     """(the engine loop's torch threads, its codec's threads, the loop's threads while the codec has no call
-    running) on `cores` physical cores (those this process
-    may use: engines.device.detect.cpu_cores). A CPU engine runs its codec beside the decode steps, off the
-    loop's thread (engines.runtime.host_worker.HostWorker), a call's rows split over the codec's threads of
-    one torch thread each (engines.codec.streaming.StreamingCodecDecoder). From 3 cores one core is left to
+    running) on `cores` physical cores (those this process may use: engines.device.detect.cpu_cores). A CPU
+    engine runs its codec beside the decode steps, off the loop's thread (engines.runtime.host_worker.HostWorker),
+    a call's rows split over the codec's threads of one torch thread each
+    (engines.codec.streaming.StreamingCodecDecoder). From 3 cores one core is left to
     the daemon's other threads; the loop takes the larger half of the rest (model.threads as a number sets
     it). The codec's threads take the cores neither the loop's threads nor the spare one hold, at least 1;
     a loop of one thread has no other intra-op thread to stall, so it shares its core with them: on 2 cores
