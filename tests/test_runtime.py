@@ -5,6 +5,7 @@ tests run the captured-graph path on CUDA.
 """
 from __future__ import annotations
 
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from engines.api import SamplingParams, SynthesisRequest
 from engines.engine import TTSEngine
+from engines.runtime.decode_step import POLL_LAYERS
 from engines.runtime.runner import EngineBusy, EngineRunner
 from engines.runtime.scheduler import AdmissionQueue, SlotMap, length_bucket, pick_bucket
 
@@ -535,10 +537,52 @@ def test_the_loop_takes_the_codec_s_cores_while_no_codec_call_runs():
     assert torch.get_num_threads() == saved
 
 
+def test_a_codec_call_that_ends_mid_step_hands_its_cores_to_the_rest_of_the_step():
+    """The loop re-picks its torch threads inside a step (FastStep.poll): a step that began while a codec call
+    ran (the loop on its own count) takes cpu_idle_threads from the first poll after the call has ended."""
+    eng = engine()
+    saved = torch.get_num_threads()
+    runner = EngineRunner(eng, max_slots=3, max_context=256, cpu_codec_threads=1, cpu_idle_threads=saved + 1)
+    assert runner.model.fast.poll is not None
+    release = threading.Event()
+    for ln in runner.lanes.values():  # codec calls wait until a poll inside a step lets them go
+        push = ln.codec.push
+
+        def held(*a, _push=push):
+            release.wait(60)
+            return _push(*a)
+        ln.codec.push = held
+    poll, seen, polls = runner.model.fast.poll, [], [0]
+
+    def watched():
+        polls[0] += 1
+        if release.is_set() or not any(ln.running for ln in runner.lanes.values()):
+            return poll()
+        before = torch.get_num_threads()  # a call runs: the step began (or went on) on the loop's own count
+        poll()
+        release.set()
+        deadline = time.monotonic() + 60
+        while any(ln.running for ln in runner.lanes.values()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        poll()  # the same step, the call over
+        seen.append((before, torch.get_num_threads()))
+    runner.model.fast.poll = watched
+    runner.start()
+    try:
+        results = [h.result() for h in [runner.submit(r, priority=1) for r in requests(3)]]
+    finally:
+        runner.stop()
+    assert seen == [(saved, saved + 1)]
+    for (codes, _), res in zip(reference(eng, requests(3)), results):
+        assert np.array_equal(res.codes, codes)
+    # asked before every predictor pass of every step, and between the talker's layers
+    n_sub, layers = runner.model.fast.n_sub, len(runner.model.fast.tw.layers)
+    assert polls[0] >= runner.model.steps * (n_sub + -(-layers // POLL_LAYERS))
+
+
 def test_the_codec_threads_follow_the_loop_thread_and_stop_with_it():
     """With the loop in a thread of its own, the codec works on its lanes' threads (named codec-stream /
     codec-batch) and the loop thread keeps the torch thread count it was given; stop() lets them go."""
-    import threading
 
     eng = engine()
     saved = torch.get_num_threads()

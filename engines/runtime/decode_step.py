@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch._dynamo
@@ -34,6 +35,8 @@ from engines.runtime.rowproj import project
 from engines.runtime.sampler import device_draw
 
 log = logging.getLogger(__name__)
+
+POLL_LAYERS = 4  # FastStep.poll: once per this many talker layers
 
 
 def fuse_linears(*mods) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -237,6 +240,9 @@ class FastStep:
         self.r_next = wrap(self._next_input)
         self.r_final = wrap(self._final)
         self.r_norm = wrap(_rms)
+        # called between the talker's layers (every POLL_LAYERS) and before each predictor pass, in the thread
+        # that runs the step: the CPU runner re-picks its torch threads there (a codec call may end mid-step)
+        self.poll: Optional[Callable[[], None]] = None
 
     # ----- regions (pure tensor functions; compiled on the device path) ------------------------------------
     def _code0(self, hidden, head_w, seen, penalty, suppress, gen_step, min_new, do, temp, topk, topp, seed,
@@ -314,8 +320,10 @@ class FastStep:
     # ----- entry points ----------------------------------------------------------------------------------------
     def talker_pass(self, x, pos, cache):
         """Run the talker layers on x `[B, T, H]` at `pos` `[B, T]` -> un-normed output `[B, T, H]`."""
-        w = self.tw
+        w, poll = self.tw, self.poll
         for i, lw in enumerate(w.layers):
+            if poll is not None and i % POLL_LAYERS == 0:
+                poll()
             kc, vc, ks, vs = cache.layer(i)
             x = self.t_layer(x, lw, kc, vc, pos, w.cos, w.sin, ks, vs)
         return x
@@ -339,6 +347,8 @@ class FastStep:
         codes = [code0]
         tables = [talker.model.codec_embedding.weight] + self.sub_tables
         for j in range(self.n_sub):
+            if self.poll is not None:
+                self.poll()
             pos = self.ppos[j][:b]
             if self.fuse == "pass":
                 code, x = self.r_pred(x, pw.layers, pk, pv, pos, pw.cos, pw.sin, pw.norm, self.lm[j], t.s_do,

@@ -85,6 +85,8 @@ class EngineRunner:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self._torch_threads = torch.get_num_threads()  # the loop thread's (the codec workers set their own)
+        if self.device.type == "cpu" and cfg.cpu_idle_threads > self._torch_threads:
+            self.model.fast.poll = lambda: self._pick_threads()  # a codec call may end mid-step or mid-prefill
         self.frames = 0
         self.holds = 0  # rows x steps that waited for text
         self.preempted = 0  # batch requests sent back to the queue to give their slot to a stream
@@ -250,7 +252,10 @@ class EngineRunner:
     def _pick_threads(self) -> None:
         """CPU, in the loop's own thread: its torch threads for the work that follows, cpu_idle_threads while no
         codec call runs (the codec's cores would idle: a book's first prompts, a stream between chunks), its
-        own count while one does (intra-op threads sharing cores with busy codec threads stall each other)."""
+        own count while one does (intra-op threads sharing cores with busy codec threads stall each other).
+        Asked before each admission and each step, and inside them (FastStep.poll: between the talker's layers
+        and before each predictor pass), so a codec call that ends mid-step hands its cores to the rest of the
+        step; calls start only from this thread, between steps."""
         idle = self.cfg.cpu_idle_threads
         if idle <= self._torch_threads or threading.current_thread() is not self._thread:
             return
