@@ -236,12 +236,12 @@ def test_a_row_thread_keeps_its_one_torch_thread():
     its own count (runtime cpu_idle_threads) after a row thread started leaves that one at 1."""
     import threading
 
-    from engines.codec.streaming import one_torch_thread
+    from engines.device.threads import own_torch_threads
 
     saved, started, go, seen = torch.get_num_threads(), threading.Event(), threading.Event(), []
 
     def row_thread():
-        one_torch_thread()
+        own_torch_threads(1)
         started.set()
         go.wait(30)
         a = torch.ones(300, 300)

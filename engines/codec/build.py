@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -280,6 +281,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
         from engines.codec.decoder import load_codec_decoder
 
         decoder = load_codec_decoder(codec_dir(model_dir), dev, torch.float32)
+    eager = partial(TorchCodec, decoder, batch_size, row_threads=row_threads)  # ranked first or fallen back to
     plat, ident = detect_platform(dev), model_identity(model_dir)
     manifest = read_manifest(cache)
     why = stale_reasons(manifest, plat, ident)
@@ -293,10 +295,10 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
                                      compile_dtypes=opts.get("compile_dtypes"), force=True)
         except Exception as exc:
             log.warning("rebuilding the codec engines failed (%s): using the torch codec", exc)
-            return TorchCodec(decoder, batch_size, row_threads=row_threads)
+            return eager()
     elif why:
         log.warning("codec engines in %s do not fit (%s): using the torch codec", cache, "; ".join(why))
-        return TorchCodec(decoder, batch_size, row_threads=row_threads)
+        return eager()
     by_name = {e["backend"]: e for e in manifest["engines"]}
     for name in manifest["ranking"]:
         entry = by_name[name]
@@ -318,7 +320,7 @@ def load_built_codec(engine_or_model_dir, cache_dir: str | Path | None = None, d
         log.warning("codec engine %s not used: %s; falling back", name, reason)
     log.info("codec backend: torch (%s)", "ranked first by the build" if manifest["ranking"][:1] == ["torch"]
              else "fallback")
-    return TorchCodec(decoder, batch_size, row_threads=row_threads)
+    return eager()
 
 
 RUNTIME_CHOICES = RUNTIME_CODECS
@@ -355,22 +357,23 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
     if choice not in RUNTIME_CHOICES:
         raise ValueError(f"codec backend must be one of {', '.join(RUNTIME_CHOICES)}, got {choice!r}")
     root = getattr(engine, "root", None)
+    eager = partial(TorchCodec, engine.decoder, n_slots, row_threads=row_threads)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(root) if root else None
     if choice == "auto":
         choice = codec_choice(choice, cache)
         log.info("codec backend auto -> %s (%s)", choice, cache / MANIFEST if cache is not None else "no cache folder")
     if choice == "torch":
-        return TorchCodec(engine.decoder, n_slots, fast=fast, row_threads=row_threads)
+        return eager(fast=fast)
     if choice == COMPILED:
         try:
             codec = TorchCodec(engine.decoder, n_slots, compile=True,
                                cache_dir=cache / INDUCTOR_DIR if cache is not None else None)
         except RuntimeError as exc:
             log.warning("%s: using the eager torch codec", exc)
-            return TorchCodec(engine.decoder, n_slots, row_threads=row_threads)
+            return eager()
         codec.warm()  # falls back to eager itself, with a log line, when the compile fails
         return codec
     if root is None and cache_dir is None:
         log.warning("codec backend 'built': the engine has no checkpoint folder to find builds for; using torch")
-        return TorchCodec(engine.decoder, n_slots, row_threads=row_threads)
+        return eager()
     return load_built_codec(engine, cache, batch_size=n_slots, rebuild=False, row_threads=row_threads)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from engines.codec.decoder import CodecDecoder
 from engines.codec.state import StreamState
+from engines.device.threads import own_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,6 @@ def stream_step(decoder: CodecDecoder, codes: Tensor, n_valid: Tensor, pos: Tens
     wav = decoder(codes, st, fast=fast)
     pos.add_(n_valid)
     return wav
-
-
-def one_torch_thread() -> None:
-    """Give the calling thread one torch intra-op thread, for good. torch sets a thread's count from the
-    process-wide last one set (by any thread) at the thread's first parallel op unless it has asked for its
-    count before: asking first makes the 1 stay, whatever the loop thread sets later."""
-    torch.get_num_threads()
-    torch.set_num_threads(1)
 
 
 class StreamingCodecDecoder:
@@ -116,7 +109,7 @@ class StreamingCodecDecoder:
             return self._push_rows(codes, n_valid, 0, b)
         if self._helpers is None:
             self._helpers = ThreadPoolExecutor(self.row_threads - 1, thread_name_prefix="codec-rows",
-                                               initializer=one_torch_thread)
+                                               initializer=own_torch_threads)
         cuts = [b * g // groups for g in range(groups + 1)]  # contiguous groups of (nearly) equal rows
         later = [self._helpers.submit(self._push_group, codes, n_valid, lo, hi)
                  for lo, hi in zip(cuts[1:-1], cuts[2:])]

@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from engines.device.threads import own_torch_threads
+
 
 class HostCall:
     """A call running on a CPU lane's worker thread: the counterpart of a CUDA call's event (`query`: has it
@@ -40,10 +42,6 @@ class HostWorker:
         self._pool: Optional[ThreadPoolExecutor] = None  # started at the first submit (again after close)
         self.error: Optional[BaseException] = None
 
-    def _init(self) -> None:
-        if torch.get_num_threads() != self.threads:  # (this thread's count: the loop thread keeps its own)
-            torch.set_num_threads(self.threads)
-
     @staticmethod
     def _no_grad(fn, *args):
         with torch.inference_mode():  # grad mode is per thread: the loop's no_grad does not reach this one
@@ -51,7 +49,8 @@ class HostWorker:
 
     def submit(self, fn, *args) -> Future:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"codec-{self.name}", initializer=self._init)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"codec-{self.name}",
+                                            initializer=own_torch_threads, initargs=(self.threads,))
         return self._pool.submit(self._no_grad, fn, *args)
 
     def later(self, fn, *args) -> None:
