@@ -89,10 +89,10 @@ class StreamingCodecDecoder:
         """[B] frames consumed so far by each row's current stream."""
         return self.state.pos
 
-    def rows(self, b: int) -> tuple[dict, Tensor]:
-        """(bufs, pos) views of the first b rows (writes through to the state)."""
+    def rows(self, stop: int, start: int = 0) -> tuple[dict, Tensor]:
+        """(bufs, pos) views of rows [start, stop) (writes through to the state)."""
         st = self.state
-        return {k: v[:b] for k, v in st.bufs.items()}, st.pos[:b]
+        return {k: v[start:stop] for k, v in st.bufs.items()}, st.pos[start:stop]
 
     @torch.inference_mode()
     def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
@@ -125,8 +125,7 @@ class StreamingCodecDecoder:
 
     def _push_rows(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int) -> Tensor:
         """Decode rows [lo, hi) of the push (codes [b, K, n]) on their own state rows (views: written through)."""
-        bufs, pos = {k: v[lo:hi] for k, v in self.state.bufs.items()}, self.state.pos[lo:hi]
-        codes = codes[lo:hi]
+        (bufs, pos), codes = self.rows(hi, lo), codes[lo:hi]
         if n_valid is not None:
             return stream_step(self.decoder, codes, n_valid[lo:hi], pos, bufs, self.fast)
         wav = self.decoder(codes, StreamState(bufs, pos), fast=self.fast)  # all frames valid: contiguous tail copies
