@@ -98,8 +98,8 @@ if [ "$DEV" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get -q -y install "${missing[@]}" >/dev/null 2>&1 \
-      || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y install "${missing[@]}" >/dev/null 2>&1; } \
+    DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1; } \
       || echo "install.sh: apt-get install ${missing[*]} failed; their tests will skip"
   elif [ ${#missing[@]} -gt 0 ]; then
     echo "install.sh: ${missing[*]} missing; their tests will skip (sudo apt-get install ${missing[*]})"
