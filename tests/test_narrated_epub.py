@@ -153,7 +153,7 @@ def test_any_other_input_becomes_a_simple_narrated_epub(narrated):
 def test_a_text_file_becomes_a_simple_narrated_epub(narrated):
     src, manifest, out_dir = narrated[".txt"]
     wrapped = _check_narration(src, manifest, out_dir)
-    assert "Chapter 1: The Beginning" in wrapped.values() and "Nobody looked up." in wrapped.values()
+    assert b"Chapter 1: The Beginning" in wrapped.values() and b"Nobody looked up." in wrapped.values()
 
 
 @pytest.mark.epubcheck

@@ -105,7 +105,7 @@ def _files(book: SafeZip, package: EpubPackage, folder: str, pars: dict, audio: 
     book is a simple EPUB of the text."""
     css = f"{folder}/narration.css"
     changed: dict[str, bytes] = {}
-    spans: dict[str, list] = {}  # narrated file -> its inserts
+    spans: dict[str, list] = {}  # narrated file -> its pars whose text was wrapped
     for doc, doc_pars in pars.items():
         data = book.read(doc)
         inserts, wrapped = span_inserts(len(data), [(p.span_id, p.ranges) for p in doc_pars])
