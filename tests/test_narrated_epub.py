@@ -12,7 +12,6 @@ tests/test_narrated_access.py.
 """
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import xml.etree.ElementTree as ET
@@ -259,3 +258,17 @@ def test_epub_is_a_book_format_of_the_cli_the_sidecar_and_the_api():
     assert JobSpec.from_dict({"format": "EPUB"}).format == "epub"  # a sidecar
     assert audio_format("epub") == "mp3" and audio_format("flac") == "flac"
     assert "epub" in CliRunner().invoke(cli, ["submit", "--help"]).output
+
+
+def test_clips_tile_their_audio_whatever_is_not_highlighted():
+    """`tile`: per audio file, in time order, each clip runs to the next one's begin (a sentence left unwrapped,
+    here the one at 900-1400 ms, is heard within the clip before it), the first from 0, the last to the end."""
+    from jobs.narrated.smil import Par, duration_ms, tile
+
+    pars = [Par("b.xhtml", "s4", "2.mp3", 0, 700), Par("a.xhtml", "s1", "1.mp3", 0, 400),
+            Par("a.xhtml", "s2", "1.mp3", 600, 800), Par("a.xhtml", "s3", "1.mp3", 1500, 1900),
+            Par("b.xhtml", "s5", "2.mp3", 900, 1300)]
+    tiled = tile(pars, {"1.mp3": 2400, "2.mp3": 1800})
+    assert [(p.span_id, p.begin_ms, p.end_ms) for p in tiled] == [
+        ("s4", 0, 900), ("s1", 0, 600), ("s2", 600, 1500), ("s3", 1500, 2400), ("s5", 900, 1800)]
+    assert duration_ms(tiled) == 2400 + 1800
