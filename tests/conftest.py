@@ -1,9 +1,9 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system`, `browser`, `epubcheck` or `converters` test that skips fails instead, so CI cannot go green with the live systemd
-checks, the page's browser test, the narrated EPUBs' validation or the books converted by pandoc and calibre unrun; likewise an `oracle` test (the official
-qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at
-the end of the run."""
+`system`, `browser`, `epubcheck` or `converters` test that skips fails instead, so CI cannot go green with the live
+systemd checks, the page's browser test, the narrated EPUBs' validation or the books converted by pandoc and calibre
+unrun; likewise an `oracle` test (the official qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders
+of screenshots the tests saved are named at the end of the run."""
 from __future__ import annotations
 
 import json
