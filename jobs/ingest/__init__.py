@@ -20,6 +20,7 @@ from jobs.document import Document
 from jobs.errors import IngestError
 from jobs.ingest.blocks import build_chapters
 from jobs.ingest.decode import decode_bytes, sniff_binary
+from jobs.ingest.titlepage import take_title_page
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +201,16 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
         from jobs.ingest.text import parse_plain_text, take_title_line
         from text.normalize.cleanup import strip_ansi
 
-        text, title_line = strip_ansi(decode_bytes(data, options.encoding)), None
+        text, title_line, author = strip_ansi(decode_bytes(data, options.encoding)), None, None
         if fmt == "md":
             text = markdown_to_plain(text, options.skip_footnotes)
         else:
-            title_line, text = take_title_line(text)
+            title_line, author, text = take_title_line(text)
         title, chapters = build_chapters(parse_plain_text(text, markdown=fmt == "md"), options)
-        doc = Document(chapters, title=title_line or title, source_format=fmt)
+        doc = Document(chapters, title=title_line or title, author=author, source_format=fmt)
     if not doc.chapters or not any(c.paragraphs for c in doc.chapters):
         raise IngestError("The document contains no readable text.")
+    take_title_page(doc)
     if doc.title is None and fmt in ("txt", "md"):
         doc.title = resolved.stem
     return doc

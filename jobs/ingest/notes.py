@@ -1,0 +1,43 @@
+"""Notes that lost their markup on the way: a format without footnotes (plain text, RTF, FB2 or PDF written by
+calibre, a KF8 book made from an EPUB 2) keeps a note as a paragraph ending with its back-link, "↩︎" (pandoc's,
+which calibre keeps), and its reference as a number glued to the word or punctuation before it ("on the
+bench.1 It said"). Such a paragraph is a note; the references are the numbers up to the count of notes, only in
+a document that has such notes.
+"""
+from __future__ import annotations
+
+import re
+
+BACKLINK_RE = re.compile(r"\s*[↩⤴][\ufe0e\ufe0f]?\s*$")  # a note's back-link glyph at the end of its paragraph
+GLUED_RE = re.compile(r"(?<=\S)(\d{1,3})(?=\s|$)")
+NOTE_NUMBER_RE = re.compile(r"^\s*\[?(\d{1,3})[.)\]]?\s")
+
+
+def is_backlinked_note(paragraph: str) -> bool:
+    """True when `paragraph` ends with a note's back-link glyph ("The bench was green.↩︎")."""
+    return bool(BACKLINK_RE.search(paragraph))
+
+
+def without_backlink(paragraph: str) -> str:
+    """`paragraph` without a trailing back-link glyph (a note kept when notes are read)."""
+    return BACKLINK_RE.sub("", paragraph)
+
+
+def _glued(match: re.Match, highest: int) -> str:
+    """A reference number glued to a lower-case word or to punctuation, when it can be a note's; else as is."""
+    before = match.string[match.start() - 1]
+    number = int(match.group(1))
+    if 0 < number <= highest and (before.islower() or before in ".,;:!?\"'”’)]»"):
+        return ""
+    return match.group(0)
+
+
+def strip_glued_references(text: str, highest: int) -> str:
+    """`text` without note references 1..`highest` glued to the word before them ("bench.1 It" -> "bench. It")."""
+    return GLUED_RE.sub(lambda m: _glued(m, highest), text) if highest > 0 else text
+
+
+def note_number(line: str) -> int:
+    """The number a note's line starts with ("1 The bench", "2. Prices", "[3] Text"), else 0."""
+    m = NOTE_NUMBER_RE.match(line)
+    return int(m.group(1)) if m else 0
