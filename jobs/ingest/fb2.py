@@ -2,7 +2,8 @@
 
 Chapters are the book's <section>s, titled by their <title>: every section title starts a chapter, and
 the title of a section that holds only sections (a part) is joined to its first chapter's ("Part One.
-Chapter 1"). <description><title-info> gives title, authors and language; <coverpage> the cover (a
+Chapter 1"). A section without a <title> that opens with a paragraph all in <strong> (calibre's FB2) is titled
+by that paragraph. <description><title-info> gives title, authors and language; <coverpage> the cover (a
 <binary>). A second <body> (notes, comments) is footnotes. The XML is parsed by `jobs.ingest.safexml`
 (no entity is ever expanded) and walked without recursion, however deep its sections nest.
 """
@@ -65,6 +66,20 @@ def _title_text(title: Element, skip_notes: bool) -> str:
     return out
 
 
+def _lead_title(children: list[Element], skip_notes: bool) -> Optional[str]:
+    """The title of a section that has no <title>: its first paragraph, when that is short and all in one
+    <strong> (calibre writes a chapter's heading so), else None."""
+    if not children or local(children[0].tag) != "p" or any(local(c.tag) == "title" for c in children):
+        return None
+    first = children[0]
+    inner = list(first)
+    if len(inner) != 1 or local(inner[0].tag) != "strong" or (first.text or "").strip() or \
+            (inner[0].tail or "").strip():
+        return None
+    text = _inline(first, skip_notes)
+    return text if 0 < len(text) <= 150 else None
+
+
 def _body_blocks(body: Element, notes: bool, skip_notes: bool) -> tuple[list[Block], Optional[str]]:
     """Blocks of one <body> in reading order, and the body's own <title> (the book's title page)."""
     blocks: list[Block] = []
@@ -77,7 +92,12 @@ def _body_blocks(body: Element, notes: bool, skip_notes: bool) -> tuple[list[Blo
             continue
         name = local(el.tag)
         if name == "section":
-            stack.append(iter(el))
+            children = list(el)
+            lead = _lead_title(children, skip_notes)
+            if lead:  # a section without a <title> whose first paragraph is all bold (calibre's FB2)
+                blocks.append(Block("footnote" if notes else "heading", lead, PATTERN_LEVEL))
+                children = children[1:]
+            stack.append(iter(children))
         elif name == "title":
             text = _title_text(el, skip_notes)
             if len(stack) == 1:

@@ -30,6 +30,9 @@ KEYWORD_RE = re.compile(
 CJK_CHAPTER_RE = re.compile(r"^(?:第\s?[0-9０-９一二三四五六七八九十百千零〇两壹贰叁肆伍陆柒捌玖拾]{1,8}\s?[章回节節卷部篇话話集幕]"
                             r"|제\s?[0-9０-９]{1,4}\s?[장편부화권])(?:[\s:：.．、—-].{0,40})?$")
 SCENE_BREAK_RE = re.compile(r"^\s*(?:[*#~•·=_-]\s*){3,}$|^\s*[*#~•]\s*$")
+# a paragraph that is all in square brackets: a picture's description (pandoc's plain text writes an image as
+# "[its alt text]", Project Gutenberg "[Illustration: ...]"), not the book's text
+PICTURE_RE = re.compile(r"^\[[^\[\]]{1,400}\]$")
 MD_HEADING_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SETEXT_RE = re.compile(r"^\s*(=+|-+)\s*$")
 TITLE_LINE_RE = re.compile(r"^#\s+(\S.*?)\s*#*$")
@@ -147,9 +150,10 @@ def parse_plain_text(text: str, markdown: bool = False) -> list[Block]:
         para: list[str] = []
 
         def flush() -> None:
-            if para:
-                blocks.append(Block("para", " ".join(x.strip() for x in para), lines=[x.strip() for x in para]))
-                para.clear()
+            text = " ".join(x.strip() for x in para)
+            if para and not (not markdown and PICTURE_RE.match(text)):
+                blocks.append(Block("para", text, lines=[x.strip() for x in para]))
+            para.clear()
 
         while i < len(lines):
             ln = lines[i]
