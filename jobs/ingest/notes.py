@@ -7,7 +7,7 @@ a document that has such notes.
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Collection, Optional
 
 BACKLINK_RE = re.compile(r"\s*[↩⤴][\ufe0e\ufe0f]?\s*$")  # a note's back-link glyph at the end of its paragraph
 GLUED_RE = re.compile(r"(?<=\S)(\d{1,3})(?=\s|$)")
@@ -24,17 +24,17 @@ def without_backlink(paragraph: str) -> str:
     return BACKLINK_RE.sub("", paragraph)
 
 
-def _glued(match: re.Match, highest: int, only: Optional[int]) -> str:
+def _glued(match: re.Match, highest: int, only: Optional[Collection[int]]) -> str:
     """A reference number glued to a lower-case word or to punctuation, when it can be a note's; else as is."""
     before = match.string[match.start() - 1]
     number = int(match.group(1))
-    if 0 < number <= highest and only in (None, number) and (before.islower() or before in ".,;:!?\"'”’)]»"):
+    if 0 < number <= highest and (only is None or number in only) and (before.islower() or before in ".,;:!?\"'”’)]»"):
         return ""
     return match.group(0)
 
 
-def strip_glued_references(text: str, highest: int, only: Optional[int] = None) -> str:
-    """`text` without note references 1..`highest` (`only`: that one) glued to the word before them
+def strip_glued_references(text: str, highest: int, only: Optional[Collection[int]] = None) -> str:
+    """`text` without note references 1..`highest` (`only`: those of them) glued to the word before them
     ("bench.1 It" -> "bench. It")."""
     return GLUED_RE.sub(lambda m: _glued(m, highest, only), text) if highest > 0 else text
 

@@ -27,18 +27,19 @@ MAX_NOTE_LINES = 40  # the foot of a page that may hold its notes
 
 def _glued(text: str, number: int) -> bool:
     """`text` holds `number` glued to the word or punctuation before it (a note reference)."""
-    return strip_glued_references(text, number, only=number) != text
+    return strip_glued_references(text, number, only=(number,)) != text
 
 
-def _page_notes(lines: list[str]) -> tuple[list[str], list[str], set[int]]:
+def _page_notes(lines: list[str], before: str = "") -> tuple[list[str], list[str], set[int]]:
     """A page's lines split into (body, notes at its foot, their numbers): the notes start at the first line
-    that starts with the number of a reference in the body above it and are followed only by lines of the next
-    such numbers and lines continuing them."""
+    that starts with the number of a reference in the body above it (or in `before`, the previous page's body:
+    a note may flow to the next page) and are followed only by lines of the next such numbers and lines
+    continuing them."""
     for start in range(max(1, len(lines) - MAX_NOTE_LINES), len(lines)):
         first = note_number(lines[start])
         if not first:
             continue
-        body = " ".join(lines[:start])
+        body = before + " " + " ".join(lines[:start])
         numbers, expected = set(), first
         for line in lines[start:]:
             n = note_number(line)
@@ -115,19 +116,29 @@ def _split_at_titles(lines: list[str], titles: list[str]) -> list[tuple[Optional
     return pieces
 
 
+def _pages_notes(pages: list[str]) -> tuple[list[tuple[list[str], list[str]]], set[int]]:
+    """Every page's (body lines, note lines), and the numbers of all the notes found."""
+    out, numbers, before = [], set(), ""
+    for text in pages:
+        body, notes, found = _page_notes(_lines(text), before)
+        out.append((body, notes))
+        numbers |= found
+        before = " ".join(body)
+    return out, numbers
+
+
 def _outline_blocks(pages: list[str], starts: list[tuple[int, str]]) -> list[Block]:
     """Blocks of a PDF with bookmarks: a heading where each starts, the pages' paragraphs and notes."""
     by_page: dict[int, list[str]] = {}
     for page, title in starts:
         by_page.setdefault(page, []).append(title)
+    split, numbers = _pages_notes(pages)
     blocks: list[Block] = []
-    for index, text in enumerate(pages):
-        body, notes, numbers = _page_notes(_lines(text))
-        top = max(numbers, default=0)
+    for index, (body, notes) in enumerate(split):
         for title, lines in _split_at_titles(body, by_page.get(index, [])):
             if title is not None:
                 blocks.append(Block("heading", title, PATTERN_LEVEL))
-            lines = [strip_glued_references(ln, top) for ln in lines] if numbers else lines
+            lines = [strip_glued_references(ln, max(numbers), numbers) for ln in lines] if numbers else lines
             blocks.extend(Block("para", t) for t, _ in _paragraphs(lines, heading_words=False))
         blocks.extend(Block("footnote", t) for t, _ in _paragraphs(notes, heading_words=False))
     return blocks
@@ -162,9 +173,9 @@ def load_pdf(data: bytes, options) -> Document:
         blocks = _outline_blocks(pages, starts)
     else:
         blocks = []
-        for text in pages:
-            body, notes, numbers = _page_notes(_lines(text))
-            body = [strip_glued_references(ln, max(numbers)) for ln in body] if numbers else body
+        split, numbers = _pages_notes(pages)
+        for body, notes in split:
+            body = [strip_glued_references(ln, max(numbers), numbers) for ln in body] if numbers else body
             blocks += [Block("heading" if h else "para", t, PATTERN_LEVEL) for t, h in _paragraphs(body, True)]
             blocks += [Block("footnote", t) for t, _ in _paragraphs(notes, heading_words=False)]
     _, chapters = build_chapters(blocks, options, promote_title=False)

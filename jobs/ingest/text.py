@@ -28,7 +28,7 @@ KEYWORD_RE = re.compile(
 )
 # CJK chapter words: 第三章, 第12回, 第一部 (Chinese, Japanese), 제3장 (Korean), with a title after them or not
 CJK_CHAPTER_RE = re.compile(r"^(?:第\s?[0-9０-９一二三四五六七八九十百千零〇两壹贰叁肆伍陆柒捌玖拾]{1,8}\s?[章回节節卷部篇话話集幕]"
-                            r"|제\s?[0-9０-９]{1,4}\s?[장편부화권])(?:[\s:：.．、—-].{0,40})?$")
+                            r"|제\s?[0-9０-９]{1,4}\s?[장편부화권])(?:[\s:：.．、—-]+(.{0,40}))?$")
 SCENE_BREAK_RE = re.compile(r"^\s*(?:[*#~•·=_-]\s*){3,}$|^\s*[*#~•]\s*$")
 # a paragraph that is all in square brackets: a picture's description (pandoc's plain text writes an image as
 # "[its alt text]", Project Gutenberg "[Illustration: ...]"), not the book's text
@@ -137,7 +137,7 @@ def _blocks_of_lines(text: str) -> list[list[str]]:
 
 def _subtitle(line: str) -> bool:
     s = line.strip()
-    return 0 < len(s) <= 60 and s[-1] not in ".,;!?" and not chapter_heading(s)
+    return 0 < len(s) <= 60 and s[-1] not in ".,;!?。，；！？…" and not chapter_heading(s)
 
 
 def parse_plain_text(text: str, markdown: bool = False) -> list[Block]:
@@ -174,7 +174,8 @@ def parse_plain_text(text: str, markdown: bool = False) -> list[Block]:
                 title = s
                 nxt = lines[i + 1] if i + 1 < len(lines) else None
                 cm = CHAPTER_RE.match(s)
-                rest_empty = not cm or not cm.group("rest").strip(" .:-—–")
+                cjk = CJK_CHAPTER_RE.match(s)  # "第三章 山": a title after the chapter words already
+                rest_empty = not cm.group("rest").strip(" .:-—–") if cm else not (cjk and cjk.group(1))
                 if nxt is not None and len(lines) == 2 and rest_empty and _subtitle(nxt):
                     title = _join(s, nxt.strip())
                     i += 1
