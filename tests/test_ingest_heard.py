@@ -218,3 +218,18 @@ def test_calibre_htmlz_and_txtz_are_read(tmp_path):
         mystery = tmp_path / f"{fmt}-without-its-ending.bin"
         mystery.write_bytes((tmp_path / name).read_bytes())
         assert load_document(mystery).source_format == fmt
+
+
+def test_glued_references_go_only_with_notes_and_numbers_stay(tmp_path):
+    noted = tmp_path / "noted.txt"
+    noted.write_text("Chapter 1\n\nThe bench.1 At 10:30 version 2.1 played an mp3 file.2 A grandfather3 came.\n\n"
+                     "Green.↩︎\n\nOld.↩︎\n\nKind.↩︎\n", encoding="utf-8")
+    assert load_document(noted).chapters[0].paragraphs == [
+        "The bench. At 10:30 version 2.1 played an mp3 file. A grandfather came."]
+    plain = tmp_path / "plain.txt"  # no notes: a number after a word is the text's
+    plain.write_text("Chapter 1\n\nThe bench.1 It said nothing.\n", encoding="utf-8")
+    assert load_document(plain).chapters[0].paragraphs == ["The bench.1 It said nothing."]
+    letter = tmp_path / "letter.txt"  # a short first line without chapters after it is no title
+    letter.write_text("Dear Anna\n\nHow are you? I am fine.\n", encoding="utf-8")
+    doc = load_document(letter)
+    assert doc.title == "letter" and doc.chapters[0].paragraphs == ["Dear Anna", "How are you? I am fine."]

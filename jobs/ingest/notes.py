@@ -11,6 +11,7 @@ from typing import Collection, Optional
 
 BACKLINK_RE = re.compile(r"\s*[↩⤴][\ufe0e\ufe0f]?\s*$")  # a note's back-link glyph at the end of its paragraph
 GLUED_RE = re.compile(r"(?<=\S)(\d{1,3})(?=\s|$)")
+PUNCTUATION = ".,;:!?\"'”’)]»"
 NOTE_NUMBER_RE = re.compile(r"^\s*\[?(\d{1,3})[.)\]]?\s")
 
 
@@ -25,12 +26,18 @@ def without_backlink(paragraph: str) -> str:
 
 
 def _glued(match: re.Match, highest: int, only: Optional[Collection[int]]) -> str:
-    """A reference number glued to a lower-case word or to punctuation, when it can be a note's; else as is."""
-    before = match.string[match.start() - 1]
+    """A reference number glued to a word of three or more lower-case letters ("grandfather1"), or to
+    punctuation after a word ("bench.1"), when it can be a note's; else as is ("mp3", "2.1", "10:30")."""
     number = int(match.group(1))
-    if 0 < number <= highest and (only is None or number in only) and (before.islower() or before in ".,;:!?\"'”’)]»"):
-        return ""
-    return match.group(0)
+    if not 0 < number <= highest or (only is not None and number not in only):
+        return match.group(0)
+    before = match.string[max(0, match.start() - 4):match.start()]
+    if before[-1:] in PUNCTUATION:
+        before = before[:-1].rstrip(PUNCTUATION)
+        ok = before[-1:].isalpha() or before[-1:] in "\"'”’)]»"
+    else:
+        ok = len(before) >= 3 and before[-3:].isalpha() and before[-3:].islower()
+    return "" if ok else match.group(0)
 
 
 def strip_glued_references(text: str, highest: int, only: Optional[Collection[int]] = None) -> str:

@@ -42,9 +42,11 @@ def take_title_line(text: str) -> tuple[Optional[str], Optional[str], str]:
     """A plain-text file's title block: (title, author, the text after it), else (None, None, text).
 
     A `# Title` first line; or a first group of lines (up to a blank line) of one to three short lines that
-    end no sentence, not a chapter heading, with text after it (pandoc writes "Title" and "Author" lines,
-    Gutenberg "Title" and "by Author"): its first line is the title, a "by ..." line or a second line the
-    author. A lone title line may be followed by a lone author line (calibre: blank lines between them).
+    end no sentence, not a chapter heading (pandoc writes "Title" and "Author" lines, Gutenberg "Title" and
+    "by Author"): its first line is the title, a "by ..." line or a second line the author. A lone title line
+    may be followed by a lone author line (calibre: blank lines between them). Such a block is a title only
+    where a chapter heading or a table of contents follows it, or it names its author with "by": a short first
+    line of a letter or a note ("Dear Anna") stays text.
     """
     body = text.lstrip("\ufeff \t\r\n")
     first, _, rest = body.partition("\n")
@@ -56,14 +58,17 @@ def take_title_line(text: str) -> tuple[Optional[str], Optional[str], str]:
     if len(groups) < 2 or not 1 <= len(lines) <= 3 or not all(_title_like(ln) for ln in lines) \
             or chapter_heading(lines[0]) or len(lines[0].split()) > 15:
         return None, None, text
-    author = next((BY_RE.match(ln).group(2) for ln in lines[1:] if BY_RE.match(ln)), None)
-    if author is None and len(lines) == 2:
-        author = lines[1]
+    by_line = next((BY_RE.match(ln) for ln in lines[1:] if BY_RE.match(ln)), None)
+    author = by_line.group(2) if by_line else lines[1] if len(lines) == 2 else None
     after = groups[1:]
     if author is None and len(lines) == 1 and len(after) == 2 and _name_line(after[0]):
+        by_line = by_line or BY_RE.match(after[0].strip())
         author = BY_RE.sub(r"\2", after[0].strip())
         after = after[1:]
-    return lines[0], author, "\n\n".join(after)
+    rest = "\n\n".join(after)
+    if not (by_line or chapter_heading(rest.lstrip().split("\n", 1)[0])):  # chapter words, "Contents"
+        return None, None, text
+    return lines[0], author, rest
 
 
 def _title_like(line: str) -> bool:
