@@ -138,19 +138,24 @@ def png() -> bytes:
 @dataclass(frozen=True)
 class Conversion:
     """One file a tool writes: `name` (its file name), the tool, and how: pandoc from the Markdown (`target`
-    its writer), calibre from pandoc's EPUB 3, LibreOffice from pandoc's DOCX (`target` the ending)."""
+    its writer), calibre from pandoc's EPUB 3, LibreOffice from pandoc's DOCX (`target` the ending).
+    `required`: where the tests must run (pandoc and calibre themselves; not LibreOffice, not pandoc's PDF,
+    which needs LaTeX and a CJK font)."""
 
     name: str
     tool: str
     target: str
+    required: bool = True
 
 
 CONVERSIONS = [Conversion(f"pandoc.{name}", "pandoc", writer) for name, writer in (
     ("epub3.epub", "epub3"), ("epub2.epub", "epub2"), ("docx", "docx"), ("odt", "odt"), ("rtf", "rtf"),
     ("html", "html"), ("fb2", "fb2"), ("md", "markdown"), ("txt", "plain"))]
+CONVERSIONS.append(Conversion("pandoc.pdf", "pandoc", "latex", required=False))  # -o *.pdf: LaTeX, then PDF
 CONVERSIONS += [Conversion(f"calibre.{ext}", "calibre", ext) for ext in (
     "azw3", "mobi", "epub", "fb2", "docx", "pdf", "rtf", "txt", "htmlz", "txtz")]
-CONVERSIONS += [Conversion(f"libreoffice.{ext}", "libreoffice", ext) for ext in ("docx", "odt", "rtf", "pdf")]
+CONVERSIONS += [Conversion(f"libreoffice.{ext}", "libreoffice", ext, required=False)
+                for ext in ("docx", "odt", "rtf", "pdf")]
 PROGRAMS = {"pandoc": "pandoc", "calibre": "ebook-convert", "libreoffice": "soffice"}
 INSTALL = {"pandoc": "apt-get install pandoc", "calibre": "apt-get install calibre",
            "libreoffice": "apt-get install libreoffice-writer-nogui"}
@@ -162,6 +167,17 @@ def missing(tool: str) -> Optional[str]:
     if shutil.which(program) is None:
         return f"{tool} is not installed here (no {program} on PATH; {INSTALL[tool]})"
     return None
+
+
+def _latex() -> tuple[Optional[list[str]], Optional[str]]:
+    """pandoc's options for a PDF through xelatex with a CJK font, or why it cannot write one here."""
+    if shutil.which("xelatex") is None:
+        return None, "pandoc writes PDF through LaTeX: xelatex is not installed here (apt-get install texlive-xetex)"
+    fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True).stdout.split("\n")
+    family = next((f.split(",")[0].strip() for f in fonts if f.strip()), None)
+    if family is None:
+        return None, "pandoc's PDF needs a Chinese font for xelatex: none here (apt-get install fonts-noto-cjk)"
+    return ["--pdf-engine=xelatex", "-V", f"CJKmainfont={family}"], None
 
 
 def _run(cmd: list[str], cwd: Path, env: Optional[dict] = None) -> Optional[str]:
@@ -214,10 +230,11 @@ def convert_all(folder: Path) -> dict[str, tuple[Optional[Path], Optional[str], 
 
     pandoc_missing = missing("pandoc")
     for c in (c for c in CONVERSIONS if c.tool == "pandoc"):
-        if pandoc_missing:
-            skip(c, pandoc_missing)
+        extra, why = _latex() if c.name.endswith(".pdf") and not pandoc_missing else ([], pandoc_missing)
+        if why:
+            skip(c, why)
         else:
-            done(c, _run(PANDOC + ["-t", c.target, "book.md", "-o", c.name], folder))
+            done(c, _run(PANDOC + extra + ["-t", c.target, "book.md", "-o", c.name], folder))
     for tool in ("calibre", "libreoffice"):
         todo = [c for c in CONVERSIONS if c.tool == tool]
         source = "pandoc.epub3.epub" if tool == "calibre" else "pandoc.docx"
