@@ -116,13 +116,16 @@ def _parse(block: str, toml: bool) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def _names(value: Any) -> Optional[str]:
-    """A metadata value as text: a string; a list of strings, or of mappings with a name (pandoc's authors)."""
+def _names(value: Any, depth: int = 0) -> Optional[str]:
+    """A metadata value as text: a string; a list of strings, or of mappings with a name (pandoc's authors).
+    Looked into three levels deep at most (YAML aliases can make a value hold itself)."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return " ".join(strip_inline(str(value)).split()) or None
+        return " ".join(strip_inline(str(value)[:1000]).split()) or None
+    if depth >= 3:
+        return None
     if isinstance(value, dict):
-        return _names(value.get("name") or value.get("text"))
+        return _names(value.get("name") or value.get("text"), depth + 1)
     if isinstance(value, list):
-        names = [n for n in (_names(v) for v in value[:20] if not isinstance(v, list)) if n]
+        names = [n for n in (_names(v, depth + 1) for v in value[:20]) if n]
         return ", ".join(names) or None
     return None

@@ -15,7 +15,9 @@ import re
 from html import unescape
 from typing import Optional
 
-FILEPOS_LINK_RE = re.compile(rb"<a\s+[^>]*?filepos=[\"']?0*(\d+)[\"']?[^>]*>(.*?)</a\s*>", re.I | re.S)
+# a link's text and a tag are short: no match scans further (no quadratic search in a hostile book)
+FILEPOS_LINK_RE = re.compile(rb"<a\s+[^>]{0,200}?filepos=[\"']?0*(\d{1,10})[\"']?[^>]{0,200}>(.{0,2000}?)</a\s*>",
+                             re.I | re.S)
 GUIDE_TOC_RE = re.compile(rb"<reference\s[^>]*?type=[\"']?toc[\"']?[^>]*>", re.I)
 FILEPOS_RE = re.compile(rb"filepos=[\"']?0*(\d+)", re.I)
 PAGEBREAK_RE = re.compile(rb"<mbp:pagebreak\s*/?>", re.I)
@@ -24,8 +26,8 @@ TAG_NAME_RE = re.compile(rb"<([a-zA-Z][\w]*)")
 MARKER_RE = re.compile(r"^\s*(\[?\(?\d{1,3}\)?\]?|[*†‡§]+)\s*$")
 CHAPTER_RE = re.compile(r'<tts-chapter n="(\d+)"\s*/>')
 NOTE_TAGS = {b"p", b"li", b"div", b"aside", b"blockquote", b"dd", b"dt", b"span"}
-KINDLE_LINK_RE = re.compile(r"<a\s[^>]*href=[\"']kindle:pos:[^>]*>.*?</a\s*>", re.I | re.S)
-HEADING_RE = re.compile(r"<h([1-6])\b.*?</h\1\s*>", re.I | re.S)
+KINDLE_LINK_RE = re.compile(r"<a\s[^>]{0,200}href=[\"']kindle:pos:[^>]{0,200}>.{0,2000}?</a\s*>", re.I | re.S)
+HEADING_RE = re.compile(r"<h([1-6])\b.{0,2000}?</h\1\s*>", re.I | re.S)
 TAG_RE = re.compile(r"<[^>]*>")
 
 
@@ -84,10 +86,13 @@ def old_mobi_markup(text: bytes, codec: str) -> tuple[bytes, list[str]]:
         if name and name.group(1).lower() in NOTE_TAGS and MARKER_RE.match(_text(link.group(2), codec)):
             edits.append((name.end(), name.end(), b' type="footnote"'))
             marked.add(target)
-    out = text
-    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        out = out[:start] + new + out[end:]
-    return out, titles
+    pieces, at = [], 0
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1])):
+        if start < at:  # inside a span already cut out
+            continue
+        pieces += [text[at:start], new]
+        at = end
+    return b"".join(pieces + [text[at:]]), titles
 
 
 def drop_link_lists(markup: str) -> str:
