@@ -91,7 +91,8 @@ if [ "$DEV" = 1 ]; then
   # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
   # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats),
   # epubcheck (validates the narrated EPUBs; it brings Java), chromium and chromium-driver (the page's browser
-  # test, tests/test_web_page.py; Ace by DAISY runs in it), npm (installs Ace by DAISY, below)
+  # test, tests/test_web_page.py; Ace by DAISY runs in it), npm (installs Ace by DAISY, below), pandoc and
+  # calibre (books converted by them: tests/test_ingest_converted.py)
   missing=()
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
@@ -99,6 +100,8 @@ if [ "$DEV" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   command -v npm >/dev/null 2>&1 || missing+=(npm)
+  command -v pandoc >/dev/null 2>&1 || missing+=(pandoc)
+  command -v ebook-convert >/dev/null 2>&1 || missing+=(calibre)
   if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1 \
       || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1; } \

@@ -22,3 +22,14 @@ def ticks(w, seconds: float, step: float = 0.1) -> None:
         w.tick()
         time.sleep(step)
     assert w.drain(120), "inbox ingests still running after 120 s"
+
+
+def ticks_until(w, done, limit: float = 300.0, step: float = 0.1) -> None:
+    """Tick `w` until `done()` holds (the files it waits for are handled, however slow the machine), failing
+    after `limit` seconds; then wait for the files it is still reading."""
+    end = time.time() + limit
+    while not done():
+        assert time.time() < end, f"the inbox did not get there in {limit:g} s"
+        w.tick()
+        time.sleep(step)
+    assert w.drain(120), "inbox ingests still running after 120 s"

@@ -65,11 +65,12 @@ Final words.
 def test_text_chapters_toc_and_footnotes(tmp_path):
     doc = load_document(write(tmp_path, "book.txt", BOOK))
     titles = [c.title for c in doc.chapters]
-    assert titles == ["", "CHAPTER 1: The Beginning", "Chapter 2: The Middle", "Chapter 3: The End"]
-    ch1 = doc.chapters[1].paragraphs
+    assert titles == ["CHAPTER 1: The Beginning", "Chapter 2: The Middle", "Chapter 3: The End"]
+    assert (doc.title, doc.author) == ("The Great Book", "Somebody")  # the title block is metadata, not read
+    ch1 = doc.chapters[0].paragraphs
     assert ch1[0] == "It was a dark and stormy night. The rain fell in torrents, except at occasional intervals."
     assert ch1 == [ch1[0], "Second paragraph here."]  # footnote block at chapter end dropped
-    assert doc.chapters[2].paragraphs == ["Middle text. Mr. Smith went to Washington.", "After the break."]
+    assert doc.chapters[1].paragraphs == ["Middle text. Mr. Smith went to Washington.", "After the break."]
     assert doc.source_format == "txt"
     assert not any("Contents" in p for c in doc.chapters for p in c.paragraphs)
 

@@ -1,6 +1,6 @@
 """The live systemd test cannot pass by skipping: the container's systemd is waited for until its bus
 answers (a state other than running/degraded is a failure), and with $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
-set (as .ci/run does) a skipped `system` or `browser` test fails the run; so does a skipped `oracle` test
+set (as .ci/run does) a skipped `system`, `browser` or `converters` test fails the run; so does a skipped `oracle` test
 with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS set."""
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def test_needs_systemd():
 def test_needs_chromium():
     pytest.skip("chromium not found")
 
+@pytest.mark.converters
+def test_needs_calibre():
+    pytest.skip("calibre is not installed here")
+
 @pytest.mark.oracle
 def test_needs_the_oracle():
     pytest.skip("qwen_tts not importable")
@@ -81,13 +85,15 @@ def test_a_skipped_system_or_oracle_test_fails_where_they_are_required(tmp_path,
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     if required.get(SYSTEM) == "1":  # the live systemd test and the page's browser test
         assert r.returncode == 1, r.stdout + r.stderr
-        assert "2 failed, 2 skipped" in r.stdout and "must run here, but it skipped: no systemd-nspawn here" in r.stdout
+        assert "3 failed, 2 skipped" in r.stdout and "must run here, but it skipped: no systemd-nspawn here" in r.stdout
         assert f"{SYSTEM}=1: this browser test must run here, but it skipped: chromium not found" in r.stdout
         assert "apt-get install chromium chromium-driver" in r.stdout
+        assert f"{SYSTEM}=1: this converters test must run here, but it skipped: calibre is not" in r.stdout
+        assert "apt-get install pandoc calibre" in r.stdout
     elif required.get(ORACLE) == "1":
         assert r.returncode == 1, r.stdout + r.stderr
-        assert "1 failed, 3 skipped" in r.stdout
+        assert "1 failed, 4 skipped" in r.stdout
         assert f"{ORACLE}=1: this oracle test must run here, but it skipped: qwen_tts not importable" in r.stdout
         assert "tests/fixtures/oracle_venv.sh" in r.stdout
     else:
-        assert r.returncode == 0 and "4 skipped" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "5 skipped" in r.stdout, r.stdout + r.stderr
