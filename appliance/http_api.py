@@ -101,7 +101,7 @@ async def health(request):
             "runtime": getattr(ctx.host.runner, "settings", None), "engine": ctx.host.stats(), "pid": ctx.pid,
             "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "parts": parts,
             "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes, "max_text_chars": ctx.cfg.http.max_text_chars,
-                       "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20}}
+                       "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20, "ingest_wall_s": ctx.settings.ingest.wall_s}}
     if down:
         body["down"] = down
     return web.json_response(body, status=503 if down else 200)
