@@ -363,17 +363,17 @@ def test_words_arriving_while_an_utterance_ends_go_to_the_next_one():
         async def _send(self, event):  # the reader runs while the speaker awaits this send
             sent.append(event)
             if event["type"] == "text.done":
-                self._add("four ")
+                self.text.add("four ")
 
     cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0))
     host = SimpleNamespace(engine=SimpleNamespace(sample_rate=24000, streams_text=lambda voice: True),
                            default_voice=lambda: "vivian")
     live = Session(SimpleNamespace(cfg=cfg, host=host), ws=None)
-    live._add("one two three ")
-    first = live.feed
+    live.text.add("one two three ")
+    first = live.text.feed
     more = asyncio.run(live._speak_item(first))
     assert first.ended and first.text == "one two three "
-    assert more is live.feed and not more.ended and more.text == "two three four "
+    assert more is live.text.feed and not more.ended and more.text == "two three four "
     assert sent == [{"type": "text.done", "text": "one"}]
 
 
