@@ -1,7 +1,8 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
     POST   /v1/audio/speech      OpenAI-compatible speech: a whole file, streamed or SSE (appliance.http_speech)
-    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
+    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list (POST: 400
+                                 naming POST /v1/voices, for vllm-omni's multipart upload)
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/audio/speech/ws   the same, in the Nari server's protocol nari.speech.v1 (appliance.ws_nari)
     GET    /v1/audio/speech/stream  WebSocket: vllm-omni's text in pieces, audio per sentence (appliance.ws_vllm)
@@ -20,7 +21,8 @@
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
 must say `Content-Type: application/json` (415 otherwise). With http.api_key set, requests over TCP need
 `Authorization: Bearer KEY` (401 otherwise; the page's static files excepted); a browser's cross-site
-request over TCP is refused (403). Shared pieces: appliance.http_common.
+request over TCP is refused (403), and on loopback without a key so is any request whose Host is not a loopback
+name (DNS rebinding). Shared pieces: appliance.http_common.
 """
 from __future__ import annotations
 
