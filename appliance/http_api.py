@@ -14,7 +14,7 @@
     GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
                                   "parts": {...}, "down": {...}, ...}: 503 while a part is down
-    GET    /metrics              Prometheus text format
+    GET    /metrics              Prometheus text format (OpenMetrics when asked for)
     /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs)
     GET    /, /web/...           the page for browsers (appliance.http_web); it uses the routes above
 
@@ -123,12 +123,13 @@ async def formats(request):
 
 
 async def metrics(request):
-    """GET /metrics (Prometheus text format); `tts_queue_up 0` while the job queue cannot be read."""
+    """GET /metrics (Prometheus text format 0.0.4, or OpenMetrics when the scraper's Accept asks for it:
+    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read."""
     ctx = request.app[CTX]
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
-    text = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    body, content_type = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok,
+                                            accept=request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def make_app(ctx) -> web.Application:
