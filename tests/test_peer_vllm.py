@@ -222,30 +222,10 @@ def test_pings_do_not_keep_an_idle_session(daemon, configured):
     """The `websockets` client's keepalive pings (every 20 s by default; 0.2 s here, more often than the daemon's
     http.read_timeout_s of 2 s) are answered but are not messages: a session that sends nothing more is closed
     with an error event and 1008. (aiohttp's automatic pong used to restart the receive timer at each ping.)"""
-    from websockets.asyncio.client import unix_connect
-    from websockets.exceptions import ConnectionClosed
+    from ws_util import only_pings_after
 
-    async def go():
-        events = []
-        async with unix_connect(daemon.socket, "ws://localhost/v1/audio/speech/stream", ping_interval=0.2,
-                                ping_timeout=10.0) as ws:
-            if configured:
-                await ws.send(json.dumps({"type": "session.config", "voice": "vivian"}))
-
-            async def collect():
-                try:
-                    async for msg in ws:
-                        events.append(json.loads(msg) if isinstance(msg, str) else msg)
-                except ConnectionClosed:  # 1008 is not a normal close: the iterator raises
-                    pass
-
-            try:
-                await asyncio.wait_for(collect(), 30)
-            except asyncio.TimeoutError:
-                raise AssertionError(f"a client that only pings was not closed in 30 s: {events}") from None
-            return events, ws.close_code, ws.latency
-
-    events, code, latency = asyncio.run(go())
+    first = [{"type": "session.config", "voice": "vivian"}] if configured else []
+    events, code, _, latency = asyncio.run(only_pings_after(daemon.socket, "/v1/audio/speech/stream", first))
     assert latency > 0, "the client's pings were never answered"
     what = "message" if configured else "session.config"
     assert events == [{"type": "error", "message": f"no {what} for 2 s; the session is closed"}], events
