@@ -128,6 +128,7 @@ class WyomingSection:
     tcp_host: str = "127.0.0.1"
     default_voice: Optional[str] = None
     default_language: str = "auto"
+    idle_timeout_s: float = 60.0      # a connection that sends no event this long while nothing is spoken is closed
 
 
 @dataclass
@@ -292,7 +293,7 @@ def check(cfg: Config, origin: str = "config") -> Config:
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
                      ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
                      ("jobs", "ingest_parallel"), ("jobs", "max_file_mb"),
-                     ("http", "max_body_bytes"), ("http", "max_text_chars")):
+                     ("http", "max_body_bytes"), ("http", "max_text_chars"), ("wyoming", "idle_timeout_s")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
     if cfg.jobs.batch_size < 0:

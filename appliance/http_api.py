@@ -1,7 +1,8 @@
 """Local HTTP API (aiohttp), served on a Unix socket and optionally on loopback TCP.
 
     POST   /v1/audio/speech      OpenAI-compatible speech: a whole file, streamed or SSE (appliance.http_speech)
-    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list
+    GET    /v1/models            OpenAI model list; GET /v1/audio/voices: OpenAI-style voice list (POST: 400
+                                 naming POST /v1/voices, for vllm-omni's multipart upload)
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/audio/speech/ws   the same, in the Nari server's protocol nari.speech.v1 (appliance.ws_nari)
     GET    /v1/audio/speech/stream  WebSocket: vllm-omni's text in pieces, audio per sentence (appliance.ws_vllm)
@@ -13,14 +14,15 @@
     GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
                                   "parts": {...}, "down": {...}, ...}: 503 while a part is down
-    GET    /metrics              Prometheus text format
+    GET    /metrics              Prometheus text format (OpenMetrics when asked for)
     /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs)
     GET    /, /web/...           the page for browsers (appliance.http_web); it uses the routes above
 
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
 must say `Content-Type: application/json` (415 otherwise). With http.api_key set, requests over TCP need
 `Authorization: Bearer KEY` (401 otherwise; the page's static files excepted); a browser's cross-site
-request over TCP is refused (403). Shared pieces: appliance.http_common.
+request over TCP is refused (403), and on loopback without a key so is any request whose Host is not a loopback
+name (DNS rebinding). Shared pieces: appliance.http_common.
 """
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ async def health(request):
             "runtime": getattr(ctx.host.runner, "settings", None), "engine": ctx.host.stats(), "pid": ctx.pid,
             "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "parts": parts,
             "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes, "max_text_chars": ctx.cfg.http.max_text_chars,
-                       "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20}}
+                       "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20, "ingest_wall_s": ctx.settings.ingest.wall_s}}
     if down:
         body["down"] = down
     return web.json_response(body, status=503 if down else 200)
@@ -121,12 +123,13 @@ async def formats(request):
 
 
 async def metrics(request):
-    """GET /metrics (Prometheus text format); `tts_queue_up 0` while the job queue cannot be read."""
+    """GET /metrics (Prometheus text format 0.0.4, or OpenMetrics when the scraper's Accept asks for it:
+    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read."""
     ctx = request.app[CTX]
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
-    text = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    body, content_type = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok,
+                                            accept=request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def make_app(ctx) -> web.Application:

@@ -19,7 +19,8 @@ or synthesize-stopped follows. Clients wait for those or for the connection's en
 until audio-stop, its streaming reader until synthesize-stopped, both until the connection ends; they
 ignore `error`), so closing is what ends every client's wait, and it ends it as a failure rather than as
 a short clip. The protocol carries no speaking speed. Text is spoken with the pronunciation lexicon of
-jobs.lexicon.
+jobs.lexicon. A connection that sends no event for wyoming.idle_timeout_s while nothing is being spoken (between
+requests, or in a text stream waiting for its next chunk) gets an `error` event (code `timeout`) and is closed.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Optional
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
@@ -60,6 +61,24 @@ class TtsHandler(AsyncEventHandler):
         self.stream_text: Optional[str] = None  # None: no text stream open
         self.audio_started = False
         self.failed = False  # an error event was sent: the connection ends (see `disconnect`)
+
+    async def run(self) -> None:
+        """Serve events until the client closes, an event ends the connection, or none comes for
+        wyoming.idle_timeout_s (events are served one at a time: the clock runs only while one is awaited)."""
+        idle = self.d.cfg.wyoming.idle_timeout_s
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(async_read_event(self.reader), idle)
+                except asyncio.TimeoutError:
+                    await self.fail(f"no event for {idle:g} s; the connection is closed (wyoming.idle_timeout_s)",
+                                    "timeout")
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        finally:
+            await self.disconnect()
+            self.writer.close()
 
     def info(self) -> Info:
         e = self.d.host.engine

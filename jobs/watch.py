@@ -32,13 +32,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths
-from jobs.watch_files import (Unreadable, check_readable, companion, entry_problem, ignore_reason, ignored,
-                              move_unique, regular_file, sha256_file, sidecar_for)
+from jobs.watch_files import (SidecarError, Unreadable, check_readable, companion, entry_problem, ignore_reason,
+                              ignored, move_unique, sha256_file, sidecar_for, sidecar_spec)
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +215,9 @@ class InboxWatcher:
 
         queue = queue or self.queue
         try:
-            spec = self._spec(moved, side)
-        except (ValueError, TypeError, yaml.YAMLError) as exc:
-            reason = f"bad sidecar {side.name if side else ''}: {exc}"
+            spec = sidecar_spec(side, self.defaults)
+        except SidecarError as exc:
+            reason = str(exc)
             job_id = queue.add_failed_job(JobSpec(title=moved.name), [str(moved)], reason)  # `list` shows it
             self._record(digest, moved, job_id, "failed", reason, side, queue)
             self._to_failed(moved, side, reason)
@@ -279,17 +277,6 @@ class InboxWatcher:
             log.info("inbox: taking %s again (its ingest was interrupted)", p.name)
             self._record(digest, p, None, "ingesting", RECOVERED, side)
             self._ingest(digest, p, side)
-
-    def _spec(self, path: Path, side: Optional[Path]) -> JobSpec:
-        data = dict(self.defaults)
-        if side and not regular_file(side):
-            raise ValueError("the sidecar is not a plain file (links are never followed)")
-        if side:
-            loaded = yaml.safe_load(side.read_text(encoding="utf-8")) or {}
-            if not isinstance(loaded, dict):
-                raise ValueError("the sidecar must be a YAML mapping such as 'voice: vivian'")
-            data.update(loaded)
-        return JobSpec.from_dict(data)
 
     def _record(self, digest, path, job_id, state, reason, side=None, queue: Optional[Queue] = None) -> None:
         (queue or self.queue).record_inbox_file(digest, path.name, job_id, state, str(path),

@@ -273,17 +273,45 @@ def test_cli_falls_back_in_process_without_daemon(tmp_path, monkeypatch):
     assert str(book) in CliRunner().invoke(cli, ["status", job_id, "--json"]).output
 
 
+METRICS = {"tts_queue_up": "gauge", "tts_queue_segments": "gauge", "tts_jobs": "gauge",
+           "tts_engine_active_slots": "gauge", "tts_engine_queued": "gauge", "tts_streams_active": "gauge",
+           "tts_engine_frames_per_second": "gauge", "tts_ttfa_seconds": "histogram", "tts_realtime_factor": "gauge",
+           "tts_audio_seconds": "counter", "tts_requests": "counter", "tts_errors": "counter"}
+
+
 def test_metrics(daemon):
+    """GET /metrics read by prometheus_client's own parser: every metric name and label that exists (documented
+    in docs/APPLIANCE.md), with values that follow from a speech request."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     daemon.post("/v1/audio/speech", speech(response_format="pcm"))
     status, body, headers = daemon.get("/metrics")
-    text = body.decode()
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    assert "\ntts_queue_up 1\n" in text
-    for name in ("tts_queue_segments{state=\"done\"}", "tts_engine_active_slots", "tts_ttfa_seconds_count",
-                 "tts_realtime_factor", "tts_requests_total{api=\"speech\",outcome=\"ok\"}", "tts_errors_total"):
-        assert name in text, name
-    count = [ln for ln in text.splitlines() if ln.startswith("tts_ttfa_seconds_count")][0]
-    assert float(count.split()[1]) >= 1
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8", headers
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert {n: f.type for n, f in families.items()} == METRICS
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert value[("tts_queue_up", ())] == 1 and value[("tts_engine_active_slots", ())] == 0
+    assert value[("tts_requests_total", (("api", "speech"), ("outcome", "ok")))] >= 1
+    assert value[("tts_audio_seconds_total", ())] > 0 and value[("tts_realtime_factor", ())] > 0
+    assert ("tts_queue_segments", (("state", "done"),)) in value
+    count = value[("tts_ttfa_seconds_count", ())]
+    buckets = [s for s in families["tts_ttfa_seconds"].samples if s.name == "tts_ttfa_seconds_bucket"]
+    assert count >= 1 and [s.labels["le"] for s in buckets][-1] == "+Inf" and buckets[-1].value == count
+    assert [s.value for s in buckets] == sorted(s.value for s in buckets)  # cumulative
+    assert all(set(s.labels) <= {"state", "api", "outcome", "kind", "le"} for f in families.values() for s in f.samples)
+    assert not [k for k in value if k[0].endswith("_created")]
+
+
+def test_metrics_in_openmetrics_for_a_scraper_that_asks(daemon):
+    """Prometheus asks for OpenMetrics first (its Accept header): it gets it, ending in `# EOF`, the same
+    metrics; a plain scrape gets the text format."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    status, body, headers = daemon.request("GET", "/metrics", headers={"Accept": accept})
+    assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    families = {f.name: f.type for f in text_string_to_metric_families(body.decode())}
+    assert families == METRICS and body.decode().endswith("# EOF\n")
 
 
 def test_reading_commands_of_a_user_with_another_home_read_the_daemons_queue(daemon, tmp_path, monkeypatch):

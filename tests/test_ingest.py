@@ -517,6 +517,48 @@ def test_cancel_all_stops_a_running_ingest_at_once(tmp_path):
     assert isinstance(outcome[0], IngestCancelled)
 
 
+def _late_wakeups(monkeypatch, n: int = 1) -> list:
+    """Make the next `n` waits of subprocess.communicate wake up 150 ms after their timeout (a thread scheduled
+    late on a busy machine); the list counts those done."""
+    import selectors
+    import subprocess
+
+    done = []
+
+    class Late(subprocess._PopenSelector):
+        def select(self, timeout=None):
+            if len(done) < n and timeout is not None:
+                done.append(timeout)
+                time.sleep(timeout + 0.15)
+                return super().select(0)
+            return super().select(timeout)
+
+    assert issubclass(Late, selectors.BaseSelector)
+    monkeypatch.setattr(subprocess, "_PopenSelector", Late)
+    return done
+
+
+def test_a_late_wakeup_does_not_keep_the_request_from_the_child(tmp_path, monkeypatch):
+    """One wait that wakes past its timeout (on a busy machine) used to leave the child without its request
+    (only the first communicate() carried it): a 15-byte PDF then failed as "took longer than 300 s" and a
+    zip bomb as a timeout. Each file gets its own reason, with a late wake-up injected in each ingest."""
+    from jobs.ingest.isolate import IngestLimits, load_document_isolated
+
+    limits = IngestLimits(wall_s=60)
+    late = _late_wakeups(monkeypatch, 1)
+    with pytest.raises(IngestError, match="PDF could not be read"):
+        load_document_isolated(write(tmp_path, "tiny.pdf", b"%PDF-1.4\n%%EOF\n"), limits=limits)
+    assert len(late) == 1
+    late.clear()
+    bomb = make_epub(tmp_path / "bomb.epub", {"OEBPS/text/ch2.xhtml": b"\x00" * (20 * 1024 * 1024)})
+    with pytest.raises(IngestError, match="zip bomb"):
+        load_document_isolated(bomb, limits=limits)
+    assert len(late) == 1
+    late.clear()
+    doc = load_document_isolated(write(tmp_path, "ok.txt", "A sentence to read.\n"), limits=limits)
+    assert len(late) == 1 and doc.chapters[0].paragraphs == ["A sentence to read."]
+
+
 # ---------------------------------------------------------------- admin findings: ANSI, title line, DRM
 
 def test_ansi_escapes_are_not_spoken(tmp_path):

@@ -314,30 +314,11 @@ def test_pings_do_not_keep_a_silent_client(daemon):
     after its first piece is still dropped: its pings are answered, but only messages count. The session
     ends with the timeout's error event and a 1008 close, and its slot is freed. (Each answered ping used to
     restart the server's receive timer: such a client held its slot for as long as it stayed connected.)"""
-    from websockets.asyncio.client import unix_connect
-    from websockets.exceptions import ConnectionClosed
+    from ws_util import only_pings_after
 
-    async def go():
-        events = []
-        async with unix_connect(daemon.socket, "ws://localhost/v1/audio/speech/live", ping_interval=0.2,
-                                ping_timeout=10.0) as ws:
-            await ws.send(json.dumps({"type": "session.update", "voice": "ryan", "seed": 1}))
-            await ws.send(json.dumps({"type": "input_text.append", "text": "Hello there and then "}))
-
-            async def collect():
-                try:
-                    async for msg in ws:
-                        events.append(json.loads(msg) if isinstance(msg, str) else msg)
-                except ConnectionClosed:  # 1008 is not a normal close: the iterator raises
-                    pass
-
-            try:
-                await asyncio.wait_for(collect(), 30)
-            except asyncio.TimeoutError:
-                raise AssertionError(f"a client that only pings was not dropped in 30 s: {kinds_of(events)}")
-            return events, ws.close_code, ws.close_reason, ws.latency
-
-    events, code, reason, latency = asyncio.run(go())
+    first = [{"type": "session.update", "voice": "ryan", "seed": 1},
+             {"type": "input_text.append", "text": "Hello there and then "}]
+    events, code, reason, latency = asyncio.run(only_pings_after(daemon.socket, "/v1/audio/speech/live", first))
     assert latency > 0, "the client's pings were never answered"
     assert any(isinstance(e, bytes) for e in events), kinds_of(events)  # its first words were spoken
     assert events[-1]["type"] == "error" and "no message for 1.5 s" in events[-1]["message"], kinds_of(events)
@@ -363,17 +344,17 @@ def test_words_arriving_while_an_utterance_ends_go_to_the_next_one():
         async def _send(self, event):  # the reader runs while the speaker awaits this send
             sent.append(event)
             if event["type"] == "text.done":
-                self._add("four ")
+                self.text.add("four ")
 
     cfg = SimpleNamespace(http=SimpleNamespace(max_text_chars=10_000, write_timeout_s=5.0))
     host = SimpleNamespace(engine=SimpleNamespace(sample_rate=24000, streams_text=lambda voice: True),
                            default_voice=lambda: "vivian")
     live = Session(SimpleNamespace(cfg=cfg, host=host), ws=None)
-    live._add("one two three ")
-    first = live.feed
+    live.text.add("one two three ")
+    first = live.text.feed
     more = asyncio.run(live._speak_item(first))
     assert first.ended and first.text == "one two three "
-    assert more is live.feed and not more.ended and more.text == "two three four "
+    assert more is live.text.feed and not more.ended and more.text == "two three four "
     assert sent == [{"type": "text.done", "text": "one"}]
 
 

@@ -109,6 +109,25 @@ def test_bad_files_go_to_failed_with_reason(env):
     assert [j["state"] for j in q.jobs()].count("queued") == 1  # the good one carries on
 
 
+@pytest.mark.parametrize("yaml_text, where, what", [
+    ("voice: vivian\ntitle: Notes: part one\n", "line 2, column 13", "mapping values are not allowed here"),
+    ("voice: [vivian\n", "line 2, column 1", "expected ',' or ']', but got '<stream end>' (while parsing a flow"),
+    ("\tvoice: vivian\n", "line 1, column 1", "found character '\\t' that cannot start any token"),
+])
+def test_a_malformed_sidecar_is_one_line_saying_where_and_what_to_fix(env, yaml_text, where, what):
+    """PyYAML's message runs over several lines (a snippet of the file, a caret); the reason a user reads (the
+    reason file, the failed job's error) is one line: the sidecar, where, what, and how to fix it."""
+    paths, q, w = env
+    (paths.inbox / "notes.yaml").write_text(yaml_text)
+    (paths.inbox / "notes.txt").write_text(BOOK)
+    _ticks(w, 1.0)
+    reason = (paths.failed / "notes.txt.reason.txt").read_text().strip()
+    [job] = q.jobs()
+    assert job["state"] == "failed" and job["error"] == reason
+    assert "\n" not in reason and reason.startswith(f"bad sidecar notes.yaml: {where}: {what}"), reason
+    assert "one `key: value` per line" in reason and "drop the book with its sidecar into the inbox again" in reason
+
+
 def test_finished_jobs_filed_and_sources_kept(env):
     paths, q, w = env
     (paths.inbox / "ok.txt").write_text(BOOK)

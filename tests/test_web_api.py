@@ -258,6 +258,9 @@ def test_a_browsers_cross_site_requests_are_refused(cv):
     status, err, _ = tcp(cv.port, "GET", "/v1/jobs", None, {"Host": f"evil.example:{cv.port}",
                                                             "Sec-Fetch-Site": "same-origin"})
     assert status == 403 and "not loopback" in err["error"]["message"], err
+    for path in ("/v1/jobs", "/v1/voices", "/health", "/metrics", "/"):  # no Origin, no Sec-Fetch-*: Chrome's GET
+        status, err, _ = tcp(cv.port, "GET", path, None, {"Host": f"attacker.test:{cv.port}"})
+        assert status == 403 and "not loopback" in err["error"]["message"], (path, err)
     # the page's own requests, a typed address, and clients that are not browsers pass
     for ok in ({"Origin": here, "Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}, {},
                {"Host": f"localhost:{cv.port}", "Origin": f"http://localhost:{cv.port}"},
@@ -269,6 +272,7 @@ def test_a_browsers_cross_site_requests_are_refused(cv):
     assert "frame-ancestors 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
     # the Unix socket is as it was
     assert cv.request("GET", "/v1/formats", headers={"Origin": "http://evil.example"})[0] == 200
+    assert cv.request("GET", "/v1/jobs", headers={"Host": "attacker.test"})[0] == 200
 
 
 @needs_daemon
@@ -332,6 +336,75 @@ def test_beyond_loopback_without_a_key_the_page_is_not_served():
     assert "set http.api_key" in asyncio.run(text())
     with_key = asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame")))
     assert with_key["GET /"] == 200 and with_key["GET /v1/models"] == 401
+
+
+REBOUND = ("attacker.test:8080", "attacker.test", "ATTACKER.TEST.", "127.0.0.1.attacker.test:8080",
+           "localhost.attacker.test", "[::ffff:7f00:1]:8080", "myhost:8080")
+LOOPBACK = ("127.0.0.1:8080", "127.0.0.1", "127.1.2.3:80", "localhost:8080", "LOCALHOST.", "app.localhost:8080",
+            "[::1]:8080", "[::1]")
+
+
+def test_on_loopback_without_a_key_a_name_that_is_not_loopback_is_refused_on_every_route():
+    """DNS rebinding: a page of another site whose name resolves here is same-origin to the browser, which then
+    sends no Origin on a GET and no Sec-Fetch-* to a plain-http name that is not localhost. Every route (GET and
+    the others, the WebSockets, the page's files) refuses a Host that is not a loopback name or address,
+    whatever the other headers; loopback names and addresses pass."""
+    for host in REBOUND:
+        for extra in ({}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}):
+            statuses = asyncio.run(_each_route(_app(), {"Host": host, **extra}))
+            assert len(statuses) > 20 and all(v == 403 for v in statuses.values()), (host, extra, statuses)
+    for host in LOOPBACK:
+        statuses = asyncio.run(_each_route(_app(), {"Host": host}))
+        assert not [k for k, v in statuses.items() if v == 403], (host, statuses)
+        assert statuses["GET /"] == 200, host
+
+
+def test_the_refusal_of_a_name_that_is_not_loopback_says_what_to_open():
+    async def get():
+        from aiohttp import ClientSession
+        from aiohttp.test_utils import TestServer
+
+        async with TestServer(_app(), host="127.0.0.1") as server, ClientSession() as s:
+            async with s.get(server.make_url("/v1/jobs"), headers={"Host": "attacker.test"}) as r:
+                return r.status, await r.json(), server.port
+
+    status, err, port = asyncio.run(get())
+    assert status == 403 and err["error"]["type"] == "cross_site", err
+    assert "'attacker.test'" in err["error"]["message"] and f"http://127.0.0.1:{port}/" in err["error"]["message"]
+    assert "\n" not in err["error"]["message"]
+
+
+def test_a_websocket_under_a_name_that_is_not_loopback_is_refused(cv):
+    """A real upgrade (aiohttp's client) to each WebSocket route of the real daemon: refused under another
+    name, opened under a loopback one."""
+    import aiohttp
+
+    async def handshake(path: str, host: str):
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.ws_connect(f"http://127.0.0.1:{cv.port}{path}", headers={"Host": host}) as ws:
+                    await ws.close()
+                    return 101
+            except aiohttp.WSServerHandshakeError as exc:
+                return exc.status
+
+    for path in ("/v1/audio/speech/live", "/v1/audio/speech/ws", "/v1/audio/speech/stream"):
+        assert asyncio.run(handshake(path, f"attacker.test:{cv.port}")) == 403, path
+        assert asyncio.run(handshake(path, f"localhost:{cv.port}")) == 101, path
+
+
+def test_the_rebinding_rule_is_for_a_loopback_listener_without_a_key():
+    """A key (on loopback or beyond) guards the routes as before; a listener beyond loopback without a key is as
+    it was (open, warned, no page); the Unix socket has no Host rule (test_a_browsers_cross_site_requests_...)."""
+    rebound = {"Host": "attacker.test:8080"}
+    keyed = asyncio.run(_each_route(_app(api_key="sesame"), {**rebound, "Authorization": "Bearer sesame"}))
+    assert not [k for k, v in keyed.items() if v in (401, 403)], keyed
+    beyond = asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame"), {**rebound,
+                                                                                  "Authorization": "Bearer sesame"}))
+    assert not [k for k, v in beyond.items() if v in (401, 403)], beyond
+    assert asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame"), rebound))["GET /v1/jobs"] == 401
+    open_beyond = asyncio.run(_each_route(_app(tcp_host="0.0.0.0"), rebound))
+    assert open_beyond["GET /"] == 403 and open_beyond["GET /v1/jobs"] != 403
 
 
 def test_cross_site_refusals_come_before_any_work():

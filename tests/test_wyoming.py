@@ -338,3 +338,33 @@ def test_listeners_open_to_the_network_are_warned_about(tmp_path):
         assert d.stop() == 0
     assert "HTTP API on http://0.0.0.0:" in log and "without an API key" in log, log[-2000:]
     assert "Wyoming on tcp://0.0.0.0:" in log and "no authentication" in log, log[-2000:]
+
+
+def test_an_idle_connection_is_closed_after_wyoming_idle_timeout_s(tmp_path):
+    """With the `wyoming` package's own client: a connection that sends nothing more, between requests or in an
+    open text stream, gets an `error` event (code timeout, naming the key) and its end; one that keeps sending
+    is served (wyoming.idle_timeout_s 1 s here; the default is 60 s)."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.info import Describe
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeVoice
+
+    d = Daemon(tmp_path, base_config(tmp_path, model={"max_frames": 4}, jobs={"enabled": False, "watch": False},
+                                     wyoming={"idle_timeout_s": 1.0})).start()
+    try:
+        async def idle_after(first_events, until):
+            async with AsyncUnixClient(d.wyoming) as c:
+                for ev in first_events:
+                    await c.write_event(ev.event())
+                served = await collect(c, until)
+                return served, *await until_end(c, "never", timeout=30)
+
+        served, events, ended = run(idle_after([Describe()], "info"))
+        err = assert_error_then_end(events, ended, "timeout")
+        assert "no event for 1 s" in err.text and "wyoming.idle_timeout_s" in err.text, err
+        assert served[-1].type == "info"
+
+        stream = [SynthesizeStart(voice=SynthesizeVoice(name="ryan")), SynthesizeChunk(text="Hello there. ")]
+        served, events, ended = run(idle_after(stream, "audio-start"))
+        assert_error_then_end(events, ended, "timeout")
+    finally:
+        assert d.stop() == 0
