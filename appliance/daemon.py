@@ -269,14 +269,15 @@ def permanent_error(s: Settings) -> Optional[str]:
     """Why no start of these settings can succeed, found before anything loads (a device of model.device that is
     not on this machine, a checkpoint whose files do not read), or None."""
     from engines.catalog import Catalog
-    from engines.load import check_device
+    from engines.device.detect import device_missing
     from engines.model.errors import TTSError
 
-    try:
-        for device in s.devices:
-            check_device(device)
-    except TTSError as exc:
-        return f"model.device = {s.config.model.device}: {exc}"
+    for device in s.devices:
+        why = device_missing(device)
+        if why:
+            named = s.config.model.device
+            return (f"model.device = {named}{'' if named == device else f' ({device})'}: {why}; set model.device to "
+                    "auto or cpu")
     try:
         if s.model and s.catalog is None:
             Catalog.from_dir(s.model, s.voices_dir)  # (raises what is wrong with it)

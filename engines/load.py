@@ -94,6 +94,7 @@ def load_runner(spec: EngineSpec):
     from engines.engine import TTSEngine
     from engines.runtime.runner import EngineConfig, EngineRunner
 
+    check_device(spec.device)  # (before anything touches it)
     if spec.threads:
         torch.set_num_threads(spec.threads)
         log.info("torch CPU threads: %d", spec.threads)
