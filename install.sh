@@ -79,8 +79,12 @@ nvidia wheels, Triton) that this machine cannot use. To avoid it: TORCH_CPU_INDE
 # prints why the simple index URL $1 cannot be reached and succeeds; fails (prints nothing) when it can
 index_unreachable() {
   "$PY" - "$1" <<'PY'
-import sys, urllib.request
+import os, sys, urllib.parse, urllib.request
 url = sys.argv[1].rstrip("/") + "/torch/"
+if url.startswith("file:"):  # a local mirror of the index
+    if os.path.isdir(urllib.request.url2pathname(urllib.parse.urlparse(url).path)):
+        sys.exit(1)
+    sys.exit(print("no such folder"))
 try:
     urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10).close()
 except Exception as exc:  # noqa: BLE001 - DNS, refused, timeout, HTTP error: all mean "not from here"

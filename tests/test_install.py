@@ -5,14 +5,10 @@ index (a local index stands in for it here: no gigabytes are downloaded), or a l
 other build costs; the venv's size and torch build are said."""
 from __future__ import annotations
 
-import http.server
 import os
 import re
 import socket
 import subprocess
-import threading
-from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -63,9 +59,11 @@ def test_without_an_nvidia_gpu_torch_is_the_cpu_build_from_its_index(tmp_path):
     index = tmp_path / "index"
     (index / "torch").mkdir(parents=True)  # a simple index with a torch page, as download.pytorch.org/whl/cpu
     (index / "torch" / "index.html").write_text("<a href='torch-2.13.0+cpu.whl'>torch</a>\n")
-    with serving(index) as url:
-        line = torch_line(tmp_path, "cpu", TORCH_CPU_INDEX=url)
+    url = index.as_uri()  # (a local mirror: pip takes file: indexes too)
+    line = torch_line(tmp_path, "cpu", TORCH_CPU_INDEX=url)
     assert f"the CPU build from {url}" in line, line
+    line = torch_line(tmp_path, "cpu", TORCH_CPU_INDEX=(tmp_path / "elsewhere").as_uri())
+    assert "cannot be reached (no such folder)" in line, line
 
 
 def test_an_unreachable_cpu_index_is_said_with_what_it_costs(tmp_path):
@@ -105,16 +103,3 @@ def test_an_upgrade_restarts_the_running_service_unless_told_not_to(tmp_path):
     assert "a running service is restarted" in dry_run(tmp_path, mode="system")
     assert "left running (--no-restart)" in dry_run(tmp_path, "--no-restart", mode="system")
 
-
-@contextmanager
-def serving(folder: Path):
-    """An HTTP server of `folder` on loopback for the length of the block; yields its URL."""
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
