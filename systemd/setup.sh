@@ -90,8 +90,10 @@ if model:
 # describe the service's queue, not a private one in their home
 cfg.setdefault("jobs", {}).setdefault("home", seen(os.path.dirname(models)))
 if mode == "system":
-    # every user's CLI and `info` name the folders the service uses: its sockets (RuntimeDirectory=) and the codec
-    # engines build-engines makes for it (not root's ~/.cache)
+    # every user's CLI finds the daemon (and says so when it cannot reach it; with the service stopped, socket
+    # activation starts it), and `info` names the folders the service uses: its sockets (RuntimeDirectory=) and
+    # the codec engines build-engines makes for it (not root's ~/.cache)
+    cfg.setdefault("http", {}).setdefault("socket", "/run/tts-appliance/api.sock")
     cfg.setdefault("service", {}).setdefault("runtime_dir", "/run/tts-appliance")
     cfg.setdefault("runtime", {}).setdefault("engine_cache", seen(os.path.join(os.path.dirname(models), "engines")))
 if repr(cfg) != before or not os.path.exists(conf):  # its values are kept, its comments not: own settings go to config.d/
