@@ -31,7 +31,8 @@ OUTSIDER = (4242, [4242])  # not in group tts-appliance
 TEST_CONFIG = """\
 model: {threads: 1, max_frames: 200}
 jobs: {watch_quiet_s: 0.5, guard: false}  # random weights: no sensible audio length
-service: {status_interval_s: 0.5, stop_timeout_s: 33}  # the admin's stop timeout: the unit must not override it
+# the admin's stop timeout: no unit overrides it, and the daemon stretches TimeoutStopSec=90 to fit it
+service: {status_interval_s: 0.5, stop_timeout_s: 85}
 """
 # GET over the Unix socket as some user; prints {"status": ..., "body": ...} or {"errno": ...}
 CLIENT = r"""
@@ -238,7 +239,7 @@ def test_stop_is_quick_and_clean(box):
     s = show(box, SERVICE, "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
     assert s == {"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}, s
     assert took < 30, f"stop took {took:.1f} s (TimeoutStopSec=90)"
-    assert "stopping: no new work; in-flight segments get 28 s" in journal(box)  # service.stop_timeout_s 33, less 5
+    assert "stopping: no new work; in-flight segments get 80 s" in journal(box)  # service.stop_timeout_s 85, less 5
 
 
 def test_instance_unit_serves_its_own_group_only_sockets(box):
@@ -474,7 +475,7 @@ def test_a_start_that_cannot_succeed_exits_78_once_with_what_to_fix(box, case):
     ensure_active(box)
     broken = "/var/lib/tts-appliance/broken-checkpoint"
     if case == "checkpoint":
-        box.run("cp", "-r", str(ROOT / "tests/data/tiny/cv_small"), broken)
+        box.run("cp", "-rL", str(ROOT / "tests/data/tiny/cv_small"), broken)  # (its codec folder is a link)
         box.run("tee", f"{broken}/model.safetensors", input="not a safetensors file")
         dropin, says = f"model: {{path: {broken}}}\n", "model.safetensors"
     else:
