@@ -452,11 +452,13 @@ def test_an_upgrade_restarts_the_running_service_and_reowns_nothing_it_did_not_m
     box.run("chmod", "0600", private)
     try:
         r = setup_sh(box)
+        # still root's and still there (re-owned, the service would have read it and made a job of it)
+        owner = box.run("stat", "-c", "%U %a", private, check=False)
+        assert owner.stdout.split() == ["root", "600"], owner.stdout + owner.stderr
         assert f"upgrade: restarting {SERVICE}" in r.stdout and f"upgrade: {SERVICE} restarted" in r.stdout, r.stdout
         assert "enable --now" not in r.stdout, r.stdout  # not the first install's line
         now = show(box, SERVICE, "ActiveState", "MainPID")
         assert now["ActiveState"] == "active" and now["MainPID"] not in ("0", before), now
-        assert box.run("stat", "-c", "%U %a", private).stdout.split() == ["root", "600"]
         # the models folder it made is the service's (tmpfiles.d), the config the service's group's
         assert box.run("stat", "-c", "%U", "/var/lib/tts-appliance/models").stdout.strip() == "tts-appliance"
 
