@@ -113,6 +113,8 @@ if [ "${SETUP_BUILD:-0}" = 1 ] && [ -n "$MODEL_PATH" ]; then
   ${ENGINES[@]+"${ENGINES[@]}"} "$VENV/bin/tts-appliance" --config "$CONF_DIR/config.yaml" build-engines --model "$MODEL_PATH" \
     || say "warning: build-engines failed; the daemon will use the torch codec" >&2
 fi
+[ "${SETUP_SYSTEMD:-1}" = 1 ] || exit 0
+
 # -- units ------------------------------------------------------------------------------------------
 mkdir -p "$UNIT_DIR"
 if [ "$MODE" = system ]; then
@@ -161,7 +163,7 @@ if [ -n "$running" ] && [ "${SETUP_RESTART:-1}" = 1 ]; then
   say "upgrade: restarting $running so that it runs this version (in-flight segments finish first)"
   # shellcheck disable=SC2086 - one word per unit
   if ! "${CTL[@]}" restart $running; then
-    say "error: $running did not start again after the upgrade; why: journalctl -u tts-appliance -p err -b" >&2
+    say "error: $running did not start again after the upgrade; why: journalctl${CTL[1]:+ ${CTL[1]}} -u tts-appliance -p err -b" >&2
     exit 1
   fi
   say "upgrade: $running restarted and ready"

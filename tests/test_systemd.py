@@ -267,5 +267,6 @@ def test_setup_script_builds_the_codec_engines_where_the_service_looks(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (root / "var/lib/tts-appliance/engines/cv_small/manifest.json").is_file(), r.stdout + r.stderr
     assert not (home / ".cache/tts-appliance").exists()
+    assert not (root / "etc/systemd/system/tts-appliance.service").exists()  # --no-systemd: the model part only
     cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
     assert default_cache_dir(model, cfg.runtime.engine_cache) == Path("/var/lib/tts-appliance/engines/cv_small")
