@@ -92,13 +92,12 @@ def engines_info(s: Settings) -> list:
 
 def codec_info(s: Settings) -> dict:
     """What build-engines made for this model, whether it still fits this machine, what would be used."""
-    from engines.codec.manifest import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
-                                        unusable_reason)
+    from engines.codec.manifest import MANIFEST, model_identity, read_manifest, stale_reasons, unusable_reason
     from engines.device.detect import detect_platform
 
     model, cfg = s.require_model(), s.config
     choice = s.engines[0].codec  # runtime.codec with auto decided (engines.codec.build.codec_choice)
-    cache = default_cache_dir(model)
+    cache = Path(s.engines[0].engine_cache)  # this checkpoint's folder in runtime.engine_cache
     out = {"runtime_codec": cfg.runtime.codec, "cache": str(cache), "built": [], "skipped": {}}
     manifest = read_manifest(cache)
     if manifest is None:

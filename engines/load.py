@@ -42,6 +42,16 @@ def code_error() -> str | None:
     return None
 
 
+def check_device(device: str) -> None:
+    """DeviceNotFound (one line saying what to set) when `device` is not on this machine."""
+    from engines.device.detect import device_missing
+    from engines.model.errors import DeviceNotFound
+
+    why = device_missing(device)
+    if why:
+        raise DeviceNotFound(f"device {device}: {why}; set model.device to auto or cpu (or pass --device cpu)")
+
+
 def settings(spec: EngineSpec) -> dict:
     """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
     the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
@@ -82,6 +92,7 @@ def load_runner(spec: EngineSpec):
     from engines.engine import TTSEngine
     from engines.runtime.runner import EngineConfig, EngineRunner
 
+    check_device(spec.device)  # (before anything touches it)
     if spec.threads:
         torch.set_num_threads(spec.threads)
         log.info("torch CPU threads: %d", spec.threads)

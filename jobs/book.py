@@ -220,7 +220,8 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
     queue.finish_job(job_id, state, str(paths.output / job_id), error, at=job["finished_at"])
     if state != "failed":
         queue.assembly_finished(job_id)
-    log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
+    # a job that did not give its user the whole book is the admin's to see: `journalctl -p err` shows it
+    log.log(logging.INFO if state == "done" else logging.ERROR, "job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
 
 

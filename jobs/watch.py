@@ -287,7 +287,7 @@ class InboxWatcher:
         if side and side.exists():
             move_unique(side, self.paths.failed)
         (self.paths.failed / f"{dest.name}.reason.txt").write_text(reason.rstrip() + "\n", encoding="utf-8")
-        log.warning("inbox: %s failed: %s", path.name, reason)
+        log.error("inbox: %s failed: %s", path.name, reason)  # a failed job: at priority err in the journal
 
     # -- finished jobs ---------------------------------------------------------------------------
     def collect(self) -> None:

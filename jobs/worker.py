@@ -310,6 +310,7 @@ class Worker:
                 self._record(lambda: self.queue.release(self.worker_id, ids), ids)
                 return
             if name in JOB_LEVEL_ERRORS:
+                log.error("job %s failed: %s", first["job_id"], res)  # (journalctl -p err shows it)
                 self._record(lambda: self.queue.fail_job(first["job_id"], str(res)), ids)
                 return
             self._record(lambda: self._fail(rows, f"{name}: {res}", f"{name}: {res}", retry=name != "BadInput"),

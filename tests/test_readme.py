@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-INSTALL_FLAGS = {"--dev", "--model", "--dry-run", "--uninstall", "--systemd", "--no-systemd"}
+INSTALL_FLAGS = {"--dev", "--model", "--dry-run", "--uninstall", "--systemd", "--no-systemd", "--no-restart"}
 SYSTEMCTL_FLAGS = {"--now"}
 
 

@@ -45,4 +45,4 @@ class EngineConfig:
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)
-    engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
+    engine_cache: Optional[str] = None  # build-engines cache folder of the model (None: default_cache_dir)
