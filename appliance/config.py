@@ -98,6 +98,8 @@ class JobsSection:
     ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
     max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
     lexicon: Optional[str] = None     # pronunciation lexicon, a YAML file (word: say this), for jobs and streams
+    keep_work_days: Optional[float] = 7.0  # a finished job's working files (segment audio, upload) kept so long; None: kept
+    min_free_mb: int = 200            # kept free in the spool folder: segments are leased, books begun, only beyond it
 
 
 @dataclass
@@ -297,6 +299,9 @@ def check(cfg: Config, origin: str = "config") -> Config:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
     if cfg.jobs.batch_size < 0:
         raise ConfigError(f"{origin}: jobs.batch_size must be 0 (the engine's slot count) or more")
+    if cfg.jobs.min_free_mb < 0 or (cfg.jobs.keep_work_days is not None and cfg.jobs.keep_work_days < 0):
+        raise ConfigError(f"{origin}: jobs.min_free_mb and jobs.keep_work_days must be 0 or more "
+                          "(keep_work_days null: working files are kept)")
     from engines.names import check_device_spec
 
     why = check_device_spec(cfg.model.device)

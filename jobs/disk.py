@@ -182,3 +182,39 @@ def tree_bytes(folder: str | Path) -> tuple[int, int]:
         except OSError:
             continue
     return total, count
+
+
+def disk_state(home: str | Path, reserve: int) -> dict:
+    """The spool folder's disk as /health shows it (cheap: one statvfs): `ok` false while work waits for
+    room (`SPACE`) or less than `reserve` (jobs.min_free_mb) is free, with the reason in `error`."""
+    usage = shutil.disk_usage(_existing(home))
+    waiting = SPACE.waiting()
+    out = {"ok": not waiting and usage.free >= reserve, "path": str(home), "free_bytes": usage.free,
+           "total_bytes": usage.total, "min_free_bytes": int(reserve)}
+    if waiting:
+        w = waiting[0]
+        out["waiting"] = waiting
+        out["error"] = (f"disk full: {w['folder']} has {mb(w['free_bytes'])} free, {w['what']} needs about "
+                        f"{mb(w['needed_bytes'])}: jobs wait")
+    elif usage.free < reserve:
+        out["error"] = f"{home} has {mb(usage.free)} free, less than jobs.min_free_mb ({mb(reserve)}): jobs wait"
+    return out
+
+
+SPOOL_PARTS = ("audio", "output", "uploads", "narration", "covers", "inbox", "processing", "done", "failed")
+
+
+def usage(home: str | Path, reserve: int = 0) -> dict:
+    """What the spool folder holds, folder by folder ({"bytes", "files"}), with its disk's free and total
+    bytes (`tts-appliance info`; walks every folder: not for /health)."""
+    home = Path(home)
+    out = {"path": str(home), **({k: v for k, v in disk_state(home, reserve).items() if k != "path"}
+                                 if home.exists() else {"ok": None})}
+    folders = {}
+    for name in SPOOL_PARTS:
+        size, files = tree_bytes(home / name)
+        folders[name] = {"bytes": size, "files": files}
+    db = sum(p.stat().st_size for p in home.glob("queue.db*") if p.is_file()) if home.is_dir() else 0
+    folders["queue.db"] = {"bytes": db, "files": len(list(home.glob("queue.db*"))) if home.is_dir() else 0}
+    out["folders"] = folders
+    return out
