@@ -77,7 +77,8 @@ class InFlight:
             dropped += [r["id"] for r in gone]
             for r in gone:
                 stopped[r["job_id"]] = stopped.get(r["job_id"], 0) + 1
-            if keep:
+            if keep:  # the request was made from its first row: the rows left keep what it said (its seed)
+                keep[0] = {**keep[0], "_seed": rows[0].get("_seed")}
                 self._items[handle] = (key, keep, log_id)
             else:
                 del self._items[handle]
