@@ -23,9 +23,11 @@ import os
 import socket
 import threading
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from jobs.assemble import JoinSettings
+from jobs.disk import SPACE, no_space
 from jobs.guard import GuardSettings
 from jobs.heartbeat import Heartbeat
 from jobs.inflight import InFlight
@@ -152,8 +154,8 @@ class Worker(Results):
             while self._inflight:  # not for a cancelled job's segments: they stop now
                 self._wake.wait(0.2)
                 self._wake.clear()
-                self._stop_ended()
                 self._reap()
+                self._stop_ended()
             self._give_back_unwritten()
             self.flush()
             ended = True
@@ -176,6 +178,13 @@ class Worker(Results):
             self.heartbeat.drop(ids)
             raise
 
+    def _away(self, exc: QueueUnavailable) -> None:
+        """The queue cannot be used: said once, as the disk when it is full (SQLite's file), else as an outage."""
+        if no_space(exc):
+            SPACE.full(self.paths.db if isinstance(self.paths.db, Path) else self.paths.home, 0, "the queue database")
+        else:
+            OUTAGE.failed(self.worker_id, exc)
+
     # -- pipelined feeding -----------------------------------------------------------------------
     def _stop_ended(self) -> None:
         """The segments in flight of jobs that ended meanwhile stop in the engine (jobs.inflight)."""
@@ -184,8 +193,8 @@ class Worker(Results):
             self.heartbeat.drop(dropped)
 
     def _run_pipelined(self, wait_s: float) -> int:
+        worked = self._reap()  # first: what ended is written (and kept) even while the queue is away
         self._stop_ended()
-        worked = self._reap()
         self.flush()
         room = self.batch_size - self._inflight.rows()
         if room > 0 and not (self.should_yield and self.should_yield()) and self._room(room):

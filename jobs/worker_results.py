@@ -18,7 +18,6 @@ from jobs.assemble import SEGMENT_SUFFIX, write_segment_audio
 from jobs.disk import SPACE, WRITE_MARGIN, no_space, segments_bytes
 from jobs.guard import check_audio
 from jobs.queue import QueueUnavailable
-from jobs.queue.outage import OUTAGE
 
 log = logging.getLogger("jobs.worker")
 
@@ -77,13 +76,6 @@ class Results:
                         "the queue", self.worker_id, len(ids))
             self._unwritten = []
             self._record(lambda: self.queue.release(self.worker_id, ids), ids)
-
-    def _away(self, exc: QueueUnavailable) -> None:
-        """The queue cannot be used: said once, as the disk when it is full (SQLite's file), else as an outage."""
-        if no_space(exc):
-            SPACE.full(self.paths.db if isinstance(self.paths.db, Path) else self.paths.home, 0, "the queue database")
-        else:
-            OUTAGE.failed(self.worker_id, exc)
 
     def _audio_path(self, key: str) -> Path:
         """A new file for audio of `key`: a name of its own per write (the module docstring)."""
