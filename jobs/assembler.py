@@ -76,9 +76,14 @@ class BookAssembler:
             except Exception as again:  # noqa: BLE001 - the queue away too: its assembly lease expires
                 log.info("job %s: its assembly waits for room; its lease was not given back (%s)", job_id, again)
         except Exception as exc:  # noqa: BLE001 - e.g. the queue went away: this worker takes the job again
-            log.warning("job %s: its assembly stopped (%s: %s); it is tried again", job_id, type(exc).__name__, exc)
             if book is not None:
                 book.abort()
+            if _deleted(queue, job_id):
+                gone(self.paths, job_id)
+                log.info("job %s was deleted while its book was written; what was written of it is removed", job_id)
+            else:
+                log.warning("job %s: its assembly stopped (%s: %s); it is tried again", job_id, type(exc).__name__,
+                            exc)
         finally:
             if queue is not None:
                 queue.close()
@@ -113,3 +118,11 @@ def book_needs(queue: Queue, job_id: str) -> int:
 def gone(paths: Paths, job_id: str) -> None:
     """What was written for job `job_id` after it was deleted: its output folder."""
     shutil.rmtree(paths.output / job_id, ignore_errors=True)
+
+
+def _deleted(queue: Optional[Queue], job_id: str) -> bool:
+    """Whether the queue (reachable) no longer has job `job_id`."""
+    try:
+        return queue is not None and not queue.job_states([job_id])
+    except Exception:  # noqa: BLE001 - the queue is away: not known to be deleted
+        return False

@@ -8,8 +8,12 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
+from daemon_util import Daemon, base_config, book_text, skip_reason
 from test_queue import _chapters
+
+from appliance.client import DaemonClient
 
 from jobs.queue import Queue
 from jobs.settings import JobSpec, resolve_home
@@ -59,7 +63,7 @@ class SlowEngine:
                 h.end()
 
 
-def _until(cond, what: str, worker=None, timeout: float = 60.0):
+def _until(cond, what: str, worker=None, timeout: float = 300.0):
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"never: {what}"
@@ -143,3 +147,42 @@ def test_a_segment_shared_with_a_running_job_goes_on_for_it(tmp_path):
     _until(lambda: q.job(two)["state"] == "done", "the other job done", worker)
     worker.close()
     q.close()
+
+
+@pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+def test_in_the_daemon_a_cancelled_book_leaves_the_engine_to_a_priority_job_and_the_stop_does_not_wait(tmp_path):
+    """The real thing: an engine process, a book of long segments (2000 frames each, no early end) filling the
+    worker's 4 slots, a priority-10 job waiting behind it. `cancel` frees the engine's slots (its requests are
+    cancelled there), the priority job is synthesized, and a stop right after a second cancel neither waits
+    for the cancelled segments nor gives anything "back to the queue"."""
+    cfg = base_config(tmp_path, jobs={"batch_size": 4}, runtime={"max_slots": 4, "max_context": 2100},
+                      service={"stop_timeout_s": 600.0})
+    daemon = Daemon(tmp_path, cfg).start()
+    long = {"voice": "ryan", "sampling": {"max_new_tokens": 2000, "min_new_tokens": 2000}}
+    try:
+        book = tmp_path / "book.txt"
+        book.write_text(book_text(8))
+        client = DaemonClient(daemon.socket)
+        job_id, err = client.submit_file(book, JobSpec(**long))
+        assert err is None
+        _until(lambda: daemon.get("/health")[1]["engine"]["active_slots"] == 4, "the book in the engine's 4 slots")
+        urgent = tmp_path / "urgent.txt"
+        urgent.write_text(book_text(2).replace("Alpha", "Urgent"))
+        urgent_id, err = client.submit_file(urgent, JobSpec(voice="ryan", priority=10, sampling={"max_new_tokens": 4}))
+        assert err is None
+        assert daemon.post(f"/v1/jobs/{job_id}/cancel", {})[0] == 200
+        assert daemon.wait_job(urgent_id, timeout=300)["state"] == "done"
+        s = daemon.get(f"/v1/jobs/{job_id}")[1]
+        assert s["state"] == "cancelled" and s["progress"]["done"] == 0, s  # none of its long segments ran out
+
+        again = tmp_path / "again.txt"
+        again.write_text(book_text(8).replace("Alpha", "Again"))
+        job2, err = client.submit_file(again, JobSpec(**long))
+        _until(lambda: daemon.get("/health")[1]["engine"]["active_slots"] == 4, "the second book in the engine")
+        assert daemon.post(f"/v1/jobs/{job2}/cancel", {})[0] == 200
+    finally:
+        code = daemon.stop(timeout=120)
+    log = daemon.log_text()
+    assert code == 0, log[-3000:]
+    assert "back to the queue" not in log and "stop timeout" not in log, log[-3000:]
+    assert "segment(s) stopped in the engine" in log
