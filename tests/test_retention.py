@@ -218,3 +218,19 @@ def test_what_nothing_names_goes_after_a_day(spool):
     assert result["jobs"] == [] and result["files"] == 3 and result["freed_bytes"] == 300
     assert not stray.exists() and not preview.parent.exists() and not narration.exists()
     assert fresh.is_file() and all(p.is_file() for p in kept)
+
+
+def test_a_report_reads_a_queue_its_new_step_is_not_applied_to_yet(tmp_path, monkeypatch):
+    """`status` and `list` read a queue read-only, without migrating it: one made by the version before schema
+    step 8 (no `removed_counts` yet) is still summed up."""
+    import jobs.queue.schema as schema
+
+    db = tmp_path / "queue.db"
+    monkeypatch.setattr(schema, "MIGRATIONS", [m for m in schema.MIGRATIONS if m[0] < 8])
+    monkeypatch.setattr(schema, "LATEST", 7)
+    q = Queue(db)
+    job = q.add_job(JobSpec(format="wav"), _chapters(1, 3))
+    q.close()
+    monkeypatch.undo()
+    with Queue.reading(db) as r:
+        assert job_summary(r, job)["progress"]["total"] == 3

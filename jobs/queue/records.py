@@ -72,6 +72,8 @@ class Records:
         """Record the cached audio of `key` for segment `seg_id` -> True; None when there is no cache entry
         whose file is there (synthesize it), False when the segment no longer waits for audio. The entry is
         locked while it is recorded, so removing it (jobs.queue.removal) either waits for this or is seen."""
+        if self.cached(key) is None:  # a miss costs no write transaction
+            return None
         with self.tx() as c:
             row = c.execute("SELECT path, sample_rate, samples, seed_used FROM audio_cache WHERE key = ?"
                             + self.store.for_update, (key,)).fetchone()

@@ -160,8 +160,9 @@ class Removal:
 
     def removed_counts(self, job_id: str) -> dict:
         """{state: segment rows} of the job's rows removed with its working files ({} when none were)."""
-        row = self.store.execute("SELECT removed_counts FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return json.loads(row[0]) if row and row[0] else {}
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])  # a report may read a queue of an older step
+        raw = rows[0].get("removed_counts") if rows else None
+        return json.loads(raw) if raw else {}
 
 
 def _under(column: str) -> str:
