@@ -60,8 +60,8 @@ def prune(home, as_json):
         out = _call(remote.prune)
     else:
         out = _locally(home, lambda q, p, c: apply(q, p, c.jobs.keep_work_days))
-    emit(as_json, out, f"working files of {len(out['jobs'])} job(s) removed "
-                       f"({', '.join(out['jobs']) or 'none due'}), {out['files']} file(s), {mb(out['freed_bytes'])} freed")
+    emit(as_json, out, f"working files of {len(out['jobs'])} job(s) removed ({', '.join(out['jobs']) or 'none due'}), "
+                       f"{out['files']} file(s), {mb(out['freed_bytes'])} freed")
 
 
 COMMANDS = (delete, prune)

@@ -12,9 +12,9 @@ recorded in the queue before a segment counts as done, so a worker killed at any
 segments it had in flight. While the queue database is away, what finishes is kept (with its leases, which
 the heartbeat renews) and recorded when it is back (`Worker.flush`), not synthesized again; likewise
 while the disk has no room for it (jobs.disk: nothing new is leased then, and what was synthesized is
-written once there is room). What a synthesis ends in is `jobs.worker_results`. A job whose segments have all ended is finished on a thread of its own
-(jobs.assembler), so the worker goes on with other jobs meanwhile. The segments of a job that is
-cancelled or deleted stop in the engine (jobs.inflight).
+written once there is room). What a synthesis ends in is `jobs.worker_results`. A job whose segments
+have all ended is finished on a thread of its own (jobs.assembler), so the worker goes on with other jobs
+meanwhile. The segments of a job that is cancelled or deleted stop in the engine (jobs.inflight).
 """
 from __future__ import annotations
 

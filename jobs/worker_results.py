@@ -114,7 +114,8 @@ class Results:
         except OSError as exc:
             if not no_space(exc, path.parent):
                 raise
-            SPACE.full(self.paths.audio, segments_bytes(len(self._unwritten) + 1), "the audio of segments already synthesized")
+            SPACE.full(self.paths.audio, segments_bytes(len(self._unwritten) + 1),
+                       "the audio of segments already synthesized")
             self._unwritten.append((key, rows, audio, sr, log_id))
             return
 

@@ -98,7 +98,7 @@ def test_a_full_spool_folder_makes_the_book_wait_and_it_goes_on_when_space_retur
     assert len(errors) == 1 and "disk full" in errors[0], errors
     assert "room again" in log
     db = sqlite3.connect(home / "queue.db")
-    twice = db.execute("""SELECT segment_id, COUNT(*) FROM synth_log GROUP BY segment_id HAVING COUNT(*) > 1""").fetchall()
+    twice = db.execute("SELECT segment_id, COUNT(*) FROM synth_log GROUP BY segment_id HAVING COUNT(*) > 1").fetchall()
     assert twice == [], f"segments synthesized more than once: {twice}"
     assert db.execute("SELECT COUNT(DISTINCT segment_id) FROM synth_log").fetchone()[0] == 40
     db.close()

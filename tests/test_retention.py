@@ -4,7 +4,6 @@ retention removes a finished job's working files after jobs.keep_work_days, keep
 its counts, and refusing redo and retry after it; what nothing names any more goes after a day."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path

@@ -5,7 +5,8 @@ job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
 at once), `submissions` (idempotency keys of submits: jobs.queue.submissions) and `daemons` (the daemons
 sharing the queue and their spool folders: jobs.queue.daemons). `jobs.assembly_attempts`:
-jobs.queue.assembly; `jobs.work_removed_at`, `jobs.removed_counts`: jobs.queue.removal. DDL says `{id}` and `{real}` where the two databases spell a type differently.
+jobs.queue.assembly; `jobs.work_removed_at`, `jobs.removed_counts`: jobs.queue.removal. DDL says `{id}`
+and `{real}` where the two databases spell a type differently.
 """
 from __future__ import annotations
 
