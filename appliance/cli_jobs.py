@@ -1,4 +1,5 @@
-"""Batch job commands: submit, status, list, cancel, retry, redo, logs (work and watch: cli_work).
+"""Batch job commands: submit, status, list, cancel, retry, redo, logs (work and watch: cli_work; delete and
+prune: cli_spool).
 
 The queue lives in the spool folder of the settings (`--home`, jobs.home of the config,
 $TTS_APPLIANCE_HOME, default ~/.local/share/tts-appliance). When a daemon is configured
@@ -287,7 +288,8 @@ def list_jobs(states, home, as_json):
 @home_option
 @json_option
 def cancel(job_id, home, as_json):
-    """Cancel a queued or running job (finished segment audio stays cached)."""
+    """Cancel a queued or running job: its segments stop in the engine (the audio of those finished stays
+    until jobs.keep_work_days has passed, or `tts-appliance delete JOB`)."""
     _call(_daemon_or_queue(home).cancel, job_id)
     emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 

@@ -193,7 +193,15 @@ class DaemonClient:
         return self.json("GET", f"/v1/jobs/{job_id}/log")
 
     def cancel(self, job_id: str) -> dict:
+        return self.json("POST", f"/v1/jobs/{job_id}/cancel", {})
+
+    def delete(self, job_id: str) -> dict:
+        """The job and its files, gone (DELETE /v1/jobs/{id}): {"id", "deleted": true, "freed_bytes"}."""
         return self.json("DELETE", f"/v1/jobs/{job_id}")
+
+    def prune(self) -> dict:
+        """The retention applied now (POST /v1/jobs/prune): {"jobs", "freed_bytes", "files"}."""
+        return self.json("POST", "/v1/jobs/prune", {})
 
     def retry(self, job_id: str) -> dict:
         return self.json("POST", f"/v1/jobs/{job_id}/retry", {})

@@ -84,6 +84,9 @@ def check(cfg: Config, origin: str = "config") -> Config:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
     if cfg.jobs.batch_size < 0:
         raise ConfigError(f"{origin}: jobs.batch_size must be 0 (the engine's slot count) or more")
+    if cfg.jobs.min_free_mb < 0 or (cfg.jobs.keep_work_days is not None and cfg.jobs.keep_work_days < 0):
+        raise ConfigError(f"{origin}: jobs.min_free_mb and jobs.keep_work_days must be 0 or more "
+                          "(keep_work_days null: working files are kept)")
     from engines.names import check_device_spec
 
     why = check_device_spec(cfg.model.device)

@@ -80,6 +80,8 @@ class JobsSection:
     ingest_parallel: int = 2          # inbox files parsed at once (one child process each)
     max_file_mb: int = 50             # largest document a job reads (submit, upload, path, inbox), in MiB
     lexicon: Optional[str] = None     # pronunciation lexicon, a YAML file (word: say this), for jobs and streams
+    keep_work_days: Optional[float] = 7.0  # a finished job's working files (segment audio, upload): days; None: kept
+    min_free_mb: int = 200            # kept free in the spool folder: segments are leased, books begun, only beyond it
 
 
 @dataclass

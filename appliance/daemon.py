@@ -22,7 +22,7 @@ import time
 from dataclasses import fields
 from typing import Optional
 
-from appliance.compose import make_watcher, make_worker
+from appliance.compose import make_retention, make_watcher, make_worker
 from appliance.config import ConfigError, resolve
 from appliance.logs import error_line, setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
@@ -53,6 +53,7 @@ class Daemon:
         self.stop_jobs = threading.Event()
         self.workers: list = []  # the queue workers now running (one per jobs-N thread)
         self.watcher = None  # the inbox watcher now running
+        self.retention = None  # jobs.retention.Retention: working files of finished jobs removed (jobs.keep_work_days)
         self.supervisor = Supervisor()
         self.exit_code = 0
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
@@ -85,6 +86,9 @@ class Daemon:
                 self.workers.append(None)
                 self.supervisor.thread(f"jobs-{i}", lambda i=i: self._worker(i),
                                        detail=lambda i=i: {"books": self.workers[i].books() if self.workers[i] else {}})
+        if w.enabled:
+            self.supervisor.thread("retention", self._retention,
+                                   detail=lambda: {"last": self.retention.last} if self.retention is not None else {})
         if self.settings.inbox.enabled:
             self.supervisor.thread("inbox", self._watcher,
                                    detail=lambda: self.watcher.problems() if self.watcher is not None else {})
@@ -108,6 +112,23 @@ class Daemon:
         watcher = self.watcher = make_watcher(self.settings, self.host)
         return lambda: watcher.run(self.stop_jobs)
 
+    def _retention(self):
+        """The retention (at start, and when it died) -> what its thread runs: prune now and every hour."""
+        retention = self.retention = make_retention(self.settings)
+        return lambda: retention.run(self.stop_jobs)
+
+    def job_ended(self, job_id: str) -> None:
+        """Job `job_id` was cancelled or is being deleted: the workers stop its segments in the engine now."""
+        for worker in self.workers:
+            if worker is not None:
+                worker.job_ended(job_id)
+
+    def disk_state(self) -> dict:
+        """The spool folder's disk for /health (jobs.disk.disk_state): free space, and whether jobs wait for room."""
+        from jobs.disk import disk_state
+
+        return disk_state(self.paths.home, self.settings.worker.min_free_mb << 20)
+
     def parts(self) -> dict:
         """The watched parts as /health shows them: {name: {"ok", "restarts", "error"?, ...}}."""
         return self.supervisor.health()
@@ -122,8 +143,10 @@ class Daemon:
         if not q.ok:
             return line + f"queue unreachable: {q.error}"
         counts, jobs = q.segments, q.jobs
+        disk = self.disk_state()
         return line + (f"jobs running {jobs.get('running', 0)}, queued {jobs.get('queued', 0)}; "
-                       f"segments {counts['done']}/{sum(counts.values())} done, {counts['leased']} in work")
+                       f"segments {counts['done']}/{sum(counts.values())} done, {counts['leased']} in work"
+                       + ("" if disk["ok"] else f"; {disk['error']}"))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:

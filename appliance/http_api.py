@@ -13,7 +13,8 @@
     GET    /v1/voices/{name}/sample, PATCH /v1/voices/{name}: a voice's sample, a rename (appliance.http_voices)
     GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
-                                  "parts": {...}, "down": {...}, ...}: 503 while a part is down
+                                  "disk": {"ok": ...}, "parts": {...}, "down": {...}, ...}: 503 while a part is
+                                  down; "degraded" with 200 while jobs wait for room on the disk
     GET    /metrics              Prometheus text format (OpenMetrics when asked for)
     /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs)
     GET    /, /web/...           the page for browsers (appliance.http_web); it uses the routes above
@@ -92,16 +93,19 @@ async def health(request):
     (then `"queue": {"ok": false, "error": ...}`; streams go on, jobs wait for the queue). `parts`: the
     queue workers (with the books they write), the inbox watcher and each engine's loop; while one is
     down (dead, waiting to be restarted) the answer is 503, status "degraded", and `down` says which
-    part and why."""
+    part and why. `disk`: the spool folder's free space (jobs.disk.disk_state); while jobs wait for room
+    there (or less than jobs.min_free_mb is free) the status is "degraded", with 200: speech goes on."""
     ctx = request.app[CTX]
     e = ctx.host.engine
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     parts = ctx.parts()
     down = {name: p.get("error") for name, p in parts.items() if not p["ok"]}
-    body = {"status": "degraded" if down and ctx.state == "ok" else ctx.state, "model": str(ctx.cfg.model.path),
+    disk = ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
+    degraded = (down or not disk["ok"]) and ctx.state == "ok"
+    body = {"status": "degraded" if degraded else ctx.state, "model": str(ctx.cfg.model.path),
             "model_type": e.model_type, "sample_rate": e.sample_rate,
             "runtime": getattr(ctx.host.runner, "settings", None), "engine": ctx.host.stats(), "pid": ctx.pid,
-            "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "parts": parts,
+            "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "disk": disk, "parts": parts,
             "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes, "max_text_chars": ctx.cfg.http.max_text_chars,
                        "max_file_bytes": ctx.cfg.jobs.max_file_mb << 20, "ingest_wall_s": ctx.settings.ingest.wall_s}}
     if down:

@@ -39,6 +39,7 @@ class WorkerSettings:
     lease_s: float = 120.0
     guard: bool = True        # runaway/silence guard (off for a test model: jobs.guard.guard_for)
     model: Optional[str] = None  # the checkpoint they run: they claim unpinned jobs and those pinned to it
+    min_free_mb: int = 200    # kept free in the spool folder: nothing leased, no book begun beyond it (jobs.disk)
 
     def batch_for(self, slots: int) -> int:
         """Segments a worker keeps in flight on engines with `slots` slots in all."""
@@ -197,7 +198,8 @@ def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:
 
     j = cfg.jobs
     return WorkerSettings(enabled=j.enabled, threads=max(1, j.workers), batch_size=j.batch_size, lease_s=j.lease_s,
-                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg))
+                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg),
+                          min_free_mb=j.min_free_mb)
 
 
 def inbox_settings(cfg: Config) -> InboxSettings:

@@ -2,7 +2,7 @@
 
 Life of a file: `inbox/book.txt` -> `processing/book.txt` (job queued) -> `done/<job>/` (source,
 sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt` (also a job that
-ended `partial`, with some segments failed: the reason says why and where its audio is).
+ended `partial`, with some segments failed: the reason says why and where its audio is; jobs.inbox_filing).
 Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Optional
 
+from jobs.inbox_filing import collect, to_failed
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths
@@ -283,54 +283,12 @@ class InboxWatcher:
                                                 str(side) if side else None, reason)
 
     def _to_failed(self, path: Path, side: Optional[Path], reason: str) -> None:
-        dest = move_unique(path, self.paths.failed)
-        if side and side.exists():
-            move_unique(side, self.paths.failed)
-        (self.paths.failed / f"{dest.name}.reason.txt").write_text(reason.rstrip() + "\n", encoding="utf-8")
-        log.error("inbox: %s failed: %s", path.name, reason)  # a failed job: at priority err in the journal
+        to_failed(self.paths, path, side, reason)
 
-    # -- finished jobs ---------------------------------------------------------------------------
     def collect(self) -> None:
-        """Move sources of finished jobs to done/<job>/ (with the outputs) or failed/ (with the reason)."""
-        for r in self.queue.inbox_files_of_ended_jobs():
-            src, side = Path(r["path"]), Path(r["sidecar"]) if r["sidecar"] else None
-            if r["job_state"] == "done":
-                dest = self.paths.done / r["job_id"]
-                self._copy_outputs(Path(r["out"]), dest)
-                if src.exists():
-                    move_unique(src, dest)
-                if side and side.exists():
-                    move_unique(side, dest)
-                state = "done"
-            else:  # partial (some segments failed) is no finished book: it goes where failures go
-                reason = r["job_error"] or f"job {r['job_id']} was {r['job_state']}"
-                if r["job_state"] == "partial":
-                    reason += self._partial_detail(r["job_id"], r["out"])
-                if src.exists():
-                    self._to_failed(src, side, f"job {r['job_id']} {r['job_state']}: {reason}")
-                state = "failed"
-            self.queue.inbox_file_filed(r["sha256"], state)
-            log.info("inbox: job %s (%s) filed as %s", r["job_id"], r["name"], state)
-
-    def _partial_detail(self, job_id: str, out: Optional[str]) -> str:
-        """What a partial job's reason adds: why its first segment failed and where the audio made is."""
-        failed = [g for g in self.queue.segments(job_id) if g["state"] == "failed"]
-        first = f"\nsegment {failed[0]['idx']}: {failed[0]['last_error']}" if failed else ""
-        return f"{first}\nthe audio made so far: {out}" if out else first
-
-    @staticmethod
-    def _copy_outputs(out: Path, dest: Path) -> None:
-        """Hard-link (or copy) the job's output files into `dest`, keeping sub-folders."""
-        for f in out.rglob("*") if out.is_dir() else []:
-            if f.is_file() and not f.name.startswith("."):
-                target = dest / f.relative_to(out)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.exists():
-                    continue
-                try:
-                    os.link(f, target)
-                except OSError:
-                    shutil.copy2(f, target)
+        """Move sources of finished jobs to done/<job>/ (with the outputs) or failed/ (with the reason):
+        jobs.inbox_filing."""
+        collect(self.queue, self.paths)
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, stop_event: threading.Event, tick_s: float = 0.5) -> None:

@@ -7,12 +7,14 @@ import io
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
 from daemon_util import Daemon, base_config, book_text, needs_daemon
+from jobs.queue import Queue
 
 pytestmark = needs_daemon
 
@@ -177,8 +179,17 @@ def test_jobs_api_upload_events_cancel_retry(daemon, tmp_path):
     s = daemon.get(f"/v1/jobs/{job_id}")[1]
     assert s["state"] == "done" and s["progress"]["done"] == s["progress"]["total"] == 6
     assert any(x["id"] == job_id for x in daemon.get("/v1/jobs")[1])
-    assert daemon.request("DELETE", f"/v1/jobs/{job_id}")[0] == 409  # already done
+    assert daemon.post(f"/v1/jobs/{job_id}/cancel", {})[0] == 409  # already done
     assert daemon.get("/v1/jobs/nope")[0] == 404
+    out = Path(s["output_dir"])
+    audio = [Path(g["audio_path"]) for g in Queue(daemon.home / "queue.db").segments(job_id)]
+    assert out.is_dir() and audio and all(a.is_file() and a.suffix == ".flac" for a in audio)
+    held = sum(a.stat().st_size for a in set(audio)) + sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    status, deleted, _ = daemon.request("DELETE", f"/v1/jobs/{job_id}")
+    assert status == 200 and deleted["id"] == job_id and deleted["deleted"] is True, deleted
+    assert deleted["freed_bytes"] >= held and not out.exists()
+    assert not any(a.exists() for a in audio)
+    assert daemon.get(f"/v1/jobs/{job_id}")[0] == 404 and daemon.request("DELETE", f"/v1/jobs/{job_id}")[0] == 404
 
 
 def test_jobs_api_server_side_path(daemon, tmp_path):
@@ -198,7 +209,7 @@ def test_jobs_api_server_side_path(daemon, tmp_path):
                          ({"path": str(inside), "spec": {"ref_audio": str(outside)}}, "not inside an allowed folder")]:
         status, err, _ = daemon.post("/v1/jobs", body)
         assert status in (400, 403) and needle in err["error"]["message"], (body, err)
-    status, c, _ = daemon.request("DELETE", f"/v1/jobs/{s['id']}")
+    status, c, _ = daemon.post(f"/v1/jobs/{s['id']}/cancel", {})
     if status == 200:  # not already finished: retry brings it back
         assert daemon.post(f"/v1/jobs/{s['id']}/retry", {})[0] == 200
     assert daemon.wait_job(s["id"])["state"] == "done"

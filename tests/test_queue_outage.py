@@ -220,7 +220,7 @@ def test_segments_finished_during_an_outage_are_recorded_when_it_ends(away, tmp_
     engine.finish_all()  # the segments end while the database is away
     with pytest.raises(QueueUnavailable):
         worker.run_once(wait_s=0)
-    assert len(list(paths.audio.rglob("*.wav"))) == 4  # their audio is on disk already
+    assert len(list(paths.audio.rglob("*.flac"))) == 4  # their audio is on disk already
     assert len(worker.heartbeat._held) == 4  # their leases are still this worker's: the heartbeat renews them
     away.back()
     worker.run_once(wait_s=0)

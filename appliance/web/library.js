@@ -93,7 +93,7 @@ function actions(job) {
   const act = (label, fn) => el("button", { type: "button", onclick: (e) => run(e.target, fn) }, label);
   const out = [];
   if (["done", "partial"].includes(job.state)) out.push(act("Play", () => open(job.id)));
-  if (ACTIVE.includes(job.state)) out.push(act("Cancel", () => api(`/v1/jobs/${job.id}`, { method: "DELETE" })));
+  if (ACTIVE.includes(job.state)) out.push(act("Cancel", () => api(`/v1/jobs/${job.id}/cancel`, { method: "POST" })));
   if (["failed", "partial", "cancelled"].includes(job.state)) {
     out.push(act("Retry", async () => { pace.delete(job.id); await api(`/v1/jobs/${job.id}/retry`, { method: "POST" }); }));
   }
