@@ -17,6 +17,7 @@
     GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
     DELETE /v1/jobs/{id}            cancel
+    POST   /v1/jobs/{id}/cancel     cancel (the job and its files stay: retry goes on with it)
     POST   /v1/jobs/{id}/retry      requeue failed/cancelled segments
     POST   /v1/jobs/{id}/segments/{index}/redo   re-render one segment (body {"seed": N}, optional)
     GET    /v1/jobs/{id}/events     progress as Server-Sent Events: `event: progress` with the job
@@ -216,7 +217,7 @@ async def job_log(request):
 
 
 async def cancel_job(request):
-    """DELETE /v1/jobs/{id}"""
+    """DELETE /v1/jobs/{id}, POST /v1/jobs/{id}/cancel"""
     ctx, job_id = request.app[CTX], request.match_info["id"]
     await _q(ctx, lambda q: q.cancel(job_id))
     return web.json_response({"id": job_id, "state": "cancelled"})
@@ -278,6 +279,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{id}", get_job)
     app.router.add_delete("/v1/jobs/{id}", cancel_job)
+    app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
     app.router.add_post("/v1/jobs/{id}/segments/{index}/redo", redo_segment)
     app.router.add_get("/v1/jobs/{id}/events", job_events)

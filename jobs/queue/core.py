@@ -9,7 +9,9 @@ retries, a `dead` end state (`failed`) with the last error, each segment's audio
 once. Several processes may share one queue: each opens its own `Queue`. Only this package touches
 the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
 assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
-submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`.
+submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`, what a job's
+progress and length are read from in `progress.Progress`, where the listener stopped in each book in
+`positions.Positions`.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from jobs.queue.assembly import Assemblies
 from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
+from jobs.queue.positions import Positions
+from jobs.queue.progress import Progress
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
 from jobs.queue.schema import SchemaTooNew, migrate, pending
 from jobs.queue.location import is_url, parse_location, redact
@@ -54,7 +58,7 @@ class JobSettings(Protocol):
     def to_json(self) -> str: ...
 
 
-class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons, Progress, Positions):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:
