@@ -5,8 +5,8 @@
 #   sudo ./install.sh         the service: the venv plus the systemd units, service user and spool folders
 #                             (see systemd/); without --model the TINY TEST MODEL (random weights, noise)
 #   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given): the
-#                             test extras, the test oracle (.venv-oracle: tests/fixtures/oracle_venv.sh) and,
-#                             as root, Debian's postgresql and ffmpeg
+#                             test extras, the test oracle (.venv-oracle: tests/fixtures/oracle_venv.sh),
+#                             axe-core (npm, tests/fixtures/axe) and, as root, Debian's postgresql and ffmpeg
 #   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
 #                             huggingface_hub is installed and the network allows (else: a clear message)
 #   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
@@ -90,13 +90,14 @@ if [ "$DEV" = 1 ]; then
   # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
   # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats),
   # epubcheck (validates the narrated EPUBs; it brings Java), chromium and chromium-driver (the page's browser
-  # test, tests/test_web_page.py)
+  # test, tests/test_web_page.py), npm (axe-core, the accessibility checker that test runs in Chromium)
   missing=()
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
   command -v epubcheck >/dev/null 2>&1 || missing+=(epubcheck)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1 \
       || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1; } \
@@ -105,6 +106,11 @@ if [ "$DEV" = 1 ]; then
     echo "install.sh: ${missing[*]} missing; their tests will skip (sudo apt-get install ${missing[*]})"
   fi
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e ".[test]"
+  # axe-core for the page's accessibility check, at the version tests/fixtures/axe/package-lock.json pins
+  if command -v npm >/dev/null 2>&1; then
+    (cd tests/fixtures/axe && npm ci --no-audit --no-fund --silent) \
+      || echo "install.sh: npm ci in tests/fixtures/axe failed; the page's accessibility check will skip"
+  fi
   # the official qwen-tts package, the oracle of the parity tests, in a venv of its own (it pins transformers)
   tests/fixtures/oracle_venv.sh || echo "install.sh: warning: building the test oracle failed (above); the oracle tests will skip" >&2
 else

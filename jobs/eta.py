@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 WINDOW_S = 600.0  # the rate comes from the finishes of the last ten minutes ...
 MIN_WINDOW = 32  # ... and at least this many of the latest finishes (slow machines: several bursts)
 BURST_S = 2.0  # finishes this close after a window's first one belong to the same burst
-MIN_MEASURED = 2  # finishes needed after that first burst
+MIN_MEASURED = 8  # finishes needed after that first burst (a batch's worth: fewer say little)
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ class Eta:
 
 def estimate(finishes: Sequence[tuple[float, int]], remaining_chars: int) -> Optional[Eta]:
     """The time left for `remaining_chars` characters of text, given (when, characters) of the job's finished
-    segments oldest first (`Queue.finishes`); None while they are too few to measure a rate (fewer than two
-    bursts) or nothing remains."""
+    segments oldest first (`Queue.finishes`); None while they are too few to measure a rate (fewer than
+    MIN_MEASURED after the first burst) or nothing remains."""
     if remaining_chars <= 0 or len(finishes) < 2:
         return None
     newest = finishes[-1][0]
