@@ -59,7 +59,8 @@ def browser_present():
 def daemon(tmp: Path, **sections) -> Daemon:
     port = free_port()
     http = {"tcp": True, "tcp_host": "127.0.0.1", "tcp_port": port, **sections.pop("http", {})}
-    d = Daemon(tmp, base_config(tmp, jobs={"watch": False}, wyoming={"enabled": False}, http=http, **sections))
+    jobs = {"watch": False, **sections.pop("jobs", {})}
+    d = Daemon(tmp, base_config(tmp, jobs=jobs, wyoming={"enabled": False}, http=http, **sections))
     d.url = f"http://127.0.0.1:{port}"
     return d.start()
 
@@ -503,7 +504,7 @@ def test_the_time_left_a_stopped_daemon_and_the_test_model(tmp_path, shots, monk
     from jobs.queue import Queue
     from jobs.settings import JobSpec
 
-    d = daemon(tmp_path, jobs={"watch": False, "enabled": False})  # no worker: the job stays as made here
+    d = daemon(tmp_path, jobs={"enabled": False})  # no worker: the job stays as made here
     p = page(tmp_path, d, shots, "d-")
     try:
         # a job some way through, as the queue recorded it: 20 segments finished, one every 6 s until 16 s ago
