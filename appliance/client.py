@@ -135,7 +135,8 @@ class DaemonClient:
         return self.json("GET", f"/v1/jobs/{job_id}/log")
 
     def cancel(self, job_id: str) -> dict:
-        return self.json("DELETE", f"/v1/jobs/{job_id}")
+        """Cancel a job; it and its files stay (POST /v1/jobs/{id}/cancel)."""
+        return self.json("POST", f"/v1/jobs/{job_id}/cancel", {})
 
     def retry(self, job_id: str) -> dict:
         return self.json("POST", f"/v1/jobs/{job_id}/retry", {})

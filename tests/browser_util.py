@@ -108,7 +108,9 @@ class Page:
         """A screenshot of the whole page (the window made as tall as the page) as PREFIX-NN-name.png."""
         self.n += 1
         width = self.d.get_window_size()["width"]
-        height = self.js("return document.documentElement.scrollHeight")
+        height = self.js("const main = document.querySelector('main'), rest = main ? document.body.offsetHeight - "
+                         "main.clientHeight : 0; return Math.max(document.documentElement.scrollHeight, "
+                         "main ? main.scrollHeight + rest : 0)")  # also where only the page's main part scrolls
         self.d.set_window_size(width, min(max(int(height) + 140, 700), 4000))
         path = self.shots / f"{self.prefix}{self.n:02d}-{name}.png"
         self.d.save_screenshot(str(path))

@@ -34,8 +34,8 @@ export function fillVoiceFields(form) {
 /** Show, in every `.test-model` paragraph of `root`, that the checkpoint is a test model and makes no speech. */
 export function showTestModel(root) {
   for (const p of root.querySelectorAll(".test-model")) {
-    p.textContent = info.testModel ? `${info.name} is a test model (${info.testModel}): what it makes is noise, ` +
-      "not speech. Point the daemon at a real Qwen3-TTS checkpoint (model.path) to make audiobooks." : "";
+    p.textContent = info.testModel ? `${info.name} is a test model: ${info.testModel}. Point the daemon at a real ` +
+      "Qwen3-TTS checkpoint (model.path) to make audiobooks." : "";
     p.hidden = !info.testModel;
   }
 }

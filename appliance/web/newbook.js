@@ -97,7 +97,7 @@ async function previewNow() {
   if (!documentFile()) { plan = null; box.replaceChildren(); ready(); return; }
   const mine = ++asked; // a slower earlier answer must not replace a newer one
   const before = plan && { file: plan.file, keep: new Set(checked()) }; // the chapters chosen so far stay chosen
-  if (plan) box.classList.add("busy"); else box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
+  if (plan) box.setAttribute("aria-busy", "true"); else box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
   try {
     const got = await api("/v1/jobs/preview", { method: "POST", body: body(false) });
     if (mine !== asked) return;
@@ -110,7 +110,7 @@ async function previewNow() {
     box.replaceChildren();
     error.textContent = e.message;
   } finally {
-    if (mine === asked) box.classList.remove("busy");
+    if (mine === asked) box.removeAttribute("aria-busy");
   }
   ready();
 }

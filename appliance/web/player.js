@@ -45,6 +45,7 @@ export function init(section) {
   audio.addEventListener("ratechange", () => { speed.value = String(audio.playbackRate); });
   audio.addEventListener("loadedmetadata", () => { audio.playbackRate = Number(speed.value); });
   addEventListener("pagehide", () => save(true));
+
   document.addEventListener("visibilitychange", () => { if (document.hidden) save(true); });
 }
 
@@ -58,6 +59,7 @@ export async function open(b) {
   if (book && book.id !== b.id) await close(false);
   book = b;
   root.hidden = false;
+  document.body.classList.add("playing"); // the screens scroll above the player, never under it
   root.querySelector("h2").textContent = b.title;
   const cover = root.querySelector("img.cover");
   cover.hidden = !b.cover;
@@ -99,6 +101,7 @@ export async function close(hide = true) {
   book = null;
   if (hide) {
     root.hidden = true;
+    document.body.classList.remove("playing");
     audio.removeAttribute("src");
     audio.load();
     listeners.forEach((fn) => fn(null));

@@ -56,7 +56,7 @@ async function update() {
     el("dl", { class: "figures" },
       el("dt", {}, "Daemon"), el("dd", { class: `state ${h.status}` }, h.status),
       el("dt", {}, "Model"), el("dd", { class: "path" }, `${h.model} (${h.model_type}, ${h.sample_rate} Hz)`,
-        h.test_model ? el("strong", { class: "bad" }, ` test model: ${h.test_model}`) : null),
+        h.test_model ? el("strong", { class: "bad" }, " test model") : null),
       el("dt", {}, "Streams now"), el("dd", {}, String(e.streams ?? 0)),
       el("dt", {}, "Job queue"), el("dd", {}, h.queue.ok ? `reachable; ${Object.entries(states).map(([s, n]) => `${n} ${s}`).join(", ") || "no jobs"}; ${waiting} segments to make` : `unreachable: ${h.queue.error}`),
       el("dt", {}, "Limits"), el("dd", {}, `body ${mib(limits.max_body_bytes)}, document ${mib(limits.max_file_bytes)}, ${limits.max_text_chars} characters a stream`)),
