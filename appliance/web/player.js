@@ -158,7 +158,7 @@ function tick() {
 function where() {
   const i = chapterAt(audio.currentTime), c = book?.chapters?.[i];
   root.querySelector(".where").textContent = `${book?.author ? `${book.author} · ` : ""}${c ? `${c.title} · ` : ""}` +
-    `${duration(audio.currentTime)} of ${duration(audio.duration)}`;
+    `${duration(Math.floor(audio.currentTime))} of ${duration(Math.floor(audio.duration))}`; // as the controls count
 }
 
 function setSleep(value) {
