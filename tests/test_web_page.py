@@ -428,7 +428,7 @@ def test_the_player_keeps_the_place_across_reloads_and_browsers(tmp_path, shots)
         assert p.wait(lambda: p.js(f"const i = document.querySelector('li[data-id=\"{job}\"] img.cover');"
                                    "return i && i.complete && i.naturalWidth"), 30, "the cover") == 48
         assert summary["length"]["measured"]
-        assert li.find_element("css selector", ".byline").text == f"by Ann Author · {mmss(summary['length']['seconds'])}"
+        assert li.find_element("css selector", ".byline").text == f"by Ann Author · {mmss(summary['length']['seconds'])} long"
         p.shot("library-cover")
         p.axe("Library with a cover")
 

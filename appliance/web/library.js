@@ -75,7 +75,7 @@ function eta(job) {
 
 function byline(job) {
   const { seconds, measured } = job.length || {};
-  const length = seconds === undefined ? "" : measured ? duration(seconds) : `about ${duration(seconds)} (estimate)`;
+  const length = seconds === undefined ? "" : measured ? `${duration(seconds)} long` : `about ${duration(seconds)} long (estimated)`;
   return [job.author ? `by ${job.author}` : "", length].filter(Boolean).join(" · ");
 }
 
