@@ -24,10 +24,9 @@ def job_summary(queue: Queue, job_id: str, failed_segments: bool = True) -> dict
          "error": job["error"], "output_dir": job["output_dir"], "sources": json.loads(job["sources"] or "[]"),
          "created_at": job["created_at"], "finished_at": job["finished_at"],
          "cover": bool(meta.get("cover_path")) and Path(meta["cover_path"]).is_file(),
-         "length": length(job, meta, totals), "eta": None}
+         "length": length(queue, job, meta, totals), "eta": None}
     if job["state"] == "running":
-        remaining = sum(totals.get(state, {}).get("chars", 0) for state in ("queued", "leased"))
-        eta = estimate(queue.finishes(job_id), remaining)
+        eta = estimate(queue.finishes(job_id), queue.text_chars(job_id, ("queued", "leased")))
         s["eta"] = eta.to_dict() if eta else None
     if failed_segments:
         s["failed_segments"] = [{"index": g["idx"], "error": g["last_error"]}
@@ -35,7 +34,7 @@ def job_summary(queue: Queue, job_id: str, failed_segments: bool = True) -> dict
     return s
 
 
-def length(job: dict, meta: dict, totals: dict[str, dict]) -> dict:
+def length(queue: Queue, job: dict, meta: dict, totals: dict[str, dict]) -> dict:
     """{"seconds", "measured"}: how long the book plays. A finished book: its audio (the segments made, at the
     job's speed, and their pauses; measured). Before: the estimate made at submit (`audio_estimate_s`), or for
     jobs queued before there was one, its text at the usual speaking rate."""
@@ -45,7 +44,7 @@ def length(job: dict, meta: dict, totals: dict[str, dict]) -> dict:
         return {"seconds": round(done["audio_s"] / speed + done["pause_ms"] / 1000, 1), "measured": True}
     if meta.get("audio_estimate_s") is not None:
         return {"seconds": float(meta["audio_estimate_s"]), "measured": False}
-    chars = sum(t["chars"] for t in totals.values())
+    chars = queue.text_chars(job["id"], tuple(totals)) if totals else 0
     pauses = sum(t["pause_ms"] for t in totals.values()) / 1000
     return {"seconds": round(chars / CHARS_PER_S / speed + pauses, 1), "measured": False}
 

@@ -59,16 +59,19 @@ def test_the_place_is_read_by_another_connection_and_forgotten(q):
 
 
 def test_totals_and_finishes_of_a_job(q):
+    """(what a library reads of every job every few seconds: from an index, not the segments' text)"""
     job = _book(q, speed=2.0)
     rows = q.claim("w", 10, lease_s=60)
     totals = q.segment_totals(job)
-    assert totals == {"leased": {"segments": 3, "chars": 46, "audio_s": 0.0, "pause_ms": 800}}
+    assert totals == {"leased": {"segments": 3, "audio_s": 0.0, "pause_ms": 800}}
+    assert q.text_chars(job, ("queued", "leased")) == 46
     _finish(q, rows[:2], [2.0, 1.0])
     assert [c for _, c in q.finishes(job)] == [20, 11]
     times = [t for t, _ in q.finishes(job)]
     assert times == sorted(times) and times[-1] <= time.time()
     totals = q.segment_totals(job)
-    assert totals["done"] == {"segments": 2, "chars": 31, "audio_s": pytest.approx(3.0), "pause_ms": 300}
+    assert totals["done"] == {"segments": 2, "audio_s": pytest.approx(3.0), "pause_ms": 300}
+    assert q.text_chars(job, ("queued", "leased")) == 15 and q.text_chars(job, ("done",)) == 31
     s = job_summary(q, job)
     assert s["author"] == "A. Writer" and s["cover"] is False
     assert s["progress"] == {"done": 2, "total": 3, "queued": 0, "leased": 1, "failed": 0, "cancelled": 0}
