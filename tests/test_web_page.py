@@ -504,6 +504,8 @@ def test_the_player_keeps_the_place_across_reloads_and_browsers(tmp_path, shots)
         assert second.js(f"return {AUDIO}.currentTime") >= stop - 0.01
         assert second.js(f"return {AUDIO}.playbackRate") == 1  # the speed is each browser's own
         second.shot("second-browser")
+        for b in (p, second):  # the page's strict policy held: nothing it does was refused
+            assert not [m for m in b.console() if "Content Security Policy" in m], b.console()
     finally:
         p.d.quit()
         if second is not None:
