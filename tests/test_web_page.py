@@ -453,6 +453,22 @@ def test_the_player_keeps_the_place_across_reloads_and_browsers(tmp_path, shots)
         p.axe("Try it with the player")
         p.js("location.hash = '#library'")
 
+        # the keyboard alone reaches the library's actions and every control of the player
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        p.js("document.activeElement.blur()")
+        reached = []
+        for _ in range(60):
+            ActionChains(p.d).send_keys(Keys.TAB).perform()
+            reached.append(p.js("const e = document.activeElement; return e.tagName + ':' + (e.textContent.trim() || "
+                                "e.getAttribute('aria-label') || e.className)"))
+        wanted = {"BUTTON:Play", "BUTTON:Delete", "AUDIO:", "BUTTON:Back 15 s", "BUTTON:Forward 30 s",
+                  "A:Chapters and text", "BUTTON:Close"}
+        got = {r.split(":")[0] + ":" + (r.split(":", 1)[1] if not r.startswith(("AUDIO", "SELECT")) else "") for r in reached}
+        assert wanted <= got, (wanted - got, reached)
+        assert sum(r.startswith("SELECT") for r in set(reached)) >= 2  # the speed and the sleep timer
+
         # skips and speed
         p.js(f"{AUDIO}.pause(); {AUDIO}.currentTime = 1")
         p.wait(lambda: p.js(f"return {AUDIO}.paused && Math.abs({AUDIO}.currentTime - 1) < 0.01"), 10, "the pause at 1 s")
