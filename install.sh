@@ -90,7 +90,8 @@ if [ "$DEV" = 1 ]; then
   # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
   # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats),
   # epubcheck (validates the narrated EPUBs; it brings Java), chromium and chromium-driver (the page's browser
-  # test, tests/test_web_page.py), npm (axe-core, the accessibility checker that test runs in Chromium)
+  # test, tests/test_web_page.py), npm (axe-core, the accessibility checker that test runs in Chromium), pandoc
+  # (EPUBs with a cover for the library's tests)
   missing=()
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
@@ -98,6 +99,7 @@ if [ "$DEV" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   command -v npm >/dev/null 2>&1 || missing+=(npm)
+  command -v pandoc >/dev/null 2>&1 || missing+=(pandoc)
   if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1 \
       || { apt-get -q update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 install "${missing[@]}" >/dev/null 2>&1; } \
