@@ -7,8 +7,9 @@
 #                             Over an existing install (an upgrade) it restarts the running service
 #   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given): the
 #                             test extras, the test oracle (.venv-oracle: tests/fixtures/oracle_venv.sh), Ace by
-#                             DAISY (.ace: tests/fixtures/ace_install.sh, with npm) and, as root, Debian's
-#                             postgresql, ffmpeg, epubcheck, chromium and npm
+#                             DAISY (.ace: tests/fixtures/ace_install.sh, with npm), axe-core (npm,
+#                             tests/fixtures/axe) and, as root, Debian's postgresql, ffmpeg, epubcheck, chromium,
+#                             npm, pandoc and calibre
 #   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
 #                             huggingface_hub is installed and the network allows (else: a clear message)
 #   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
@@ -140,8 +141,9 @@ if [ "$DEV" = 1 ]; then
   # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
   # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats),
   # epubcheck (validates the narrated EPUBs; it brings Java), chromium and chromium-driver (the page's browser
-  # test, tests/test_web_page.py; Ace by DAISY runs in it), npm (installs Ace by DAISY, below), pandoc and
-  # calibre (books converted by them: tests/test_ingest_converted.py)
+  # test, tests/test_web_page.py; Ace by DAISY and axe-core run in it), npm (installs Ace by DAISY and axe-core,
+  # below), pandoc and calibre (books converted by them: tests/test_ingest_converted.py; EPUBs with a cover
+  # for the library's tests)
   missing=()
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
@@ -159,6 +161,11 @@ if [ "$DEV" = 1 ]; then
     echo "install.sh: ${missing[*]} missing; their tests will skip (sudo apt-get install ${missing[*]})"
   fi
   "${PIP[@]}" -c "$VENV/torch-pin.txt" -e ".[test]"
+  # axe-core for the page's accessibility check, at the version tests/fixtures/axe/package-lock.json pins
+  if command -v npm >/dev/null 2>&1; then
+    (cd tests/fixtures/axe && npm ci --no-audit --no-fund --silent) \
+      || echo "install.sh: npm ci in tests/fixtures/axe failed; the page's accessibility check will skip"
+  fi
   # the official qwen-tts package, the oracle of the parity tests, in a venv of its own (it pins transformers)
   tests/fixtures/oracle_venv.sh || echo "install.sh: warning: building the test oracle failed (above); the oracle tests will skip" >&2
   # Ace by DAISY (the narrated EPUBs' accessibility check) from the npm registry into .ace/ (ignored by git)

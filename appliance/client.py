@@ -193,6 +193,7 @@ class DaemonClient:
         return self.json("GET", f"/v1/jobs/{job_id}/log")
 
     def cancel(self, job_id: str) -> dict:
+        """Cancel a job; it and its files stay (POST /v1/jobs/{id}/cancel)."""
         return self.json("POST", f"/v1/jobs/{job_id}/cancel", {})
 
     def delete(self, job_id: str) -> dict:

@@ -6,7 +6,8 @@
     GET    /v1/audio/speech/live WebSocket: speech from text that is still arriving (appliance.http_live)
     GET    /v1/audio/speech/ws   the same, in the Nari server's protocol nari.speech.v1 (appliance.ws_nari)
     GET    /v1/audio/speech/stream  WebSocket: vllm-omni's text in pieces, audio per sentence (appliance.ws_vllm)
-    GET    /v1/voices            voices and languages of the loaded checkpoint
+    GET    /v1/voices            voices and languages of the loaded checkpoint; "test_model": why it makes no
+                                 speech (a test checkpoint of random weights), else ""
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
     DELETE /v1/voices/{name}     remove a saved cloned voice
@@ -16,7 +17,8 @@
                                   "disk": {"ok": ...}, "parts": {...}, "down": {...}, ...}: 503 while a part is
                                   down; "degraded" with 200 while jobs wait for room on the disk
     GET    /metrics              Prometheus text format (OpenMetrics when asked for)
-    /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs)
+    /v1/jobs...                  batch jobs (appliance.http_jobs), their output files (appliance.http_outputs),
+                                 a book's cover and listening position (appliance.http_library)
     GET    /, /web/...           the page for browsers (appliance.http_web); it uses the routes above
 
 Every error is JSON: `{"error": {"message": ..., "type": ..., "code": <http status>}}`; JSON bodies
@@ -43,10 +45,11 @@ log = logging.getLogger(__name__)
 
 # -- voices ----------------------------------------------------------------------------------
 async def list_voices(request):
-    """GET /v1/voices -> {"voices": [...], "languages": [...], "model_type": ...}"""
+    """GET /v1/voices -> {"voices": [...], "languages": [...], "model_type": ..., "test_model": ...}; test_model:
+    why the checkpoint makes no speech (a test checkpoint of random weights), else ""."""
     e = request.app[CTX].host.engine
     return web.json_response({"voices": [{"name": v} for v in e.voices], "languages": e.languages,
-                              "model_type": e.model_type})
+                              "model_type": e.model_type, "test_model": getattr(e, "test_model", "")})
 
 
 async def add_voice(request):
@@ -103,7 +106,7 @@ async def health(request):
     disk = ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
     degraded = (down or not disk["ok"]) and ctx.state == "ok"
     body = {"status": "degraded" if degraded else ctx.state, "model": str(ctx.cfg.model.path),
-            "model_type": e.model_type, "sample_rate": e.sample_rate,
+            "model_type": e.model_type, "test_model": getattr(e, "test_model", ""), "sample_rate": e.sample_rate,
             "runtime": getattr(ctx.host.runner, "settings", None), "engine": ctx.host.stats(), "pid": ctx.pid,
             "queue": {"ok": True} if q.ok else {"ok": False, "error": q.error}, "disk": disk, "parts": parts,
             "limits": {"max_body_bytes": ctx.cfg.http.max_body_bytes, "max_text_chars": ctx.cfg.http.max_text_chars,
@@ -138,6 +141,7 @@ async def metrics(request):
 
 def make_app(ctx) -> web.Application:
     from appliance.http_jobs import add_routes as add_job_routes
+    from appliance.http_library import add_routes as add_library_routes
     from appliance.http_live import add_routes as add_live_routes
     from appliance.http_outputs import add_routes as add_output_routes
     from appliance.http_speech import add_routes as add_speech_routes
@@ -159,6 +163,7 @@ def make_app(ctx) -> web.Application:
     app.router.add_get("/metrics", metrics)
     add_job_routes(app)
     add_output_routes(app)
+    add_library_routes(app)
     add_live_routes(app)
     add_nari_routes(app)
     add_stream_routes(app)

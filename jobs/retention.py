@@ -2,11 +2,12 @@
 
 A job's working files are what its book is made from: each segment's audio (HOME/audio, FLAC; a `redo`
 re-synthesizes one segment and assembles the book again from all the others, a `retry` the failed ones),
-a document uploaded to the daemon (HOME/uploads), the narrated EPUB's copy of the book (HOME/narration)
-and its cover (HOME/covers). `prune` removes them for every job that ended (done, partial, failed,
+a document uploaded to the daemon (HOME/uploads) and the narrated EPUB's copy of the book (HOME/narration).
+`prune` removes them for every job that ended (done, partial, failed,
 cancelled) more than `keep_work_days` ago, with its segment rows (the counts stay: jobs.queue.removal)
-but the failed ones; what stays is its outputs (HOME/output/JOB: book, chapters, subtitles, manifest)
-and its row and log in the queue (list, status, logs and the page show it). Retry and redo are refused
+but the failed ones; what stays is its outputs (HOME/output/JOB: book, chapters, subtitles, manifest),
+its cover (HOME/covers: the library shows it) and its row and log in the queue (list, status, logs and the
+page show it); `delete` removes those too. Retry and redo are refused
 after it. Files shared with a job that still keeps its working files stay.
 
 It also removes what nothing uses any more, once a day old: segment audio no segment or cache entry
@@ -48,7 +49,7 @@ def prune(queue: Queue, paths: Paths, keep_work_days: Optional[float], now: Opti
             if stop is not None and stop.is_set():
                 break
             if queue.remove_work(job_id, remover, home):
-                remove_job_files(remover, paths, job_id, users)
+                remove_job_files(remover, paths, job_id, users, keep_cover=True)
                 pruned.append(job_id)
         queue.unused_cache(cutoff, remover, home)
     if stop is None or not stop.is_set():
@@ -59,13 +60,17 @@ def prune(queue: Queue, paths: Paths, keep_work_days: Optional[float], now: Opti
     return {"jobs": pruned, "freed_bytes": remover.freed, "files": remover.files}
 
 
-def remove_job_files(remover: Remover, paths: Paths, job_id: str, users: dict[str, list[str]]) -> None:
+def remove_job_files(remover: Remover, paths: Paths, job_id: str, users: dict[str, list[str]],
+                     keep_cover: bool = False) -> None:
     """Job `job_id`'s working files besides segment audio (`users[job_id]`: its sources, cover, narration
-    book) that no other job in `users` names: uploads only of its sources (a user's own file stays)."""
+    book) that no other job in `users` names: uploads only of its sources (a user's own file stays); the
+    cover too unless `keep_cover` (retention keeps it for the library; a deleted job's goes)."""
     mine = users.pop(job_id, [])
+    if keep_cover:
+        users[job_id] = [f for f in mine if Path(f).parent == paths.home / "covers"]
     named = {f for fs in users.values() for f in fs}
     uploads = paths.home / "uploads"
-    ours = (paths.home / "narration", paths.home / "covers")
+    ours = (paths.home / "narration",) if keep_cover else (paths.home / "narration", paths.home / "covers")
     for f in mine:
         p = Path(f)
         if f in named or not (uploads in p.parents or p.parent in ours):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from text.tags import TagError
+from jobs.preview import preview_chapters
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths, file_digest
 
@@ -188,6 +189,7 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
             write_bytes_atomic(cover, doc.cover)
         meta.update(cover_path=str(cover), cover_mime=doc.cover_mime)
     chapters = chapters if chapters is not None else document_chapters(doc, spec)
+    meta["audio_estimate_s"] = round(sum(c["audio_s"] for c in preview_chapters(chapters, spec.speed)), 1)
     if spec.format == "epub":
         from jobs.narrated.prepare import prepare_narration
         from jobs.segment import resolve_language

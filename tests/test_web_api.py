@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 
 from daemon_util import ROOT, Daemon, base_config, book_text, free_port, needs_daemon
+from library_util import pandoc_epub, png
 
 BASE = ROOT / "tests" / "data" / "tiny" / "base_small"
 REF = ROOT / "tests" / "data" / "tiny" / "audio"
@@ -164,6 +165,83 @@ def test_nothing_outside_a_jobs_folder_is_served(cv, book, tmp_path):
     finally:
         for name in ("link.txt", ".hidden", "half.flac.tmp"):
             (out / name).unlink()
+
+
+# -- a listener's library: covers, authors, lengths, the place in a book ---------------------------
+@needs_daemon
+def test_a_books_cover_author_and_length(cv, book, tmp_path):
+    cover = png(40, 60, (200, 30, 30))
+    epub = pandoc_epub(tmp_path, "# One\n\n" + book_text(2) + "\n# Two\n\n" + book_text(1), "Covered", "Ann Author", cover)
+    body, headers = multipart("covered.epub", epub.read_bytes(), {"format": "flac"})
+    status, job, _ = cv.request("POST", "/v1/jobs", body, headers)
+    assert status == 201, job
+    assert job["author"] == "Ann Author" and job["cover"] is True, job
+    assert job["length"]["measured"] is False and job["length"]["seconds"] > 0  # the estimate, until it is made
+    status, data, headers = cv.get(f"/v1/jobs/{job['id']}/cover")
+    assert status == 200 and data == cover and headers["Content-Type"] == "image/png"
+    assert "sandbox" in headers["Content-Security-Policy"]  # an image, never a document of this origin
+    status, data, _ = tcp(cv.port, "GET", f"/v1/jobs/{job['id']}/cover")  # as the page gets it
+    assert status == 200 and data == cover
+    cv.wait_job(job["id"], timeout=180)
+    listed = {j["id"]: j for j in cv.get("/v1/jobs")[1]}
+    made = listed[job["id"]]
+    manifest = cv.get(f"/v1/jobs/{job['id']}/files/manifest.json")[1]
+    audio, sr = sf.read(manifest["output"]["book"])
+    assert made["length"]["measured"] and made["length"]["seconds"] == pytest.approx(len(audio) / sr, abs=0.3)
+    assert made["author"] == "Ann Author" and made["cover"] is True
+    # a Markdown book has neither
+    assert listed[book["id"]]["cover"] is False and listed[book["id"]]["author"] is None
+    status, err, _ = cv.get(f"/v1/jobs/{book['id']}/cover")
+    assert status == 404 and "no cover" in err["error"]["message"]
+    assert cv.get("/v1/jobs/nojob/cover")[0] == 404
+
+
+@needs_daemon
+def test_the_place_in_a_book_is_kept_by_the_daemon(cv, book):
+    where = f"/v1/jobs/{book['id']}/position"
+    assert cv.get(where)[1] == {"id": book["id"], "position_s": 0.0, "chapter": None, "updated_at": None}
+    before = time.time()
+    status, saved, _ = cv.request("PUT", where, {"position_s": 3.5, "chapter": 1})
+    assert status == 200 and saved["position_s"] == 3.5 and saved["chapter"] == 1 and saved["updated_at"] >= before - 1
+    assert cv.get(where)[1] == saved
+    status, seen, _ = tcp(cv.port, "GET", where)  # another client, over TCP: the same place
+    assert status == 200 and seen == saved
+    status, moved, _ = tcp(cv.port, "PUT", where, {"position_s": 1.25})
+    assert status == 200 and cv.get(where)[1] == moved and moved["chapter"] is None
+    for bad in ({"position_s": -1}, {"position_s": "3"}, {}, {"position_s": 1, "chapter": -1},
+                {"position_s": 1, "chapter": 1.5}, {"position_s": 1, "at": 2}, {"position_s": 1e12}, b'{"position_s": NaN}'):
+        status, err, _ = cv.request("PUT", where, bad, {"Content-Type": "application/json"})
+        assert status == 400 and "error" in err, (bad, err)
+    assert cv.get(where)[1] == moved  # nothing bad was kept
+    assert cv.get("/v1/jobs/nojob/position")[0] == 404
+    assert cv.request("PUT", "/v1/jobs/nojob/position", {"position_s": 1})[0] == 404
+
+
+@needs_daemon
+def test_cancel_keeps_the_job_for_a_retry(cv):
+    body, headers = multipart("long.md", ("# Long\n\n" + book_text(60)).encode())
+    status, job, _ = cv.request("POST", "/v1/jobs", body, headers)
+    assert status == 201, job
+    status, answer, _ = cv.post(f"/v1/jobs/{job['id']}/cancel", {})
+    assert status == 200 and answer == {"id": job["id"], "state": "cancelled"}, answer
+    assert cv.get(f"/v1/jobs/{job['id']}")[1]["state"] == "cancelled"
+    status, err, _ = cv.post(f"/v1/jobs/{job['id']}/cancel", {})
+    assert status == 409 and "already cancelled" in err["error"]["message"], err
+    assert cv.post("/v1/jobs/nojob/cancel", {})[0] == 404
+
+
+@needs_daemon
+def test_a_test_checkpoint_says_so(cv):
+    """The tiny checkpoints are random weights: the daemon says so where clients look (the page shows it)."""
+    assert "random weights" in cv.get("/health")[1]["test_model"]
+    assert "random weights" in cv.get("/v1/voices")[1]["test_model"]
+
+
+@needs_daemon
+def test_a_preview_of_nothing_to_read_says_so(cv):
+    body, headers = multipart("marks.md", "!!! ... ??? --- *** ;;; …\n".encode())
+    status, err, _ = cv.request("POST", "/v1/jobs/preview", body, headers)
+    assert status == 422 and "nothing in it can be read aloud" in err["error"]["message"], err
 
 
 # -- voice samples ------------------------------------------------------------------------------

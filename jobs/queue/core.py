@@ -10,7 +10,9 @@ once. Several processes may share one queue: each opens its own `Queue`. Only th
 the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
 assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
 submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`, what goes
-when a job's working files are removed or the job is deleted in `removal.Removal`.
+when a job's working files are removed or the job is deleted in `removal.Removal`, what a job's
+progress and length are read from in `progress.Progress`, where the listener stopped in each book in
+`positions.Positions`.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from jobs.queue.assembly import Assemblies
 from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
+from jobs.queue.positions import Positions
+from jobs.queue.progress import Progress
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
 from jobs.queue.removal import Removal
 from jobs.queue.schema import SchemaTooNew, migrate, pending
@@ -56,7 +60,7 @@ class JobSettings(Protocol):
     def to_json(self) -> str: ...
 
 
-class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons, Removal):
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons, Removal, Progress, Positions):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:

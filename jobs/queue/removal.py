@@ -47,13 +47,16 @@ class Removal:
                 ORDER BY finished_at""", [*TERMINAL, cutoff]).fetchall()]
 
     def working_files(self) -> dict[str, list[str]]:
-        """{job id: the files its work still uses besides segment audio (its sources, the cover, the
-        narrated EPUB's book)} for every job whose working files are kept."""
+        """{job id: the files it still names besides segment audio}: for a job whose working files are kept,
+        its sources, the cover and the narrated EPUB's book; for one whose working files went, its cover
+        (the library shows it for as long as the job is there)."""
         out = {}
-        for r in self._rows("SELECT id, sources, meta FROM jobs WHERE work_removed_at IS NULL"):
+        for r in self._rows("SELECT id, sources, meta, work_removed_at FROM jobs"):
             meta = json.loads(r["meta"] or "{}")
-            files = list(json.loads(r["sources"] or "[]"))
-            files += [p for p in (meta.get("cover_path"), (meta.get("narration") or {}).get("package")) if p]
+            files = [meta["cover_path"]] if meta.get("cover_path") else []
+            if r["work_removed_at"] is None:
+                files += list(json.loads(r["sources"] or "[]"))
+                files += [p for p in ((meta.get("narration") or {}).get("package"),) if p]
             out[r["id"]] = files
         return out
 
@@ -114,7 +117,8 @@ class Removal:
         with self.tx() as c:
             for sql in ("DELETE FROM segments WHERE job_id = ?", "DELETE FROM chapters WHERE job_id = ?",
                         "DELETE FROM events WHERE job_id = ?", "DELETE FROM submissions WHERE job_id = ?",
-                        "DELETE FROM inbox_files WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"):
+                        "DELETE FROM inbox_files WHERE job_id = ?", "DELETE FROM positions WHERE job_id = ?",
+                        "DELETE FROM jobs WHERE id = ?"):
                 c.execute(sql, (job_id,))
         return job
 
