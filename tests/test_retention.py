@@ -154,6 +154,7 @@ def test_retention_removes_working_files_keeps_outputs_counts_and_refuses_redo(s
     assert all(p.is_file() for p in outputs)  # the outputs stay
     after = job_summary(q, old)
     assert after["progress"] == before["progress"] and after["failed_segments"] == before["failed_segments"]
+    assert after["length"] == before["length"] and before["length"]["seconds"] > 0  # the library's "how long"
     assert [s["state"] for s in q.segments(old)] == ["failed"]  # only the failed rows stay
     assert q.job(old)["work_removed_at"] and "working files removed" in q.events(old)[-1]["message"]
     with pytest.raises(QueueError, match="keep_work_days"):
@@ -233,3 +234,33 @@ def test_a_report_reads_a_queue_its_new_step_is_not_applied_to_yet(tmp_path, mon
     monkeypatch.undo()
     with Queue.reading(db) as r:
         assert job_summary(r, job)["progress"]["total"] == 3
+
+
+def test_a_pruned_job_keeps_its_cover_and_place_a_deleted_one_loses_both(spool):
+    """The library shows a finished book's cover and its listener's place for as long as the job is there: the
+    retention leaves them (they are no working files), even once a day old; `delete` takes both."""
+    paths, q = spool
+    jobs = [q.add_job(JobSpec(format="wav"), _chapters(1, 2)) for _ in range(2)]
+    _work(q, paths)
+    covers = []
+    for i, job in enumerate(jobs):
+        cover = paths.home / "covers" / f"cover{i}.png"
+        cover.parent.mkdir(parents=True, exist_ok=True)
+        cover.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+        covers.append(cover)
+        with q.tx() as c:
+            c.execute("UPDATE jobs SET meta = ?, finished_at = ? WHERE id = ?",
+                      (f'{{"cover_path": "{cover}"}}', time.time() - 8 * DAY_S, job))
+        q.set_position(job, 12.5, 0)
+    old = time.time() - 2 * DAY_S
+    for cover in covers:
+        os.utime(cover, (old, old))
+
+    assert sorted(prune(q, paths, keep_work_days=7)["jobs"]) == sorted(jobs)
+    assert all(c.is_file() for c in covers) and job_summary(q, jobs[0])["cover"]
+    prune(q, paths, keep_work_days=7, now=time.time() + 3 * DAY_S)  # the orphan sweep leaves them too
+    assert all(c.is_file() for c in covers) and q.position(jobs[0])["position_s"] == 12.5
+
+    delete_job(q, paths, jobs[0])
+    assert not covers[0].exists() and covers[1].is_file()
+    assert q.position(jobs[0]) is None and q.position(jobs[1])["position_s"] == 12.5

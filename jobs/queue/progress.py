@@ -6,15 +6,21 @@ from __future__ import annotations
 
 
 class Progress:
-    """Needs `store` of the Queue."""
+    """Needs `store` and `removed_totals` (jobs.queue.removal) of the Queue."""
 
     def segment_totals(self, job_id: str) -> dict[str, dict]:
         """{state: {"segments", "audio_s", "pause_ms"}} of one job's segments (states without any left out): how
-        many, the seconds of audio made (done ones) and their pauses."""
+        many, the seconds of audio made (done ones) and their pauses; the rows removed with the job's working
+        files (jobs.retention) counted as they were."""
         rows = self.store.execute("""SELECT state, COUNT(*), SUM(duration_s), SUM(pause_after_ms) FROM segments
                                      WHERE job_id = ? GROUP BY state""", [job_id]).fetchall()
-        return {state: {"segments": int(n), "audio_s": float(audio or 0.0), "pause_ms": int(pause or 0)}
-                for state, n, audio, pause in rows}
+        out = {state: {"segments": int(n), "audio_s": float(audio or 0.0), "pause_ms": int(pause or 0)}
+               for state, n, audio, pause in rows}
+        for state, gone in self.removed_totals(job_id).items():
+            have = out.setdefault(state, {"segments": 0, "audio_s": 0.0, "pause_ms": 0})
+            for k in have:
+                have[k] += gone[k]
+        return out
 
     def text_chars(self, job_id: str, states: tuple[str, ...]) -> int:
         """The characters of the text of the job's segments in `states` (what is left to make: queued, leased)."""

@@ -131,7 +131,8 @@ class Removal:
             if not anywhere:
                 where.append(f"(s.audio_path IS NULL OR {_under('s.audio_path')})")
                 args += _args(home)
-            rows = c.execute(f"SELECT s.id, s.state, s.audio_path FROM segments s WHERE {' AND '.join(where)} "
+            rows = c.execute(f"SELECT s.id, s.state, s.audio_path, s.duration_s, s.pause_after_ms FROM segments s "
+                             f"WHERE {' AND '.join(where)} "
                              f"ORDER BY s.id LIMIT {BATCH}" + self.store.skip_locked, args).fetchall()
             if not rows:
                 return False
@@ -144,7 +145,7 @@ class Removal:
             c.execute(f"DELETE FROM synth_log WHERE segment_id IN ({marks})", ids)
             c.execute(f"DELETE FROM segments WHERE id IN ({marks})", ids)
             if keep_failed:
-                self._count_removed(c, job_id, [r[1] for r in rows])
+                self._count_removed(c, job_id, [(r[1], r[3], r[4]) for r in rows])
             if paths:
                 pm = ",".join("?" * len(paths))
                 used = {r[0] for r in c.execute(f"SELECT audio_path FROM segments WHERE audio_path IN ({pm})",
@@ -155,15 +156,31 @@ class Removal:
                     remove(gone)
         return True
 
-    def _count_removed(self, c, job_id: str, states: list[str]) -> None:
+    def _count_removed(self, c, job_id: str, removed: list[tuple]) -> None:
+        """Add the rows `removed` ((state, seconds of audio, pause after in ms) each) to the job's
+        `removed_counts`: {state: rows, "audio_s": {state: seconds}, "pause_ms": {state: ms}}."""
         row = c.execute("SELECT removed_counts FROM jobs WHERE id = ?" + self.store.for_update, (job_id,)).fetchone()
         counts = json.loads(row[0] or "{}") if row else {}
-        for state in states:
+        audio, pause = counts.setdefault("audio_s", {}), counts.setdefault("pause_ms", {})
+        for state, seconds, pause_ms in removed:
             counts[state] = counts.get(state, 0) + 1
+            audio[state] = audio.get(state, 0.0) + float(seconds or 0.0)
+            pause[state] = pause.get(state, 0) + int(pause_ms or 0)
         c.execute("UPDATE jobs SET removed_counts = ? WHERE id = ?", (json.dumps(counts), job_id))
 
     def removed_counts(self, job_id: str) -> dict:
         """{state: segment rows} of the job's rows removed with its working files ({} when none were)."""
+        return {k: v for k, v in self._removed(job_id).items() if isinstance(v, int)}
+
+    def removed_totals(self, job_id: str) -> dict[str, dict]:
+        """{state: {"segments", "audio_s", "pause_ms"}} of the job's rows removed with its working files, as
+        `jobs.queue.progress.Progress.segment_totals` reads the rows there are."""
+        raw = self._removed(job_id)
+        audio, pause = raw.get("audio_s", {}), raw.get("pause_ms", {})
+        return {state: {"segments": n, "audio_s": float(audio.get(state, 0.0)), "pause_ms": int(pause.get(state, 0))}
+                for state, n in raw.items() if isinstance(n, int)}
+
+    def _removed(self, job_id: str) -> dict:
         rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])  # a report may read a queue of an older step
         raw = rows[0].get("removed_counts") if rows else None
         return json.loads(raw) if raw else {}
