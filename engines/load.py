@@ -98,7 +98,8 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, attn_split=spec.attn_split,
+                              linear=chosen["linear"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
                               cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])

@@ -26,8 +26,8 @@ import torch
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model import kv_cache
 from engines.model.generate import control_mask
-from engines.names import KV_CACHES
-from engines.runtime import attention
+from engines.names import ATTN_SPLITS, KV_CACHES
+from engines.runtime import attention, attention_split
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
 from engines.runtime.int8 import linear_setting
@@ -74,6 +74,21 @@ def kv_cache_choice(setting: str, device: torch.device) -> bool:
     return True
 
 
+AUTO_SPLIT = False  # runtime.attn_split: auto -> the split kernel (flip once measured: docs/PERFORMANCE.md)
+
+
+def attn_split_choice(setting: str, kernel: bool) -> bool:
+    """Whether the talker's decode attention runs split over programs per row (engines.runtime.attention_split;
+    `runtime.attn_split`): auto is AUTO_SPLIT where the attention kernel runs; on without the kernel is a clear
+    error."""
+    if setting not in ATTN_SPLITS:
+        raise ValueError(f"runtime.attn_split: {setting!r} is not one of {', '.join(ATTN_SPLITS)}")
+    if setting == "on" and not kernel:
+        raise ValueError("runtime.attn_split: on needs the attention kernel (runtime.attn_kernel: an NVIDIA GPU of "
+                         "compute capability 8.0 or later with the triton package); set it to auto or off")
+    return kernel and (setting == "on" or (setting == "auto" and AUTO_SPLIT))
+
+
 class ModelRunner:
     def __init__(self, engine, cfg: EngineConfig, timings: dict):
         self.engine, self.cfg, self.timings = engine, cfg, timings
@@ -110,9 +125,12 @@ class ModelRunner:
         self.int8 = linear_setting(cfg.linear, self.device, dtype)[0] == "int8"
         if self.int8:
             log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
+        self.split = attn_split_choice(cfg.attn_split, kernel)
+        if self.split and self.device.type == "cuda":
+            attention_split.multiprocessors(self.device.index or 0)  # asked now, outside the compiled step
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
                              sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
-                             int8=self.int8)
+                             int8=self.int8, attn_split=self.split)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")

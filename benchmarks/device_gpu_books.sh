@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Books past the key/value floor (issue 47) on one GPU: parity of the attention kernels, the kernels alone, the
+# step A/B with the attention launch probed in and out of the step, and books through the shipped daemon. Each
+# part bounded by `timeout` inside one budget (BUDGET_S, default 530 s: a 10-minute call with room to spare);
+# a part that fails or runs out leaves the others. Logs and JSON go to $LOGS (default /tmp/gpu-books), then
+# into one file, $OUT/gpu_books_logs.tar.gz (default OUT ./out), beside the table printed last
+# ($OUT/gpu_books_table.md, benchmarks.gpu_books_table). From the project root:
+#
+#   bash benchmarks/device_gpu_books.sh                   # PARTS="tests asm kernels ab" (~8 minutes)
+#   PARTS=book bash benchmarks/device_gpu_books.sh        # the books (~7 minutes), a second call
+#
+# Knobs: PARTS (tests asm kernels ab book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (default split
+# split_fp8 split_fp8_512 custom text: which daemon configurations; custom takes BOOK_EXTRA, e.g.
+# "--config-extra runtime.kv_cache=fp8"; text takes BOOK_TEXT, a text file segmented as a submit would),
+# AB_VARIANTS, AB_BATCHES, T_<PART>. Wheels the GPU image lacks go in .whl (soundfile for the books).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+FINAL=$OUT; OUT=${LOGS:-/tmp/gpu-books}; mkdir -p "$OUT"  # the parts write here; $FINAL gets the tarball and table
+export PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tts-inductor}  # shared by every process below
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="$PWD:/tmp/site"
+PARTS=${PARTS:-tests asm kernels ab}
+BUDGET_S=${BUDGET_S:-530}
+SHAPE=${SHAPE:-0.6b}; SEGMENTS=${SEGMENTS:-2500}
+BOOKS=${BOOKS:-default split_fp8 split_fp8_512}
+AB_BATCHES=${AB_BATCHES:-256,512}
+AB_VARIANTS=${AB_VARIANTS:-layer:64:kernel:kernel,layer:64:kernel:kernel:split,layer:64:kernel:kernel:fp8,layer:64:kernel:kernel:fp8:split}
+START=$SECONDS
+: > "$OUT/parts.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+
+part() {  # part NAME LIMIT CMD...: run within the budget left, log in $OUT/NAME.log, a line in parts.txt
+  local name=$1 limit=$2; shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  if [ "$left" -lt 30 ]; then
+    echo "$name skipped 0 (budget spent)" | tee -a "$OUT/parts.txt"; return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s (limit ${limit}s)" | tee -a "$OUT/parts.txt"
+  tail -n "${TAIL:-6}" "$OUT/$name.log"
+}
+
+book() {  # book NAME EXTRA...: the book through a daemon on the shared random checkpoint
+  local name=$1; shift
+  part "book_${SHAPE}_$name" "${T_BOOK:-240}" python3 -m benchmarks.daemon_book --model "$CKPT" --fixed-length \
+    --segments "$SEGMENTS" --json "$OUT/book_${SHAPE}_$name.json" --md "$OUT/book_${SHAPE}_$name.md" \
+    --daemon-log "$OUT/book_${SHAPE}_$name.daemon.log" "$@"
+}
+
+for p in $PARTS; do
+  case $p in
+    tests)  # parity at the real shapes: the kernels against the torch form, the runner's fp32 codes through graphs
+      part gpu_tests "${T_TESTS:-170}" python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_attention_split.py \
+        tests/test_attention_kernel.py tests/test_kv_fp8.py tests/test_layer_kernel.py ;;
+    asm)  # what the compiler of this image makes of each kernel (registers, shared memory, loads, conversions)
+      part kernel_asm "${T_ASM:-60}" python3 -m benchmarks.kernel_asm --keep "$OUT/asm" ;;
+    kernels)  # the attention alone at book shape: both kernels, both caches, split counts, launch settings
+      part attention_bench "${T_KERNELS:-150}" python3 -m benchmarks.attention_bench --rows 256,512 --context 450 \
+        --json "$OUT/attention_bench.json" ;;
+    ab)  # the decode step at 256 and 512 rows at contexts 450-499; the launch probed on the first and last variant
+      first=${AB_VARIANTS%%,*}; last=${AB_VARIANTS##*,}
+      part ab_step "${T_AB:-330}" python3 -m benchmarks.ab_step --dummy "$SHAPE" --batches "$AB_BATCHES" --context 450 \
+        --variants "$AB_VARIANTS" --probe "$first,$last" --json "$OUT/ab_step.json" ;;
+    book)
+      CKPT=/tmp/gpu-books-ckpt/dummy-$SHAPE
+      [ -f "$CKPT/config.json" ] || part checkpoint 120 python3 -m benchmarks.dummy_checkpoint --dummy "$SHAPE" \
+        --device cuda --out "$CKPT"
+      for b in $BOOKS; do
+        case $b in
+          default) book default ;;
+          split) book split --config-extra runtime.attn_split=on ;;
+          split_fp8) book split_fp8 --config-extra runtime.attn_split=on --config-extra runtime.kv_cache=fp8 ;;
+          split_fp8_512) book split_fp8_512 --config-extra runtime.attn_split=on --config-extra runtime.kv_cache=fp8 \
+                           --config-extra runtime.max_slots=512 ;;
+          custom) book custom ${BOOK_EXTRA:-} ;;
+          text) book text --text "${BOOK_TEXT:?BOOK_TEXT: a text file}" ${BOOK_EXTRA:-} ;;
+          *) echo "unknown book $b" ;;
+        esac
+      done ;;
+    *) echo "unknown part $p" ;;
+  esac
+done
+echo "total $((SECONDS - START))s" | tee -a "$OUT/parts.txt"
+python3 -m benchmarks.gpu_books_table "$OUT" > "$OUT/gpu_books_table.md" 2>&1
+cp "$OUT/gpu_books_table.md" "$FINAL/"
+tar -czf "$FINAL/gpu_books_logs.tar.gz" -C "$OUT" . 2>/dev/null
+cat "$FINAL/gpu_books_table.md"
