@@ -68,7 +68,7 @@ class RuntimeSection:
     sample_kernel: Optional[bool] = None  # sampling as one Triton kernel per draw, no sort (None: Ampere GPUs on)
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     kv_cache: str = "auto"            # the talker's key/value cache: auto (= model until fp8 is measured), model, fp8
-    attn_split: str = "auto"          # the talker's attention split over programs per row: auto (= off until measured), on, off
+    attn_split: Optional[bool] = None  # the talker's attention split over programs per row (None: off until measured)
     linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.int8.linear_setting), model, int8
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
 
@@ -188,11 +188,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @functools.lru_cache(maxsize=1)
 def choices() -> dict:
     """Keys with a fixed set of values; dtype and codec names come from the engine's tables."""
-    from engines.names import ATTN_SPLITS, AUTO, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
+    from engines.names import AUTO, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
 
     return {("model", "dtype"): (AUTO, *DTYPE_NAMES), ("service", "log_level"): LOG_LEVELS,
-            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS,
-            ("runtime", "attn_split"): ATTN_SPLITS}
+            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS}
 
 
 def _section_cls(name: str):

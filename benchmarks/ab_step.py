@@ -12,7 +12,7 @@ Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each defaul
 `rows`: the one-row projections as Triton kernels, engines.runtime.rowproj; `layer`: each one-row decoder layer
 as one persistent kernel, engines.runtime.layer_kernel; `nopre`: the same without loading weights ahead of its barriers;
 `nolayer`: the compiled layers for one row too; `fp8`: the talker's key/value cache in fp8, runtime.kv_cache, else the
-model's dtype; `split`: the talker's attention split over programs per row, runtime.attn_split on, else off;
+model's dtype; `split`: the talker's attention split over programs per row, runtime.attn_split true, else false;
 unnamed: the engine's choice). For each
 variant and batch size: requests are admitted until the batch is full (`--context N`: then every row is moved
 to a position in [N, N + 50), so the attention reads a book's context rather than a fresh prompt's; the cache
@@ -142,7 +142,7 @@ def main() -> None:
         runner = EngineRunner(eng, max_slots=max(batches), max_context=max_context, max_queue=4096, fuse=fuse,
                               topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, row_kernel=rows,
                               layer_kernel=layers, kv_cache="fp8" if "fp8" in kinds else "model",
-                              attn_split="on" if "split" in kinds else "off")
+                              attn_split="split" in kinds)
         for b in batches:
             t0 = time.perf_counter()
             handles = fill(runner, b, 400)

@@ -43,12 +43,17 @@ def make_case(rows: int, slots: int, context: int, cache: str, dev, seed: int = 
     if cache != "bf16":
         (kq, ks), (vq, vs) = kv_cache.quantize(k), kv_cache.quantize(v)
         if cache == "fp8":
-            vq = vq.transpose(-1, -2).contiguous().transpose(-1, -2)
+            vq = _positions_contiguous(vq)
         tensors = {"k": kq, "v": vq, "ks": ks, "vs": vs}
         del k, v
     per_pos = (1 if cache != "bf16" else 2) * D * 2 + (8 if cache != "bf16" else 0)  # K + V (+ scales) bytes
     read = float((pos.float() + 1).sum()) * KV * per_pos
     return {"args": (qkv, w, w, cos, sin, pos), "cache": tensors, "bytes": read, "kind": cache}
+
+
+def _positions_contiguous(x):
+    """A copy of x `[.., S, D]` stored `[.., D, S]` (an allocated fp8 cache's value layout)."""
+    return x.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
 
 
 def call(case: dict, kernel: str, splits=None, launch=None):
@@ -61,7 +66,7 @@ def call(case: dict, kernel: str, splits=None, launch=None):
 def error(case: dict, kernel: str, splits=None, launch=None) -> float:
     """Largest difference from the torch form over the same cache (copies), relative to the output's largest."""
     c = case["cache"]
-    copy = lambda x: None if x is None else (x.transpose(-1, -2).contiguous().transpose(-1, -2)  # noqa: E731
+    copy = lambda x: None if x is None else (_positions_contiguous(x)  # noqa: E731
                                              if x.dim() == 4 and x.stride(2) == 1 else x.clone())
     ref = reference_attention(*case["args"], copy(c["k"]), copy(c["v"]), H, KV, 1e-6, copy(c["ks"]), copy(c["vs"]))
     got = call({**case, "cache": {k: copy(x) for k, x in c.items()}}, kernel, splits, launch)

@@ -6,11 +6,11 @@
 # into one file, $OUT/gpu_books_logs.tar.gz (default OUT ./out), beside the table printed last
 # ($OUT/gpu_books_table.md, benchmarks.gpu_books_table). From the project root:
 #
-#   bash benchmarks/device_gpu_books.sh                   # PARTS="tests asm kernels ab" (~8 minutes)
-#   PARTS=book bash benchmarks/device_gpu_books.sh        # the books (~7 minutes), a second call
+#   bash benchmarks/device_gpu_books.sh                              # PARTS="tests asm kernels ab" (~8.5 min)
+#   PARTS="runner_tests book" bash benchmarks/device_gpu_books.sh    # a second call (~8.5 min)
 #
-# Knobs: PARTS (tests asm kernels ab book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (default split
-# split_fp8 split_fp8_512 custom text: which daemon configurations; custom takes BOOK_EXTRA, e.g.
+# Knobs: PARTS (tests runner_tests asm kernels ab book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS
+# (default "default split_fp8"; also split, split_fp8_512, custom, text: which daemon configurations; custom takes BOOK_EXTRA, e.g.
 # "--config-extra runtime.kv_cache=fp8"; text takes BOOK_TEXT, a text file segmented as a submit would),
 # AB_VARIANTS, AB_BATCHES, T_<PART>. Wheels the GPU image lacks go in .whl (soundfile for the books).
 set -uo pipefail
@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD:/tmp/site"
 PARTS=${PARTS:-tests asm kernels ab}
 BUDGET_S=${BUDGET_S:-530}
 SHAPE=${SHAPE:-0.6b}; SEGMENTS=${SEGMENTS:-2500}
-BOOKS=${BOOKS:-default split_fp8 split_fp8_512}
+BOOKS=${BOOKS:-default split_fp8}
 AB_BATCHES=${AB_BATCHES:-256,512}
 AB_VARIANTS=${AB_VARIANTS:-layer:64:kernel:kernel,layer:64:kernel:kernel:split,layer:64:kernel:kernel:fp8,layer:64:kernel:kernel:fp8:split}
 START=$SECONDS
@@ -56,9 +56,12 @@ book() {  # book NAME EXTRA...: the book through a daemon on the shared random c
 
 for p in $PARTS; do
   case $p in
-    tests)  # parity at the real shapes: the kernels against the torch form, the runner's fp32 codes through graphs
-      part gpu_tests "${T_TESTS:-170}" python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_attention_split.py \
-        tests/test_attention_kernel.py tests/test_kv_fp8.py tests/test_layer_kernel.py ;;
+    tests)  # parity at the real shapes: each attention kernel (and the layer kernel) against the torch form
+      part gpu_tests "${T_TESTS:-120}" python3 -m pytest -v -m gpu -p no:cacheprovider -k "real_shapes and not step or one_launch" \
+        tests/test_attention_split.py tests/test_attention_kernel.py tests/test_kv_fp8.py tests/test_layer_kernel.py ;;
+    runner_tests)  # the runner's fp32 greedy codes through compiled regions and graphs: the split kernel, the fp8 cache
+      part gpu_runner_tests "${T_RUNNER_TESTS:-200}" python3 -m pytest -v -m gpu -p no:cacheprovider -k "runner or step" \
+        tests/test_attention_split.py tests/test_kv_fp8.py tests/test_attention_kernel.py tests/test_layer_kernel.py ;;
     asm)  # what the compiler of this image makes of each kernel (registers, shared memory, loads, conversions)
       part kernel_asm "${T_ASM:-60}" python3 -m benchmarks.kernel_asm --keep "$OUT/asm" ;;
     kernels)  # the attention alone at book shape: both kernels, both caches, split counts, launch settings
@@ -75,9 +78,9 @@ for p in $PARTS; do
       for b in $BOOKS; do
         case $b in
           default) book default ;;
-          split) book split --config-extra runtime.attn_split=on ;;
-          split_fp8) book split_fp8 --config-extra runtime.attn_split=on --config-extra runtime.kv_cache=fp8 ;;
-          split_fp8_512) book split_fp8_512 --config-extra runtime.attn_split=on --config-extra runtime.kv_cache=fp8 \
+          split) book split --config-extra runtime.attn_split=true ;;
+          split_fp8) book split_fp8 --config-extra runtime.attn_split=true --config-extra runtime.kv_cache=fp8 ;;
+          split_fp8_512) book split_fp8_512 --config-extra runtime.attn_split=true --config-extra runtime.kv_cache=fp8 \
                            --config-extra runtime.max_slots=512 ;;
           custom) book custom ${BOOK_EXTRA:-} ;;
           text) book text --text "${BOOK_TEXT:?BOOK_TEXT: a text file}" ${BOOK_EXTRA:-} ;;

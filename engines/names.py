@@ -14,7 +14,6 @@ DTYPE_NAMES = tuple(DTYPE_SHORT)
 CODEC_BACKENDS = ("torch", "torch-compiled", "onnxruntime", "tensorrt")  # what build-engines can build
 RUNTIME_CODECS = ("torch", "torch-compiled", "built", AUTO)  # what the runner's runtime.codec takes
 KV_CACHES = (AUTO, "model", "fp8")  # runtime.kv_cache: the talker's key/value cache (auto: the model's dtype)
-ATTN_SPLITS = (AUTO, "on", "off")  # runtime.attn_split: the talker's attention split over programs (auto: off)
 LINEARS = (AUTO, "model", "int8")  # runtime.linear: the decoder layers' weights (int8: CPU only, lossy)
 
 ALL = "all"

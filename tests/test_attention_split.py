@@ -36,7 +36,7 @@ CASE = """
         return torch.tensor([[0, 1], [14, 15], [S - T, S - 1], [31, 32]])[:, :T].contiguous()
 
     def transposed(x):  # the same values stored [.., D, S], as KVCache.allocate stores an fp8 cache's values
-        return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return x.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
 
     def same_bytes(a, b):
         return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
@@ -138,7 +138,7 @@ def test_runner_with_the_split_kernel_gives_the_reference_codes():
         reqs = requests(3, frames=5)
         for fp8 in (False, True):
             ref = [g.codes.numpy() for g, _ in eng.generate_codes(reqs, fp8=fp8)]
-            runner = EngineRunner(eng, max_slots=2, max_context=256, attn_kernel=True, attn_split="on",
+            runner = EngineRunner(eng, max_slots=2, max_context=256, attn_kernel=True, attn_split=True,
                                   sample_kernel=False, kv_cache="fp8" if fp8 else "model")
             assert runner.model.split
             out = runner.synthesize(reqs)
@@ -165,32 +165,30 @@ def test_the_split_rule(monkeypatch):
     assert a.splits_for(256, 8, 512, cuda) == 3
 
 
-def test_the_setting_takes_auto_on_off_and_on_where_it_cannot_run_is_a_clear_error(tmp_path):
-    """runtime.attn_split: auto (off until measured) / on / off; anything else is refused by the config and by
-    the engine; on without the attention kernel (the CPU without the interpreter) stops the runner with an
-    error naming the key."""
+def test_the_setting_unset_true_false_and_true_where_it_cannot_run_is_a_clear_error(tmp_path):
+    """runtime.attn_split: unset (AUTO_SPLIT: off until measured), true, false (YAML's on/off read as those);
+    anything else is refused by the config; true without the attention kernel (the CPU without the interpreter)
+    stops the runner with an error naming the key."""
     from appliance.config import ConfigError, load_config
     from engines.runtime.model_runner import AUTO_SPLIT, attn_split_choice
 
-    assert attn_split_choice("auto", True) is AUTO_SPLIT and attn_split_choice("off", True) is False
-    assert attn_split_choice("on", True) is True and attn_split_choice("auto", False) is False
-    with pytest.raises(ValueError, match="runtime.attn_split"):
-        attn_split_choice("sometimes", True)
-    for value in ("auto", "on", "off"):
-        p = tmp_path / f"{value}.yaml"
-        p.write_text(f"runtime:\n  attn_split: {value}\n")
-        assert load_config(p).runtime.attn_split == value
+    assert attn_split_choice(None, True) is AUTO_SPLIT and attn_split_choice(False, True) is False
+    assert attn_split_choice(True, True) is True and attn_split_choice(None, False) is False
+    for text, value in (("null", None), ("true", True), ("false", False), ("on", True), ("off", False)):
+        p = tmp_path / f"{text}.yaml"
+        p.write_text(f"runtime:\n  attn_split: {text}\n")
+        assert load_config(p, environ={}).runtime.attn_split is value
     bad = tmp_path / "bad.yaml"
-    bad.write_text("runtime:\n  attn_split: maybe\n")
+    bad.write_text("runtime:\n  attn_split: sometimes\n")
     with pytest.raises(ConfigError, match="attn_split"):
-        load_config(bad)
+        load_config(bad, environ={})
     out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         from tests.test_runtime import engine
         from engines.runtime.runner import EngineRunner
-        EngineRunner(engine(), max_slots=1, max_context=256, attn_split="on")
+        EngineRunner(engine(), max_slots=1, max_context=256, attn_split=True)
     """)], env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=ROOT, capture_output=True,
         text=True, timeout=300)
-    assert out.returncode != 0 and "runtime.attn_split" in out.stderr and "set it to auto or off" in out.stderr
+    assert out.returncode != 0 and "runtime.attn_split" in out.stderr and "leave it unset" in out.stderr
 
 
 # ----- on the GPU ---------------------------------------------------------------------------------------------
@@ -210,14 +208,17 @@ def _gpu_case(dt, fp8: bool, vt: bool, rows: int, slots: int, t: int, g):
         return (qkv, qn, kn, cos, sin, pos), [k, v]
     scale = torch.rand(rows + 2, KV, slots, 1, device=dev, generator=g) * 4
     (kq, ks), (vq, vs) = kv_cache.quantize(k * scale), kv_cache.quantize(v * scale)
-    if vt:
-        vq = vq.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return (qkv, qn, kn, cos, sin, pos), [kq, vq, ks, vs]
+    return (qkv, qn, kn, cos, sin, pos), [kq, _positions_contiguous(vq) if vt else vq, ks, vs]
+
+
+def _positions_contiguous(x):
+    """A copy of x `[.., S, D]` stored `[.., D, S]` (an allocated fp8 cache's value layout)."""
+    return x.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
 
 
 def _copies(cache):
-    return [x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() == 4 and x.stride(2) == 1 else x.clone()
-            for x in cache]
+    """Copies of the cache tensors in their own layouts."""
+    return [_positions_contiguous(x) if x.dim() == 4 and x.stride(2) == 1 else x.clone() for x in cache]
 
 
 @pytest.mark.gpu
@@ -252,8 +253,10 @@ def test_gpu_split_kernel_equals_the_torch_form_at_real_shapes(dtype, cache):
 
 @pytest.mark.gpu
 def test_gpu_runner_with_the_split_kernel_gives_the_eager_codes():
-    """On CUDA in fp32, compiled regions and captured graphs with runtime.attn_split on (one and two slots, the
-    model-dtype cache and fp8): the eager reference loop's greedy codes with the same cache."""
+    """On CUDA in fp32, compiled regions and captured graphs with runtime.attn_split true (four slots: steps of
+    four, three and two rows through the split kernel, two splits a row at 256 positions by the rule; one row
+    through the layer kernel; the model-dtype cache and fp8): the eager reference loop's greedy codes with the
+    same cache."""
     import numpy as np
 
     from engines.runtime.runner import EngineRunner
@@ -264,9 +267,7 @@ def test_gpu_runner_with_the_split_kernel_gives_the_eager_codes():
     reqs = requests(4)
     for fp8 in (False, True):
         ref = [g.codes.numpy() for g, _ in eng.generate_codes(reqs, fp8=fp8)]
-        for slots in (1, 2):
-            runner = EngineRunner(eng, max_slots=slots, max_context=256, attn_split="on",
-                                  kv_cache="fp8" if fp8 else "model")
-            assert runner.use_graphs and runner.model.split
-            out = runner.synthesize(reqs)
-            assert all(np.array_equal(o.codes, r) for o, r in zip(out, ref)), (fp8, slots)
+        runner = EngineRunner(eng, max_slots=4, max_context=256, attn_split=True, kv_cache="fp8" if fp8 else "model")
+        assert runner.use_graphs and runner.model.split
+        out = runner.synthesize(reqs)
+        assert all(np.array_equal(o.codes, r) for o, r in zip(out, ref)), fp8

@@ -26,7 +26,7 @@ import torch
 from engines.device.graphs import distinct_streams, make_graph
 from engines.model import kv_cache
 from engines.model.generate import control_mask
-from engines.names import ATTN_SPLITS, KV_CACHES
+from engines.names import KV_CACHES
 from engines.runtime import attention, attention_split
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
@@ -74,19 +74,17 @@ def kv_cache_choice(setting: str, device: torch.device) -> bool:
     return True
 
 
-AUTO_SPLIT = False  # runtime.attn_split: auto -> the split kernel (flip once measured: docs/PERFORMANCE.md)
+AUTO_SPLIT = False  # runtime.attn_split unset -> the split kernel where the attention kernel runs (flip once measured)
 
 
-def attn_split_choice(setting: str, kernel: bool) -> bool:
+def attn_split_choice(wanted: Optional[bool], kernel: bool) -> bool:
     """Whether the talker's decode attention runs split over programs per row (engines.runtime.attention_split;
-    `runtime.attn_split`): auto is AUTO_SPLIT where the attention kernel runs; on without the kernel is a clear
-    error."""
-    if setting not in ATTN_SPLITS:
-        raise ValueError(f"runtime.attn_split: {setting!r} is not one of {', '.join(ATTN_SPLITS)}")
-    if setting == "on" and not kernel:
-        raise ValueError("runtime.attn_split: on needs the attention kernel (runtime.attn_kernel: an NVIDIA GPU of "
-                         "compute capability 8.0 or later with the triton package); set it to auto or off")
-    return kernel and (setting == "on" or (setting == "auto" and AUTO_SPLIT))
+    `runtime.attn_split`): unset (None) is AUTO_SPLIT where the attention kernel runs; true without the kernel is a
+    clear error."""
+    if wanted and not kernel:
+        raise ValueError("runtime.attn_split: the split attention needs the attention kernel (runtime.attn_kernel: "
+                         "an NVIDIA GPU of compute capability 8.0 or later with the triton package); leave it unset")
+    return kernel and (AUTO_SPLIT if wanted is None else bool(wanted))
 
 
 class ModelRunner:
