@@ -115,20 +115,21 @@ def main() -> None:
                 print(f"rows {rows} {json.dumps(r)}", flush=True)
             del case
             torch.cuda.empty_cache()
-        out["rows"][rows] = res
+            out["rows"][rows] = res
+            if args.json:  # after every cache kind: a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
     print("\n| rows | cache | kernel | splits | BLOCK_S/warps/stages | us per call | TB/s | max err (rel) |")
     print("|---|---|---|---|---|---|---|---|")
     for rows, res in out["rows"].items():
         for r in res:
             launch = "/".join(str(r[k]) for k in ("BLOCK_S", "num_warps", "num_stages") if k in r) or "default"
             if "failed" in r:
-                print(f"| {rows} | {r['cache']} | {r['kernel']} | {r['splits']} | {launch} | failed: {r['failed'][:60]} | | |")
+                print(f"| {rows} | {r['cache']} | {r['kernel']} | {r['splits']} | {launch} | "
+                      f"failed: {r['failed'][:60]} | | |")
                 continue
             print(f"| {rows} | {r['cache']} | {r['kernel']} | {r['splits']} | {launch} | {r['us']:.1f} | "
                   f"{r['tb_s']:.2f} | {r['err']:.1e} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ the runner's step uses and the other kernel too:
     alone_layers     the 28 layers in turn, as the step reads them (28 x the cache span, one graph)
     compiled_layers  the same through a torch.compile'd function (inductor compiles the user-defined Triton
                      kernel, as in the step's compiled regions)
+    opaque_layers    the same compiled function calling the kernel as one torch custom op
+                     (engines.runtime.attention_split.opaque: Triton launches it, as outside a region)
     codec_beside     alone_layers while a codec (the runner's kind, rows of its own) decodes a batch-lane call
                      (4 frames x the rows at 256) on a stream of the batch lane's priority, the launches on
                      the loop's stream
@@ -28,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.graph_timing import per_call_us
 from engines.runtime.attention import decode_attention
-from engines.runtime.attention_split import split_attention
+from engines.runtime.attention_split import opaque, split_attention
 
 
 def _inputs(runner, b: int):
@@ -144,6 +146,9 @@ def probe(runner, b: int) -> dict:
         _attempt(res, "alone_layers", lambda: _graph_us(calls))
         compiled = torch.compile(lambda *a, fn=fn: fn(*a[:8], h, kv, eps, *a[8:]), fullgraph=True, dynamic=False)
         _attempt(res, "compiled_layers", lambda: _graph_us([lambda a=a: compiled(*a) for a in layers]))
+        op = opaque(fn)
+        through_op = torch.compile(lambda *a, op=op: op(*a[:8], h, kv, eps, *a[8:]), fullgraph=True, dynamic=False)
+        _attempt(res, "opaque_layers", lambda: _graph_us([lambda a=a: through_op(*a) for a in layers]))
 
         def beside_codec():
             g = torch.cuda.CUDAGraph()
@@ -182,16 +187,16 @@ def _event_ms(fn) -> float:
 
 def table(rows: list) -> str:
     """Markdown lines of probe() results (us per launch; step times in ms)."""
-    lines = ["| variant | rows | kernel | alone, layer 0 | alone, 28 layers | compiled, 28 layers | codec beside | "
-             "in eager step (profiler) | in replay (profiler) | step ms | step ms, codec beside |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | rows | kernel | alone, layer 0 | alone, 28 layers | compiled, 28 layers | compiled, opaque op | "
+             "codec beside | in eager step (profiler) | in replay (profiler) | step ms | step ms, codec beside |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for k in ("one", "split"):
             x = r[k]
             mine = k == r["kernel_in_step"]
             lines.append(f"| {r.get('variant', '')} | {r['rows']} | {k}{' (the step)' if mine else ''} | "
                          f"{x['alone_layer0']:.1f} | {x['alone_layers']:.1f} | {x['compiled_layers']:.1f} | "
-                         f"{x['codec_beside']:.1f} | "
+                         f"{x.get('opaque_layers', float('nan')):.1f} | {x['codec_beside']:.1f} | "
                          + (f"{r['step_eager']:.1f} | {r['step_replay']:.1f} | {r['step_ms']:.2f} | "
                             f"{r['step_ms_codec_beside']:.2f} |" if mine else " | | | |"))
     return "\n".join(lines)

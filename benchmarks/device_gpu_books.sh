@@ -6,28 +6,31 @@
 # into one file, $OUT/gpu_books_logs.tar.gz (default OUT ./out), beside the table printed last
 # ($OUT/gpu_books_table.md, benchmarks.gpu_books_table). From the project root:
 #
-#   bash benchmarks/device_gpu_books.sh                              # PARTS="tests asm kernels ab" (~8.5 min)
+#   bash benchmarks/device_gpu_books.sh                              # PARTS="tests asm ab kernels" (~8.5 min)
 #   PARTS="runner_tests book" bash benchmarks/device_gpu_books.sh    # a second call (~8.5 min)
 #
-# Knobs: PARTS (tests runner_tests asm kernels ab book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS
-# (default "default split_fp8"; also split, split_fp8_512, custom, text: which daemon configurations; custom takes BOOK_EXTRA, e.g.
-# "--config-extra runtime.kv_cache=fp8"; text takes BOOK_TEXT, a text file segmented as a submit would),
-# AB_VARIANTS, AB_BATCHES, T_<PART>. Wheels the GPU image lacks go in .whl (soundfile for the books).
+# Knobs: PARTS (tests runner_tests asm ab kernels book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (which
+# daemon configurations; default "default split_fp8"; also split, split_fp8_512, custom: BOOK_EXTRA, e.g.
+# "--config-extra runtime.kv_cache=fp8"; text: BOOK_TEXT, a text file segmented as a submit would), AB_VARIANTS,
+# AB_BATCHES, T_<PART> (each part's limit). Wheels the GPU image lacks go in .whl (soundfile for the books).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-FINAL=$OUT; OUT=${LOGS:-/tmp/gpu-books}; mkdir -p "$OUT"  # the parts write here; $FINAL gets the tarball and table
+FINAL=$OUT; OUT=${LOGS:-/tmp/gpu-books}  # the parts write here; $FINAL gets the tarball and the table
+[ -z "${LOGS:-}" ] && rm -rf "$OUT"  # (the default folder is this script's alone: no earlier run's files)
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tts-inductor}  # shared by every process below
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site"
-PARTS=${PARTS:-tests asm kernels ab}
+PARTS=${PARTS:-tests asm ab kernels}
 BUDGET_S=${BUDGET_S:-530}
 SHAPE=${SHAPE:-0.6b}; SEGMENTS=${SEGMENTS:-2500}
 BOOKS=${BOOKS:-default split_fp8}
 AB_BATCHES=${AB_BATCHES:-256,512}
-AB_VARIANTS=${AB_VARIANTS:-layer:64:kernel:kernel,layer:64:kernel:kernel:split,layer:64:kernel:kernel:fp8,layer:64:kernel:kernel:fp8:split}
+V=layer:64:kernel:kernel  # the shipped step (EngineRunner's defaults), then the kernel, the cache, the opaque call
+AB_VARIANTS=${AB_VARIANTS:-$V,$V:split,$V:fp8:split,$V:fp8:split:opaque}
 START=$SECONDS
 : > "$OUT/parts.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -83,7 +86,8 @@ for p in $PARTS; do
           split_fp8_512) book split_fp8_512 --config-extra runtime.attn_split=true --config-extra runtime.kv_cache=fp8 \
                            --config-extra runtime.max_slots=512 ;;
           custom) book custom ${BOOK_EXTRA:-} ;;
-          text) book text --text "${BOOK_TEXT:?BOOK_TEXT: a text file}" ${BOOK_EXTRA:-} ;;
+          text) if [ -f "${BOOK_TEXT:-}" ]; then book text --text "$BOOK_TEXT" ${BOOK_EXTRA:-}
+                else echo "book_text skipped 0 (BOOK_TEXT: no such file)" | tee -a "$OUT/parts.txt"; fi ;;
           *) echo "unknown book $b" ;;
         esac
       done ;;

@@ -29,13 +29,24 @@ def tests(folder: Path) -> list[str]:
     return out + [f"- failed: {name}" for name in failed]
 
 
+def asm(folder: Path) -> list[str]:
+    log = folder / "kernel_asm.log"
+    rows = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("|")] if log.exists() else []
+    if not rows:
+        return []
+    return ["## What this image's Triton makes of each kernel (benchmarks.kernel_asm: per thread registers, local "
+            "bytes; per program shared bytes; PTX instruction counts)"] + rows
+
+
 def kernels(folder: Path) -> list[str]:
     data = _json(folder / "attention_bench.json")
     if not data:
         return []
     out = [f"## Talker attention alone ({data['device']}; rows at {data['context']}-{data['context'] + 49} of "
-           f"{data['slots']}-position rows; us per call, TB/s of keys/values read)",
-           "| rows | cache | one program | split, rule's count | best split (count, BLOCK_S/warps/stages) | err |",
+           f"{data['slots']}-position rows; us per call (TB/s of keys/values read); default launch: "
+           "attention_split.launch_for)",
+           "| rows | cache | one program | split, default launch (best count) | split, best of all (count, "
+           "BLOCK_S/warps/stages) | err |",
            "|---|---|---|---|---|---|"]
     for rows, res in data["rows"].items():
         for cache in dict.fromkeys(r["cache"] for r in res):
@@ -46,12 +57,12 @@ def kernels(folder: Path) -> list[str]:
                 continue
             best = min(splits, key=lambda r: r["us"])
             default = [r for r in splits if "BLOCK_S" not in r]
-            rule = min(default, key=lambda r: r["us"]) if default else best
+            plain = min(default, key=lambda r: r["us"]) if default else best
             fmt = lambda r: f"{r['us']:.1f} ({r['tb_s']:.2f})"  # noqa: E731
             launch = "/".join(str(best.get(k, "-")) for k in ("BLOCK_S", "num_warps", "num_stages"))
             err = max(r["err"] for r in mine)
-            out.append(f"| {rows} | {cache} | {fmt(one) if one else '-'} | {fmt(rule)} | {fmt(best)} "
-                       f"(x{best['splits']}, {launch}) | {err:.1e} |")
+            out.append(f"| {rows} | {cache} | {fmt(one) if one else '-'} | {fmt(plain)} (x{plain['splits']}) | "
+                       f"{fmt(best)} (x{best['splits']}, {launch}) | {err:.1e} |")
     return out
 
 
@@ -113,7 +124,7 @@ def main(argv=None) -> int:
     parts = folder / "parts.txt"
     if parts.exists():
         lines += ["parts: " + "; ".join(parts.read_text().strip().splitlines()), ""]
-    for section in (tests, kernels, ab, books):
+    for section in (tests, asm, kernels, ab, books):
         try:
             got = section(folder)
         except Exception as e:  # noqa: BLE001 (one unreadable part keeps the others' lines)

@@ -76,7 +76,10 @@ def resources(cubin: bytes) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.cubin")
         Path(p).write_bytes(cubin)
-        text = subprocess.run([str(tool), "-res-usage", p], capture_output=True, text=True).stdout
+        try:
+            text = subprocess.run([str(tool), "-res-usage", p], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):  # no cuobjdump beside this Triton: unknown (-1)
+            text = ""
     regs, local = re.search(r"REG:(\d+)", text), re.search(r"LOCAL:(\d+)", text)
     return int(regs.group(1)) if regs else -1, int(local.group(1)) if local else -1
 

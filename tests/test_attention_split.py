@@ -123,6 +123,28 @@ def test_the_one_program_kernel_reads_an_allocated_fp8_cache():
     assert out.split() == ["ok"]
 
 
+def test_the_opaque_call_inside_a_compiled_function_gives_the_same_and_writes_the_cache():
+    """attention_split.opaque (the A/B's `opaque` variant): the kernels as one torch custom op, called from a
+    torch.compile'd function (fullgraph) on row slices of a larger cache: the torch form's output, and the new
+    keys and values land in the larger cache (the op's mutation is not lost to a copy)."""
+    out = run_interpreted(CASE + """
+    from engines.runtime.attention import decode_attention
+    from engines.runtime.attention_split import opaque
+    for fn in (split_attention, decode_attention):
+        op = opaque(fn)
+        f = torch.compile(lambda *a: op(*a[:8], H, KV, 1e-6, *a[8:]), fullgraph=True, dynamic=False)
+        qkv = torch.randn(4, 1, (H + 2 * KV) * D)
+        k0, v0 = torch.randn(2, 6, KV, S, D), torch.randn(2, 6, KV, S, D)
+        k1, v1, k2, v2 = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+        ref = reference_attention(qkv, qn, kn, cos, sin, positions(1), k1[1][1:5], v1[1][1:5], H, KV, 1e-6)
+        got = f(qkv, qn, kn, cos, sin, positions(1), k2[1][1:5], v2[1][1:5], None, None)
+        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got - ref).abs().max()
+        assert torch.allclose(k1, k2, atol=1e-6) and torch.equal(v1, v2) and not torch.equal(v2, v0)
+        print("ok")
+    """)
+    assert out.split() == ["ok", "ok"]
+
+
 def test_runner_with_the_split_kernel_gives_the_reference_codes():
     """The fast step with runtime.attn_split on (the talker's attention through the split kernel, two splits a
     row), requests joining mid-flight, with the model-dtype cache and with fp8: the reference loop's greedy codes

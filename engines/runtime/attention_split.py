@@ -38,8 +38,9 @@ except ImportError:  # CPU builds: the layer keeps its torch form
 WAVES = 4  # splits until rows x key/value heads x splits >= WAVES x multiprocessors ...
 MIN_SPLIT_SLOTS = 128  # ... while each split keeps at least this many cache slots
 MAX_SPLITS = 16
-SPLITS: Optional[int] = None  # a fixed split count for every call (benchmarks: benchmarks.gpu_books); None: the rule
+SPLITS: Optional[int] = None  # a fixed split count for every call (benchmarks); None: the rule
 LAUNCH: Optional[dict] = None  # BLOCK_S / num_warps / num_stages for every call (benchmarks); None: launch_for
+OPAQUE = False  # the step's attention through `opaque` (benchmarks.ab_step's `opaque` variant; A/B only)
 
 
 _MULTIPROCESSORS: dict = {}
@@ -67,7 +68,7 @@ def splits_for(rows: int, kv_heads: int, slots: int, device: torch.device) -> in
 
 
 def launch_for(slots: int, fp8: bool) -> dict:
-    """The split kernel's block of slots, warps and pipeline depth (LAUNCH overrides; benchmarks.gpu_books
+    """The split kernel's block of slots, warps and pipeline depth (LAUNCH overrides; benchmarks.attention_bench
     sweeps them)."""
     if LAUNCH is not None:
         return dict(LAUNCH)
@@ -114,8 +115,8 @@ if triton is not None:
                 v = tl.load(row + (H + KV + h) * D + d)
                 if FP8:
                     _store_fp8(kc + b * s_kb + h * s_kh + p * s_ks + d, ks + b * s_sb + h * s_sh + p, k, INTERPRET)
-                    _store_fp8(vc + b * s_vb + h * s_vh + _v_offsets(p, d, s_vs, s_vd, VT), vs + b * s_sb + h * s_sh + p,
-                               v, INTERPRET)
+                    _store_fp8(vc + b * s_vb + h * s_vh + _v_offsets(p, d, s_vs, s_vd, VT),
+                               vs + b * s_sb + h * s_sh + p, v, INTERPRET)
                 else:
                     tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
                     tl.store(vc + b * s_vb + h * s_vh + _v_offsets(p, d, s_vs, s_vd, VT), v)
@@ -241,3 +242,25 @@ def split_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n_
         _split_attention_combine[(b * n_kv,)](part_o, part_ml, out, out.stride(0), out.stride(1), T=t, KV=n_kv, G=g, D=d,
                                      R=rq, SPLITS=n, SP=triton.next_power_of_2(n), num_warps=4)
     return out
+
+
+_OPS: dict = {}
+_SCHEMA = ("(Tensor qkv, Tensor qn, Tensor kn, Tensor cos, Tensor sin, Tensor pos, Tensor(a!) kc, Tensor(b!) vc, "
+           "Tensor(c!)? ks, Tensor(d!)? vs, int n_heads, int n_kv, float eps) -> Tensor")
+
+
+def opaque(fn):
+    """A decode-attention function (decode_attention's arguments and result) as a torch custom op: a compiled
+    region calls it as one opaque call, its Triton kernels launched by Triton itself as outside a region, not
+    recompiled by inductor as a user-defined kernel (the question of docs/PERFORMANCE.md: the launch timed at
+    ~258 us inside the step, 176 us alone). The cache arguments are declared mutated."""
+    if fn.__name__ not in _OPS:
+        op = torch.library.custom_op(f"tts_appliance::{fn.__name__}", mutates_args=("kc", "vc", "ks", "vs"),
+                                     schema=_SCHEMA)(
+            lambda qkv, qn, kn, cos, sin, pos, kc, vc, ks, vs, n_heads, n_kv, eps:
+                fn(qkv, qn, kn, cos, sin, pos, kc, vc, n_heads, n_kv, eps, ks, vs))
+        op.register_fake(lambda qkv, qn, kn, cos, sin, pos, kc, vc, ks, vs, n_heads, n_kv, eps:
+                         qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads * kc.shape[-1]))
+        _OPS[fn.__name__] = lambda qkv, qn, kn, cos, sin, pos, kc, vc, n_heads, n_kv, eps, ks=None, vs=None: \
+            op(qkv, qn, kn, cos, sin, pos, kc, vc, ks, vs, n_heads, n_kv, eps)
+    return _OPS[fn.__name__]

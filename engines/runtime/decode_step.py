@@ -29,6 +29,7 @@ from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
+from engines.runtime import attention_split
 from engines.runtime.attention_split import split_attention
 from engines.runtime.int8 import linear, maybe_int8
 from engines.runtime.layer_kernel import decoder_layer, new_counter
@@ -122,6 +123,8 @@ def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = 
     the residuals fused in (engines.runtime.rowproj).
     `split`: with `kernel`, the attention split over programs per row (engines.runtime.attention_split)."""
     attend = (split_attention if split else decode_attention) if kernel else reference_attention
+    if kernel and attention_split.OPAQUE:  # A/B: the kernel as one opaque call inside the compiled regions
+        attend = attention_split.opaque(attend)
 
     def layer(x, w, kc, vc, pos, cos_tab, sin_tab, ks=None, vs=None):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w

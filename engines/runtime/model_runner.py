@@ -60,11 +60,17 @@ def kernel_choice(setting: str, wanted: Optional[bool], device: torch.device) ->
     return can if wanted is None else bool(wanted)
 
 
+AUTO_FP8 = False  # runtime.kv_cache: auto -> fp8 where it can run (flip once measured on a GPU: docs/PERFORMANCE.md)
+
+
 def kv_cache_choice(setting: str, device: torch.device) -> bool:
-    """Whether the talker's key/value cache is fp8 (`runtime.kv_cache`): auto and model keep the model's dtype
-    (auto: until fp8 is measured on a GPU, docs/PERFORMANCE.md); fp8 where it cannot run is a clear error."""
+    """Whether the talker's key/value cache is fp8 (`runtime.kv_cache`): model keeps the model's dtype, auto too
+    until fp8 is measured on a GPU (AUTO_FP8; then fp8 where it can run); fp8 where it cannot run is a clear
+    error. The loader's memory plan and `info` take the same answer (engines.load.settings)."""
     if setting not in KV_CACHES:
         raise ValueError(f"runtime.kv_cache: {setting!r} is not one of {', '.join(KV_CACHES)}")
+    if setting == "auto":
+        return AUTO_FP8 and kv_cache.fp8_available(device)
     if setting != "fp8":
         return False
     if not kv_cache.fp8_available(device):
