@@ -65,6 +65,34 @@ def test_split_kernel_equals_the_torch_form_cache_writes_included():
     assert out.split() == ["ok", "1", "ok", "2"]
 
 
+def test_split_kernel_in_bf16_within_the_one_program_kernels_bounds():
+    """bf16 (the interpreter widens the tiles it multiplies; the roundings of the normed, rotated queries and keys
+    and of the weights are the kernels'): 1 and 3 splits against the torch form within the bounds the GPU test
+    holds the one-program kernel to, no further from it than that kernel is, the values written equal and the
+    keys within a bf16 step of the torch form's."""
+    out = run_interpreted(CASE + """
+    from engines.runtime.attention import decode_attention
+    dt = torch.bfloat16
+    qb, kb = qn.to(dt), kn.to(dt)
+    for T in (1, 2):
+        qkv = torch.randn(4, T, (H + 2 * KV) * D).to(dt)
+        for splits in (1, 3):
+            k0, v0 = torch.randn(6, KV, S, D).to(dt), torch.randn(6, KV, S, D).to(dt)
+            k1, v1, k2, v2 = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+            ref = reference_attention(qkv, qb, kb, cos, sin, positions(T), k1[1:5], v1[1:5], H, KV, 1e-6).float()
+            got = split_attention(qkv, qb, kb, cos, sin, positions(T), k2[1:5], v2[1:5], H, KV, 1e-6, splits=splits,
+                                  launch=SMALL).float()
+            one = decode_attention(qkv, qb, kb, cos, sin, positions(T), k0[1:5].clone(), v0[1:5].clone(), H, KV,
+                                   1e-6).float()
+            err = (got - ref).abs()
+            assert err.max() < 0.05 * ref.abs().max() and err.mean() < 0.01 * ref.abs().mean() + 1e-3, err.max()
+            assert err.max() <= (one - ref).abs().max() * 1.5 + 1e-3
+            assert torch.equal(v1, v2) and (k1.float() - k2.float()).abs().max() < 0.1
+        print("ok", T)
+    """)
+    assert out.split() == ["ok", "1", "ok", "2"]
+
+
 def test_split_kernel_with_an_fp8_cache_of_either_value_layout():
     """fp8 cache, values stored with each vector contiguous or (as an allocated cache) with the positions
     contiguous; 1, 2 and 3 splits; one and two new tokens: the torch form with the same cache within 1e-5, the

@@ -266,7 +266,8 @@ def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n
                      ks=None, vs=None, launch: dict | None = None):
     """`reference_attention` as one kernel launch (see the module doc). qkv `[B, T, (H + 2 KV) D]` with a
     contiguous last dimension, pos `[B, T]` int64, kc/vc `[B, KV, S, D]` views with a contiguous last
-    dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous; an fp8 cache's scales
+    dimension (row slices of the slot cache; vc may instead have its positions contiguous, `v_layout`), cos/sin
+    tables `[P, D]` fp32 contiguous; an fp8 cache's scales
     ks, vs `[B, KV, S]` (row slices too). `launch`: BLOCK_S / num_warps / num_stages in place of `launch_for`'s
     (benchmarks.attention_tune sweeps them)."""
     b, t, _ = qkv.shape
