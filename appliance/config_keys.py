@@ -48,6 +48,7 @@ class RuntimeSection:
     sample_kernel: Optional[bool] = None  # sampling as one Triton kernel per draw, no sort (None: Ampere GPUs on)
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     kv_cache: str = "auto"            # the talker's key/value cache: auto (= model until fp8 is measured), model, fp8
+    attn_split: Optional[bool] = None  # the talker's attention split over programs per row (None: off until measured)
     linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.int8.linear_setting), model, int8
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
     engine_cache: Optional[str] = None  # where build-engines puts the codec engines, a folder per checkpoint

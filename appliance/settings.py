@@ -188,7 +188,8 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, cache), engine_cache=str(cache), codec_fast=r.codec_fast,
                       attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,
-                      kv_cache=r.kv_cache, linear=r.linear, prefill_graphs=r.prefill_graphs, warmup=warmup)
+                      kv_cache=r.kv_cache, attn_split=r.attn_split, linear=r.linear, prefill_graphs=r.prefill_graphs,
+                      warmup=warmup)
 
 
 def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:

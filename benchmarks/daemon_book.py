@@ -7,6 +7,8 @@
     python -m benchmarks.daemon_book --dummy 0.6b --segments 680 --device all --json book_all.json
     # the tiny test model on the CPU (figures mean little there)
     python -m benchmarks.daemon_book --model tests/data/tiny/cv_small --device cpu --segments 6 --frames 4
+    # a real text, segmented by the daemon as a submit is (every segment still --frames long on random weights)
+    python -m benchmarks.daemon_book --dummy 0.6b --text book.txt --json book_text.json
 
 What is measured (the book as a user's `tts-appliance submit` meets it): the daemon is started (or a
 running one used, --socket/--url) and its start-up reported apart (`daemon_start_s`); the book goes in
@@ -15,7 +17,10 @@ Reported: the wall time from the upload to the finished book (chapters and book 
 is `done` only then), the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
 queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
 80% of the book, over the time between), the time to the first finished segment, and the engines' figures
-from /health.
+from /health. With `--text FILE` the book is that text (a plain-text file, as `tts-appliance submit` takes it):
+its segments are the project's segmenter's (jobs.segment, the submit's settings), their lengths in characters
+reported (`segment_lengths`); on random weights each still runs --frames frames (--fixed-length), so a
+segment's cache positions are its prompt (its text's tokens and the voice's prefix) plus --frames.
 """
 from __future__ import annotations
 
@@ -40,7 +45,12 @@ async def measure(args, res: dict) -> None:
         if args.fixed_length:
             spec["sampling"] = {"max_new_tokens": args.frames + 1}
         db = srv.daemon.home / "queue.db" if srv.daemon is not None else None
-        book = BookLoad(target, args.segments, spec, db)
+        text = None
+        if args.text:
+            with open(args.text, encoding="utf-8") as f:
+                text = f.read()
+            res["segment_lengths"] = segment_lengths(args.text, spec)
+        book = BookLoad(target, args.segments, spec, db, text=text)
         t0 = time.perf_counter()
         job = await book.submit_next()
         log.info("book job %s: %s segments", job["id"], job["total"])
@@ -75,6 +85,25 @@ async def measure(args, res: dict) -> None:
         res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format}
 
 
+def segment_lengths(path: str, spec: dict) -> dict:
+    """How the project's segmenter splits the text file at `path` for a job of `spec` (what the daemon's submit
+    does): the count and the characters per segment (min, median, 90th percentile, max, mean)."""
+    import statistics
+
+    from jobs.ingest import load_document
+    from jobs.settings import JobSpec
+    from jobs.submit import document_chapters
+
+    doc = load_document(path)
+    job = JobSpec(format=spec.get("format", "flac"), language=spec.get("language") or "auto")
+    chars = sorted(len(s.text) for _, segs in document_chapters(doc, job) for s in segs)
+    if not chars:
+        return {"segments": 0}
+    return {"segments": len(chars), "chars_min": chars[0], "chars_median": statistics.median(chars),
+            "chars_p90": chars[int(0.9 * (len(chars) - 1))], "chars_max": chars[-1],
+            "chars_mean": round(statistics.fmean(chars), 1)}
+
+
 def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float = 0.8):
     """Audio seconds per second while the book runs at full pace: the segments finished between `lo` and `hi`
     of the book over the time between (start-up of the job and its last, thinning rows left out)."""
@@ -103,6 +132,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_daemon_args(ap, "python -m benchmarks.daemon_book")
     ap.add_argument("--segments", type=int, default=680, help="segments in the book (about)")
+    ap.add_argument("--text", help="a plain-text file as the book (segmented by the daemon as a submit is)")
     ap.add_argument("--frames", type=int, default=150, help="frames per segment (fixed length)")
     ap.add_argument("--format", default="flac", help="the book's format (job setting)")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between progress polls")

@@ -72,6 +72,7 @@ class EngineSpec:
     sample_kernel: Optional[bool] = None
     layer_kernel: Optional[bool] = None
     kv_cache: str = "auto"  # the talker's key/value cache: auto, model (the model's dtype) or fp8
+    attn_split: Optional[bool] = None  # the talker's decode attention split over programs per row (None: auto)
     linear: str = "auto"  # the decoder layers' weights: auto, model (the model's dtype) or int8 (CPU, lossy)
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None

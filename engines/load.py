@@ -62,16 +62,21 @@ def settings(spec: EngineSpec) -> dict:
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
     from engines.runtime.int8 import linear_setting
+    from engines.runtime.model_runner import kv_cache_choice
 
     linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
+    try:  # auto decided where the runner decides it (model_runner.AUTO_FP8)
+        kv = "fp8" if kv_cache_choice(spec.kv_cache, torch.device(spec.device)) else "model"
+    except ValueError:  # a setting that cannot run: the runner stops with the reason when it starts
+        kv = "fp8" if spec.kv_cache == "fp8" else "model"
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason}
+           "kv_cache": kv, "linear": linear, "linear_reason": linear_reason}
     configured = str(spec.max_slots) != "auto"
     path = model_folder(spec.model)
     cpu = torch.device(spec.device).type == "cpu"
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
                              dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype),
-                             kv_cache=spec.kv_cache, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
+                             kv_cache=kv, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
     out["max_positions"] = plan.positions  # CPU: what admission may reserve at once (0: no limit)
     if configured and cpu:  # the admin's row count, held only by the positions admission reserves
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
@@ -109,7 +114,8 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, attn_split=spec.attn_split,
+                              linear=chosen["linear"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
                               cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])

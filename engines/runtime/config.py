@@ -31,6 +31,7 @@ class EngineConfig:
     layer_kernel: Optional[bool] = None  # one-row layers as one persistent kernel each, fuse="layer" (None: as attn_kernel)
     linear: str = "auto"  # the decoder layers' weights: auto / model (the model's dtype) or int8 (CPU; engines.runtime.int8)
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
+    attn_split: Optional[bool] = None  # the talker's decode attention split over programs per row (None: AUTO_SPLIT)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)
     topk_min_batch: int = 16  # ... from this batch bucket up (measured: below it the full sort is faster)
