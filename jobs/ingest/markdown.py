@@ -102,13 +102,13 @@ def front_matter(text: str) -> tuple[dict, str]:
 
 def _parse(block: str, toml: bool) -> Optional[dict]:
     """The metadata block as a mapping; None when it is none (then it is the document's text)."""
+    import tomllib
+
+    import yaml
+
     try:
         if toml:
-            import tomllib
-
             return tomllib.loads(block)
-        import yaml
-
         data = yaml.safe_load(block)
     except Exception as exc:  # any parser error: not a metadata block
         log.info("the Markdown file's opening block is not metadata (%s); read as text", exc)

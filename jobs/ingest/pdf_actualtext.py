@@ -12,7 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from pypdf.generic import ArrayObject, ByteStringObject, ContentStream, DecodedStreamObject, DictionaryObject, NameObject
+try:
+    from pypdf.generic import (ArrayObject, ByteStringObject, ContentStream, DecodedStreamObject, DictionaryObject,
+                               NameObject)
+except ImportError:  # only the PDF reader calls in here, and only once it has imported pypdf itself
+    ArrayObject = ByteStringObject = ContentStream = DecodedStreamObject = DictionaryObject = NameObject = None
 
 log = logging.getLogger(__name__)
 
