@@ -98,7 +98,7 @@ def test_a_kill_while_the_book_file_is_written_leaves_no_temp_file(tmp_path):
         _kill(d)
     d = Daemon(tmp_path, cfg, name="again.yaml").start()
     try:
-        assert d.wait_job(job, timeout=120)["state"] == "done"
+        assert d.wait_job(job)["state"] == "done"
     finally:
         assert d.stop() == 0
     assert not [p for p in out.rglob("*") if is_temp(p.name)], sorted(out.rglob("*"))
