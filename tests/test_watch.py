@@ -6,6 +6,7 @@ looked. How long a file has been unchanged is the test's own clock where that is
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 import pytest
@@ -195,3 +196,20 @@ def test_a_partial_job_is_filed_with_the_failures_not_as_done(env):
     assert f"job {job['id']} partial: 1 of" in reason and f"tts-appliance retry {job['id']}" in reason
     assert f"segment {first['idx']}: runaway/truncated audio" in reason and str(out) in reason
     assert [r["state"] for r in q.inbox_files() if r["name"] == "half.txt"] == ["failed"]
+
+
+def test_a_sidecar_key_it_does_not_know_is_named_once_in_the_log_and_the_job_s_log(env, caplog):
+    """A misspelt key (`voise`) is no reason to refuse the book (the sidecar is the user's hand-written file), nor
+    to be silent: one warning and one line in the job's log name it and the valid keys; the rest is honoured."""
+    paths, q, w = env
+    (paths.inbox / "typo.yaml").write_text("voise: vivian\ntitle: Spelt Wrong\n")
+    (paths.inbox / "typo.txt").write_text(BOOK)
+    with caplog.at_level(logging.INFO, logger="jobs"):
+        ticks_until(w, lambda: q.jobs())
+    [job] = q.jobs()
+    assert job["state"] == "queued" and job["title"] == "Spelt Wrong"
+    told = [r for r in caplog.records if "voise" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelname == "WARNING", [r.getMessage() for r in caplog.records]
+    lines = [e["message"] for e in q.events(job["id"]) if "voise" in e["message"]]
+    assert len(lines) == 1 and lines[0] == told[0].getMessage().removeprefix("inbox: "), lines
+    assert "sidecar typo.yaml: unknown key(s) 'voise', ignored; valid keys: voice (str), language (str)" in lines[0]
