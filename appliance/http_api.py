@@ -9,7 +9,7 @@
     GET    /v1/voices            voices and languages of the loaded checkpoint
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
-    DELETE /v1/voices/{name}     remove a saved cloned voice
+    DELETE /v1/voices/{name}     remove a saved cloned voice (also DELETE /v1/audio/voices/{name}, vllm-omni's route)
     GET    /v1/voices/{name}/sample, PATCH /v1/voices/{name}: a voice's sample, a rename (appliance.http_voices)
     GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
@@ -77,7 +77,8 @@ async def add_voice(request):
 
 
 async def delete_voice(request):
-    """DELETE /v1/voices/{name}"""
+    """DELETE /v1/voices/{name}, and DELETE /v1/audio/voices/{name} as vllm-omni's clients send it (their delete
+    of an uploaded voice: the same saved voice here) -> {"name", "deleted": true, "success": true, "message"}."""
     ctx = request.app[CTX]
     name = request.match_info["name"]
     path = ctx.host.engine.voice_file(name)
@@ -85,7 +86,7 @@ async def delete_voice(request):
         raise ApiError(404, f"no saved voice {name!r}", "not_found")
     path.unlink()
     await asyncio.get_running_loop().run_in_executor(None, prune_samples, ctx)
-    return web.json_response({"name": name, "deleted": True})
+    return web.json_response({"name": name, "deleted": True, "success": True, "message": f"voice {name!r} deleted"})
 
 
 async def health(request):
@@ -153,6 +154,7 @@ def make_app(ctx) -> web.Application:
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", add_voice)
     app.router.add_delete("/v1/voices/{name}", delete_voice)
+    app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
     add_voice_routes(app)
     app.router.add_get("/v1/formats", formats)
     app.router.add_get("/health", health)
