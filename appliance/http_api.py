@@ -89,6 +89,11 @@ async def delete_voice(request):
     return web.json_response({"name": name, "deleted": True, "success": True, "message": f"voice {name!r} deleted"})
 
 
+def disk_of(ctx) -> dict:
+    """The spool folder's disk as /health and /metrics show it (jobs.disk.disk_state, through the daemon)."""
+    return ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
+
+
 async def health(request):
     """GET /health: 200 while the daemon serves speech, also when its job queue cannot be read
     (then `"queue": {"ok": false, "error": ...}`; streams go on, jobs wait for the queue). `parts`: the
@@ -101,7 +106,7 @@ async def health(request):
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     parts = ctx.parts()
     down = {name: p.get("error") for name, p in parts.items() if not p["ok"]}
-    disk = ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
+    disk = disk_of(ctx)
     degraded = (down or not disk["ok"]) and ctx.state == "ok"
     body = {"status": "degraded" if degraded else ctx.state, "model": str(ctx.cfg.model.path),
             "model_type": e.model_type, "sample_rate": e.sample_rate,
@@ -129,11 +134,11 @@ async def formats(request):
 
 async def metrics(request):
     """GET /metrics (Prometheus text format 0.0.4, or OpenMetrics when the scraper's Accept asks for it:
-    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read."""
+    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read; the disk as /health shows it."""
     ctx = request.app[CTX]
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     body, content_type = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok,
-                                            accept=request.headers.get("Accept", ""))
+                                            accept=request.headers.get("Accept", ""), disk=disk_of(ctx))
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
