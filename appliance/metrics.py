@@ -12,7 +12,8 @@ Exposed at `GET /metrics`:
     tts_ttfa_seconds (histogram)       time to first audio of streaming requests
     tts_realtime_factor (gauge)        audio seconds / wall seconds of the last finished stream
     tts_audio_seconds_total            streamed audio produced
-    tts_requests_total{api,outcome}    requests by API and outcome (ok, busy, bad_request, error, cancelled)
+    tts_requests_total{api,outcome}    requests by API and outcome (ok, busy, bad_request, slow_client, error,
+                                       cancelled)
     tts_errors_total{kind}             errors by exception class
     tts_disk_free_bytes                free bytes on the spool folder's disk (what /health's `disk` shows)
     tts_disk_ok                        1, or 0 while jobs wait for room there (or less than jobs.min_free_mb is free)
