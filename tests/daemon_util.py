@@ -49,7 +49,7 @@ def base_config(tmp: Path, **sections) -> dict:
            "runtime": {"max_slots": 4, "max_queue": 8},
            "jobs": {"home": str(tmp / "home"), "guard": False, "batch_size": 4, "watch_quiet_s": 0.5,
                     "lease_s": 30.0},
-           "http": {"read_timeout_s": 2.0, "write_timeout_s": 5.0},
+           "http": {"read_timeout_s": 2.0, "write_timeout_s": 60.0},  # (a test client reads late on a busy machine)
            "service": {"runtime_dir": str(run), "status_interval_s": 0.5, "stop_timeout_s": 20.0}}
     for sec, values in sections.items():
         cfg.setdefault(sec, {}).update(values)
