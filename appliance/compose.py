@@ -7,12 +7,14 @@
         worker = make_worker(s, host)          # jobs.worker.Worker feeding every engine
     watcher = make_watcher(s, host)            # jobs.watch.InboxWatcher (host: voices checked at submit)
     retention = make_retention(s)              # jobs.retention.Retention (jobs.keep_work_days)
+    with retention_here(s):                    # a job command: that retention on a thread while the block runs
 
 Nothing here decides a setting: every value comes from `s` (the daemon's supervision of what is built
 here is appliance.supervise's).
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Optional
 
@@ -59,6 +61,23 @@ def make_retention(s: Settings):
     from jobs.retention import Retention
 
     return Retention(s.paths.db, s.paths, s.config.jobs.keep_work_days)
+
+
+@contextmanager
+def retention_here(s: Settings):
+    """The retention of `s` while a job command (`work`, `watch`) runs, as the daemon runs it: on a thread of its
+    own, a round at the start and every hour. A block that ends waits for the first round (a command done at once
+    still applies it); the thread is stopped after it (a later round stops between jobs)."""
+    retention = make_retention(s)
+    stop = threading.Event()
+    thread = threading.Thread(target=retention.run, args=(stop,), name="retention", daemon=True)
+    thread.start()
+    try:
+        yield retention
+        retention.ran.wait()
+    finally:
+        stop.set()
+        thread.join()
 
 
 def make_watcher(s: Settings, host: Optional[EngineHost] = None):

@@ -79,7 +79,8 @@ def check(cfg: Config, origin: str = "config") -> Config:
     for sec, key in (("runtime", "max_queue"), ("runtime", "max_context"), ("jobs", "workers"),
                      ("jobs", "ingest_cpu_s"), ("jobs", "ingest_memory_mb"), ("jobs", "ingest_wall_s"),
                      ("jobs", "ingest_parallel"), ("jobs", "max_file_mb"),
-                     ("http", "max_body_bytes"), ("http", "max_text_chars"), ("wyoming", "idle_timeout_s")):
+                     ("http", "max_body_bytes"), ("http", "max_text_chars"), ("wyoming", "idle_timeout_s"),
+                     ("wyoming", "write_timeout_s")):
         if getattr(getattr(cfg, sec), key) < 1:
             raise ConfigError(f"{origin}: {sec}.{key} must be at least 1")
     if cfg.jobs.batch_size < 0:

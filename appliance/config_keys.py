@@ -114,6 +114,7 @@ class WyomingSection:
     default_voice: Optional[str] = None
     default_language: str = "auto"
     idle_timeout_s: float = 60.0      # a connection that sends no event this long while nothing is spoken is closed
+    write_timeout_s: float = 60.0     # a connection whose client reads none of its audio this long is closed
 
 
 @dataclass

@@ -10,7 +10,7 @@
                                  speech (a test checkpoint of random weights), else ""
     POST   /v1/voices            add a cloned voice (Base checkpoints): {"name", "ref_audio" (base64), "ref_text",
                                  "overwrite"}: 409 when the name is taken, unless overwrite
-    DELETE /v1/voices/{name}     remove a saved cloned voice
+    DELETE /v1/voices/{name}     remove a saved cloned voice (also DELETE /v1/audio/voices/{name}, vllm-omni's route)
     GET    /v1/voices/{name}/sample, PATCH /v1/voices/{name}: a voice's sample, a rename (appliance.http_voices)
     GET    /v1/formats           what the server writes (books, speech) and the documents it reads
     GET    /health               {"status": "ok" | "degraded" | "starting" | "stopping", "queue": {"ok": ...},
@@ -80,7 +80,8 @@ async def add_voice(request):
 
 
 async def delete_voice(request):
-    """DELETE /v1/voices/{name}"""
+    """DELETE /v1/voices/{name}, and DELETE /v1/audio/voices/{name} as vllm-omni's clients send it (their delete
+    of an uploaded voice: the same saved voice here) -> {"name", "deleted": true, "success": true, "message"}."""
     ctx = request.app[CTX]
     name = request.match_info["name"]
     path = ctx.host.engine.voice_file(name)
@@ -88,7 +89,12 @@ async def delete_voice(request):
         raise ApiError(404, f"no saved voice {name!r}", "not_found")
     path.unlink()
     await asyncio.get_running_loop().run_in_executor(None, prune_samples, ctx)
-    return web.json_response({"name": name, "deleted": True})
+    return web.json_response({"name": name, "deleted": True, "success": True, "message": f"voice {name!r} deleted"})
+
+
+def disk_of(ctx) -> dict:
+    """The spool folder's disk as /health and /metrics show it (jobs.disk.disk_state, through the daemon)."""
+    return ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
 
 
 async def health(request):
@@ -103,7 +109,7 @@ async def health(request):
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     parts = ctx.parts()
     down = {name: p.get("error") for name, p in parts.items() if not p["ok"]}
-    disk = ctx.disk_state() if hasattr(ctx, "disk_state") else {"ok": True}
+    disk = disk_of(ctx)
     degraded = (down or not disk["ok"]) and ctx.state == "ok"
     body = {"status": "degraded" if degraded else ctx.state, "model": str(ctx.cfg.model.path),
             "model_type": e.model_type, "test_model": getattr(e, "test_model", ""), "sample_rate": e.sample_rate,
@@ -131,11 +137,11 @@ async def formats(request):
 
 async def metrics(request):
     """GET /metrics (Prometheus text format 0.0.4, or OpenMetrics when the scraper's Accept asks for it:
-    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read."""
+    appliance.metrics); `tts_queue_up 0` while the job queue cannot be read; the disk as /health shows it."""
     ctx = request.app[CTX]
     q = await asyncio.get_running_loop().run_in_executor(None, ctx.queue_state)
     body, content_type = ctx.metrics.render(ctx.host.stats(), q.segments, q.jobs, queue_up=q.ok,
-                                            accept=request.headers.get("Accept", ""))
+                                            accept=request.headers.get("Accept", ""), disk=disk_of(ctx))
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
@@ -157,6 +163,7 @@ def make_app(ctx) -> web.Application:
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_post("/v1/voices", add_voice)
     app.router.add_delete("/v1/voices/{name}", delete_voice)
+    app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
     add_voice_routes(app)
     app.router.add_get("/v1/formats", formats)
     app.router.add_get("/health", health)

@@ -12,16 +12,20 @@ Exposed at `GET /metrics`:
     tts_ttfa_seconds (histogram)       time to first audio of streaming requests
     tts_realtime_factor (gauge)        audio seconds / wall seconds of the last finished stream
     tts_audio_seconds_total            streamed audio produced
-    tts_requests_total{api,outcome}    requests by API and outcome (ok, busy, bad_request, error, cancelled)
+    tts_requests_total{api,outcome}    requests by API and outcome (ok, busy, bad_request, slow_client, error,
+                                       cancelled)
     tts_errors_total{kind}             errors by exception class
+    tts_disk_free_bytes                free bytes on the spool folder's disk (what /health's `disk` shows)
+    tts_disk_ok                        1, or 0 while jobs wait for room there (or less than jobs.min_free_mb is free)
 
-Each daemon keeps its own registry (not the library's global one); the queue and engine gauges are what the
-daemon reads at each scrape. Counters and the histogram carry no `_created` series.
+Each daemon keeps its own registry (not the library's global one); the queue, engine and disk gauges are what
+the daemon reads at each scrape. Counters and the histogram carry no `_created` series.
 """
 from __future__ import annotations
 
 import threading
 import time
+from typing import Optional
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -36,7 +40,7 @@ class _Scrape:
     """The gauges read at each scrape (the queue's counts, the engines' state), set by `Metrics.render`."""
 
     def __init__(self):
-        self.engine, self.segments, self.jobs, self.queue_up = {}, {}, {}, True
+        self.engine, self.segments, self.jobs, self.queue_up, self.disk = {}, {}, {}, True, {}
 
     def collect(self):
         def gauge(name, help_, value=None, label=None, values=None):
@@ -56,6 +60,11 @@ class _Scrape:
         yield gauge("tts_engine_queued", "Requests waiting for a slot.", e.get("queued", 0))
         yield gauge("tts_streams_active", "Streaming clients being served.", e.get("streams", 0))
         yield gauge("tts_engine_frames_per_second", "Codec frames per second (engine).", e.get("frames_per_s", 0))
+        if "free_bytes" in self.disk:
+            yield gauge("tts_disk_free_bytes", "Free bytes on the spool folder's disk.", self.disk["free_bytes"])
+        if "ok" in self.disk:
+            yield gauge("tts_disk_ok", "Whether jobs find room on the spool folder's disk (1) or wait for it (0).",
+                        1 if self.disk["ok"] else 0)
 
 
 class Metrics:
@@ -100,12 +109,13 @@ class Metrics:
         return get("tts_ttfa_seconds_count") or 0.0, get("tts_ttfa_seconds_sum") or 0.0
 
     def render(self, engine_stats: dict, queue_counts: dict, job_counts: dict, queue_up: bool = True,
-               accept: str = "") -> tuple[bytes, str]:
+               accept: str = "", disk: Optional[dict] = None) -> tuple[bytes, str]:
         """(the exposition, its Content-Type) in the format the scraper's `accept` header asks for, with the
-        engines' `engine_stats` and the queue's counts (none while the queue cannot be read: `queue_up` False)."""
+        engines' `engine_stats`, the queue's counts (none while the queue cannot be read: `queue_up` False) and
+        the spool folder's `disk` as /health shows it (jobs.disk.disk_state; None: no disk gauges)."""
         encode, content_type = choose_encoder(accept)
         with self._lock:
             s = self._scrape
-            s.engine, s.queue_up = engine_stats or {}, queue_up
+            s.engine, s.queue_up, s.disk = engine_stats or {}, queue_up, disk or {}
             s.segments, s.jobs = (queue_counts or {}, job_counts or {}) if queue_up else ({}, {})
             return encode(self.registry), content_type

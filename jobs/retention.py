@@ -125,12 +125,13 @@ def _dirs(folder: Path) -> list[Path]:
 
 
 class Retention:
-    """The daemon's retention: `prune` at start and every `every_s` on a queue connection of its own, until
-    `stop` is set. An outage of the queue waits for the next round."""
+    """The retention of the daemon and the job commands: `prune` at start and every `every_s` on a queue
+    connection of its own, until `stop` is set. An outage of the queue waits for the next round."""
 
     def __init__(self, location, paths: Paths, keep_work_days: Optional[float], every_s: float = EVERY_S):
         self.location, self.paths, self.keep_work_days, self.every_s = location, paths, keep_work_days, every_s
         self.last: Optional[dict] = None  # the last round's result, with "at"
+        self.ran = threading.Event()  # set once a round has ended (applied, or not: the queue was away)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -138,6 +139,8 @@ class Retention:
                 self.once(stop)
             except (QueueError, QueueUnavailable) as exc:  # the outage itself is told once (jobs.queue.outage)
                 log.info("retention: not applied this round (%s); the next round tries again", exc)
+            finally:
+                self.ran.set()
             stop.wait(self.every_s)
 
     def once(self, stop: Optional[threading.Event] = None) -> dict:

@@ -12,7 +12,8 @@ not read stays in place too: one error line and one failed job saying why, again
 (a chmod or chown), when it is tried again. The folder is rescanned every tick,
 so events are only a hint; `polling=True` uses watchdog's PollingObserver for network mounts. A file
 whose content (sha256) was already ingested is not ingested again (unless that earlier job failed).
-A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...
+A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...; a key it does not
+know is ignored, named in one warning and in the job's log.
 
 Parsing runs in a child process under `limits` (jobs.ingest.isolate), up to `limits.parallel` files at
 once (jobs.ingest_parallel), each waited for by a pool thread with its own queue connection: the
@@ -215,7 +216,7 @@ class InboxWatcher:
 
         queue = queue or self.queue
         try:
-            spec = sidecar_spec(side, self.defaults)
+            spec, note = sidecar_spec(side, self.defaults)
         except SidecarError as exc:
             reason = str(exc)
             job_id = queue.add_failed_job(JobSpec(title=moved.name), [str(moved)], reason)  # `list` shows it
@@ -229,6 +230,8 @@ class InboxWatcher:
         except IngestCancelled:
             self._record(digest, moved, None, "ingesting", None, side, queue)  # a clean stop: not an attempt
             raise
+        if note:
+            queue.event(job_id, note, level="warning")  # what the sidecar said that is no job setting
         if error:
             self._record(digest, moved, job_id, "failed", error, side, queue)
             self._to_failed(moved, side, error)

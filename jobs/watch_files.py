@@ -81,12 +81,13 @@ SIDECAR_FIX = ("fix it (YAML: one `key: value` per line, e.g. `voice: vivian`; q
                "' #'), then drop the book with its sidecar into the inbox again")
 
 
-def sidecar_spec(side: Optional[Path], defaults: dict) -> JobSpec:
-    """The job settings of a book: `defaults`, then the keys of its sidecar `side` (when it has one);
-    SidecarError when the sidecar cannot be used."""
+def sidecar_spec(side: Optional[Path], defaults: dict) -> tuple[JobSpec, Optional[str]]:
+    """The job settings of a book: `defaults`, then the keys of its sidecar `side` (when it has one), and a line
+    naming the sidecar's keys that are no job setting (None: none; they are ignored, the book is still taken: a
+    warning is logged, for the job's log too); SidecarError when the sidecar cannot be used."""
     import yaml
 
-    data = dict(defaults)
+    data, note = dict(defaults), None
     if side is not None:
         bad = f"bad sidecar {side.name}"
         if not regular_file(side):
@@ -101,8 +102,12 @@ def sidecar_spec(side: Optional[Path], defaults: dict) -> JobSpec:
         if not isinstance(loaded, dict):
             raise SidecarError(f"{bad}: it must be a YAML mapping such as 'voice: vivian'; {SIDECAR_FIX}")
         data.update(loaded)
+        unknown = JobSpec.unknown(loaded)
+        if unknown:
+            note = f"sidecar {side.name}: {unknown}"
+            log.warning("inbox: %s", note)
     try:
-        return JobSpec.from_dict(data)
+        return JobSpec.from_dict(data), note
     except (ValueError, TypeError) as exc:
         raise SidecarError(f"bad sidecar {side.name if side else ''}: {exc}") from None
 

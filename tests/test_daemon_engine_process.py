@@ -35,7 +35,7 @@ def _engine_pid(d: Daemon) -> int:
 
 def test_a_killed_engine_process_loses_nothing_and_does_nothing_twice(tmp_path):
     cfg = base_config(tmp_path, runtime={"max_slots": 2, "max_queue": 8}, jobs={"batch_size": 2})
-    d = Daemon(tmp_path, cfg).start(timeout=120)
+    d = Daemon(tmp_path, cfg).start()
     try:
         paths = resolve_home(cfg["jobs"]["home"])
         q = Queue(paths.db)

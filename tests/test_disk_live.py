@@ -62,6 +62,15 @@ def _until(cond, what: str, daemon: Daemon, timeout: float = 300.0):
     return result
 
 
+def _disk_gauges(daemon: Daemon) -> dict:
+    """tts_disk_ok and tts_disk_free_bytes of /metrics, read by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = daemon.get("/metrics")[1].decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name in ("tts_disk_ok", "tts_disk_free_bytes")}
+
+
 def test_a_full_spool_folder_makes_the_book_wait_and_it_goes_on_when_space_returns(tmpfs, tmp_path):
     home = tmpfs / "home"
     cfg = base_config(tmp_path, jobs={"home": str(home), "batch_size": 4, "min_free_mb": 1, "lease_s": 120.0})
@@ -81,6 +90,8 @@ def test_a_full_spool_folder_makes_the_book_wait_and_it_goes_on_when_space_retur
         status, health, _ = daemon.get("/health")
         assert status == 200 and health["status"] == "degraded" and health["disk"]["ok"] is False, health
         assert "disk full" in health["disk"]["error"] and str(home) in health["disk"]["error"]
+        gauges = _disk_gauges(daemon)  # what /health shows (the tmpfs is full: its free bytes stay put)
+        assert gauges == {"tts_disk_ok": 0, "tts_disk_free_bytes": daemon.get("/health")[1]["disk"]["free_bytes"]}
         s = daemon.get(f"/v1/jobs/{job_id}")[1]
         assert s["state"] == "running" and s["progress"]["failed"] == 0, s
 
@@ -89,6 +100,7 @@ def test_a_full_spool_folder_makes_the_book_wait_and_it_goes_on_when_space_retur
         assert s["state"] == "done" and s["progress"]["done"] == s["progress"]["total"] == 40, s
         status, health, _ = daemon.get("/health")
         assert health["status"] == "ok" and health["disk"]["ok"] is True
+        assert _disk_gauges(daemon)["tts_disk_ok"] == 1
         assert all(p["restarts"] == 0 for p in health["parts"].values()), health["parts"]
     finally:
         filler.unlink(missing_ok=True)

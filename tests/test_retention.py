@@ -264,3 +264,43 @@ def test_a_pruned_job_keeps_its_cover_and_place_a_deleted_one_loses_both(spool):
     delete_job(q, paths, jobs[0])
     assert not covers[0].exists() and covers[1].is_file()
     assert q.position(jobs[0]) is None and q.position(jobs[1])["position_s"] == 12.5
+
+
+@pytest.mark.parametrize("command", [["work", "--until-idle"], ["watch", "--no-work"]])
+def test_the_job_commands_apply_the_retention_as_the_daemon_does(tmp_path, command):
+    """`work` and `watch` (the daemon's worker and watcher in a command's process) apply jobs.keep_work_days as
+    the daemon does: a round at their start, then every hour. `work --until-idle` ends after its round; `watch`
+    is stopped (Ctrl-C) once the old job's working files are gone, however long that took."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    old = q.add_job(JobSpec(format="wav", title="Old"), _chapters(1, 2))
+    _work(q, paths)
+    with q.tx() as c:  # it ended 8 days ago: past jobs.keep_work_days (7)
+        c.execute("UPDATE jobs SET finished_at = ? WHERE id = ?", (time.time() - 8 * DAY_S, old))
+    audio = _audio(q, old)
+    assert audio and all(p.is_file() for p in audio)
+    model = ["--model", str(root / "tests" / "data" / "tiny" / "cv_small"), "--device", "cpu"]
+    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", *command, "--home", str(paths.home),
+                             *(model if command[0] == "work" else [])], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TTS_APPLIANCE_NO_DAEMON": "1"})
+    try:
+        if command[0] == "watch":
+            deadline = time.monotonic() + 300  # (a failure guard)
+            while not q.job(old)["work_removed_at"] and proc.poll() is None:
+                assert time.monotonic() < deadline, "the watch command never applied the retention"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 130) if command[0] == "watch" else proc.returncode == 0, out
+    assert q.job(old)["work_removed_at"] and not any(p.exists() for p in audio), out
+    assert (paths.output / old).is_dir()  # its outputs stay
+    q.close()

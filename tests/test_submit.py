@@ -103,22 +103,29 @@ def test_concurrent_submits_make_one_job(spool, tmp_path):
     q.close()
 
 
-def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path):
+def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path, monkeypatch):
     paths, q = spool
     src, spec = book(tmp_path), JobSpec(voice="ryan")
     first_id, mine = q.claim_submission(submit_key(src, spec))  # the first submit, mid-ingest
     assert mine
+    waiting, wait_for_job = threading.Event(), Queue.wait_for_job
+
+    def noted(self, *a, **k):
+        waiting.set()
+        return wait_for_job(self, *a, **k)
+
+    monkeypatch.setattr(Queue, "wait_for_job", noted)
     got = []
-    t = threading.Thread(target=lambda: got.append(submit_file(Queue(paths.db), paths, src, spec, wait_s=30)))
+    t = threading.Thread(target=lambda: got.append(submit_file(Queue(paths.db), paths, src, spec, wait_s=3600)))
     t.start()
-    time.sleep(0.5)
+    assert waiting.wait(300), "the second submit never waited"  # (a failure guard)
     assert t.is_alive() and not q.jobs(), "the second submit must wait, not queue a job of its own"
     from jobs.submit import document_chapters
     from jobs.ingest import load_document
 
     q.add_job(spec, document_chapters(load_document(src), spec), [str(src)], job_id=first_id)
-    t.join(10)
-    assert got == [(first_id, None)] and len(q.jobs()) == 1
+    t.join(300)  # it ends once the job is there (its own limit is an hour)
+    assert not t.is_alive() and got == [(first_id, None)] and len(q.jobs()) == 1
 
 
 def test_claim_of_a_dead_submitter_is_taken_over(spool, tmp_path):
@@ -296,7 +303,7 @@ def daemon(tmp_path_factory):
 
 def test_inbox_file_without_sidecar_becomes_audio_on_a_custom_voice_model(daemon):
     (daemon.home / "inbox" / "plain.txt").write_text("Alpha is read aloud.\n")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # (a failure guard)
     while time.monotonic() < deadline and not list((daemon.home / "done").glob("*/plain.txt")):
         assert not (daemon.home / "failed" / "plain.txt.reason.txt").exists(), \
             (daemon.home / "failed" / "plain.txt.reason.txt").read_text()

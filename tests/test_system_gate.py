@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,15 +40,18 @@ def test_systemd_is_asked_again_until_its_bus_answers():
     assert len(calls) == 3 and calls[0] == ("systemctl", "is-system-running", "--wait")
 
 
-def test_a_container_whose_systemd_fails_is_a_failure_not_a_skip():
+def test_a_container_whose_systemd_fails_is_a_failure_not_a_skip(monkeypatch):
     c, _ = _container([("maintenance\n", "")])
     with pytest.raises(BootFailed, match="'maintenance'"):
         c.wait_for_systemd(time.monotonic() + 30)
     assert not issubclass(BootFailed, nspawn_util.Unavailable)  # the live test skips only on Unavailable
     c, calls = _container([("", "Failed to connect to bus")])
+    clock = [1000.0]  # its clock moves only by its own sleeps: asked at 0, 0.2 and 0.4 s, however busy the machine
+    monkeypatch.setattr(nspawn_util, "time", SimpleNamespace(monotonic=lambda: clock[0],
+                                                             sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
     with pytest.raises(BootFailed, match="did not answer"):
-        c.wait_for_systemd(time.monotonic() + 0.5)
-    assert len(calls) >= 2
+        c.wait_for_systemd(clock[0] + 0.5)
+    assert len(calls) == 3
 
 
 GATED = """
