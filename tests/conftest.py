@@ -29,7 +29,9 @@ REQUIRED = {
                                   "or unset the variable where it cannot run"),
     "ace": (REQUIRE_SYSTEM, "run tests/fixtures/ace_install.sh (./install.sh --dev does; it needs npm) and apt-get "
                             "install chromium, or unset the variable where they cannot be installed"),
-    "converters": (REQUIRE_SYSTEM, "apt-get install pandoc calibre (.ci/run and ./install.sh --dev do as root), "
+    "converters": (REQUIRE_SYSTEM, "apt-get install pandoc calibre (./install.sh --dev does as root), "
+                                   "libreoffice-writer-nogui, texlive-xetex texlive-lang-chinese fonts-noto-cjk "
+                                   "(.ci/run installs them all), "
                                    "or unset the variable where they cannot be installed"),
 }
 # the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;

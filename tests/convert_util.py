@@ -139,8 +139,8 @@ def png() -> bytes:
 class Conversion:
     """One file a tool writes: `name` (its file name), the tool, and how: pandoc from the Markdown (`target`
     its writer), calibre from pandoc's EPUB 3, LibreOffice from pandoc's DOCX (`target` the ending).
-    `required`: where the tests must run (pandoc and calibre themselves; not LibreOffice, not pandoc's PDF,
-    which needs LaTeX and a CJK font)."""
+    `required`: where the tests must run (TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1: .ci/run installs every tool,
+    LibreOffice and pandoc's LaTeX and CJK font too); a developer's machine skips a missing tool with its reason."""
 
     name: str
     tool: str
@@ -151,11 +151,10 @@ class Conversion:
 CONVERSIONS = [Conversion(f"pandoc.{name}", "pandoc", writer) for name, writer in (
     ("epub3.epub", "epub3"), ("epub2.epub", "epub2"), ("docx", "docx"), ("odt", "odt"), ("rtf", "rtf"),
     ("html", "html"), ("fb2", "fb2"), ("md", "markdown"), ("txt", "plain"))]
-CONVERSIONS.append(Conversion("pandoc.pdf", "pandoc", "latex", required=False))  # -o *.pdf: LaTeX, then PDF
+CONVERSIONS.append(Conversion("pandoc.pdf", "pandoc", "latex"))  # -o *.pdf: LaTeX, then PDF
 CONVERSIONS += [Conversion(f"calibre.{ext}", "calibre", ext) for ext in (
     "azw3", "mobi", "epub", "fb2", "docx", "pdf", "rtf", "txt", "htmlz", "txtz")]
-CONVERSIONS += [Conversion(f"libreoffice.{ext}", "libreoffice", ext, required=False)
-                for ext in ("docx", "odt", "rtf", "pdf")]
+CONVERSIONS += [Conversion(f"libreoffice.{ext}", "libreoffice", ext) for ext in ("docx", "odt", "rtf", "pdf")]
 PROGRAMS = {"pandoc": "pandoc", "calibre": "ebook-convert", "libreoffice": "soffice"}
 INSTALL = {"pandoc": "apt-get install pandoc", "calibre": "apt-get install calibre",
            "libreoffice": "apt-get install libreoffice-writer-nogui"}
@@ -172,7 +171,8 @@ def missing(tool: str) -> Optional[str]:
 def _latex() -> tuple[Optional[list[str]], Optional[str]]:
     """pandoc's options for a PDF through xelatex with a CJK font, or why it cannot write one here."""
     if shutil.which("xelatex") is None:
-        return None, "pandoc writes PDF through LaTeX: xelatex is not installed here (apt-get install texlive-xetex)"
+        return None, "pandoc writes PDF through LaTeX: xelatex is not installed here (apt-get install texlive-xetex; "
+                      "--no-install-recommends texlive-lang-chinese for its CJK package)"
     fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True).stdout.split("\n")
     family = next((f.split(",")[0].strip() for f in fonts if f.strip()), None)
     if family is None:

@@ -5,8 +5,8 @@ without note markers, notes, a table of contents, a title page or alt text, the 
 titles, and the book's title and author.
 
 The conversions are made once per session. A tool missing here skips its rows with the reason (marker
-`converters`: a failure where TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 for pandoc and calibre, which .ci/run
-installs); LibreOffice is optional everywhere, and so is pandoc's PDF (it needs xelatex and a Chinese font).
+`converters`: a failure where TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1, as .ci/run installs them all: pandoc, calibre,
+LibreOffice, and for pandoc's PDF xelatex with its CJK package and a Chinese font).
 """
 from __future__ import annotations
 

@@ -30,19 +30,29 @@ def _glued(text: str, number: int) -> bool:
     return strip_glued_references(text, number, only=(number,)) != text
 
 
+GLUED_NOTE_RE = re.compile(r"^(\d{1,3})(?=[^\W\d_])")  # LaTeX's "1The bench ...": the number set up, no space
+
+
+def _note_number(line: str) -> int:
+    """The number a note's line at a page's foot starts with: as `notes.note_number`, or glued to its first
+    word (LaTeX sets a footnote's number as a superscript without a space; the text layer keeps no gap)."""
+    m = GLUED_NOTE_RE.match(line)
+    return note_number(line) or (int(m.group(1)) if m else 0)
+
+
 def _page_notes(lines: list[str], before: str = "") -> tuple[list[str], list[str], set[int]]:
     """A page's lines split into (body, notes at its foot, their numbers): the notes start at the first line
     that starts with the number of a reference in the body above it (or in `before`, the previous page's body:
     a note may flow to the next page) and are followed only by lines of the next such numbers and lines
     continuing them."""
     for start in range(max(1, len(lines) - MAX_NOTE_LINES), len(lines)):
-        first = note_number(lines[start])
+        first = _note_number(lines[start])
         if not first:
             continue
         body = before + " " + " ".join(lines[:start])
         numbers, expected = set(), first
         for line in lines[start:]:
-            n = note_number(line)
+            n = _note_number(line)
             if n and n == expected and _glued(body, n):
                 numbers.add(n)
                 expected += 1
