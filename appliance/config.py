@@ -68,7 +68,7 @@ class RuntimeSection:
     sample_kernel: Optional[bool] = None  # sampling as one Triton kernel per draw, no sort (None: Ampere GPUs on)
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     kv_cache: str = "auto"            # the talker's key/value cache: auto (= model until fp8 is measured), model, fp8
-    linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.int8.linear_setting), model, int8
+    linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.linears.linear_setting), model, fp16, int8
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
 
 

@@ -200,6 +200,14 @@ def _join(items, limit: int = 12) -> str:
     return (", ".join(str(x) for x in items[:limit]) or "-") + more
 
 
+def _linear_words(e: dict) -> str:
+    """An engine's decoder-layer weight format, where it is not the model's dtype (runtime.linear)."""
+    fmt = e.get("linear")
+    if fmt in (None, "model"):
+        return ""
+    return f"{fmt} decoder-layer weights ({'lossy; ' if fmt == 'int8' else ''}{e.get('linear_reason', '')}), "
+
+
 def _device_lines(d: dict) -> list[str]:
     if "error" in d:
         return [f"  error: {d['error']}"]
@@ -267,7 +275,7 @@ def render(r: dict) -> str:
     section("engines", r["engines"], lambda es: [
         f"  {e['error']}" if "error" in e else
         f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
-        f"{'int8 decoder-layer weights (lossy; ' + e.get('linear_reason', '') + '), ' if e.get('linear') == 'int8' else ''}"
+        f"{_linear_words(e)}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
         f"codec {e['codec']}, {e['threads']} CPU threads"
         f"{' (' + str(e['idle_threads']) + ' while the codec idles)' if e.get('idle_threads', 0) > e['threads'] else ''}"

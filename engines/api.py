@@ -72,7 +72,7 @@ class EngineSpec:
     sample_kernel: Optional[bool] = None
     layer_kernel: Optional[bool] = None
     kv_cache: str = "auto"  # the talker's key/value cache: auto, model (the model's dtype) or fp8
-    linear: str = "auto"  # the decoder layers' weights: auto, model (the model's dtype) or int8 (CPU, lossy)
+    linear: str = "auto"  # the decoder layers' weights: auto, model (the model's dtype), fp16 or int8 (CPU; int8 lossy)
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

@@ -51,7 +51,7 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
-    from engines.runtime.int8 import linear_setting
+    from engines.runtime.linears import linear_setting
 
     linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,

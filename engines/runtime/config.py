@@ -29,7 +29,9 @@ class EngineConfig:
     sample_kernel: Optional[bool] = None  # the step's draws as one Triton kernel each, no sort (None: as attn_kernel)
     row_kernel: bool = False  # one-row projections as Triton kernels, norms and residuals fused (A/B: off)
     layer_kernel: Optional[bool] = None  # one-row layers as one persistent kernel each, fuse="layer" (None: as attn_kernel)
-    linear: str = "auto"  # the decoder layers' weights: auto / model (the model's dtype) or int8 (CPU; engines.runtime.int8)
+    # the decoder layers' weights: model (the model's dtype), fp16 or int8 (CPU; engines.runtime.linears), or auto
+    # (fp16 for fp32 weights on a CPU that runs it); the loader passes what engines.load.settings decided
+    linear: str = "model"
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)

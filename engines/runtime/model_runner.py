@@ -30,7 +30,7 @@ from engines.names import KV_CACHES
 from engines.runtime import attention
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
-from engines.runtime.int8 import linear_setting
+from engines.runtime.linears import linear_setting
 from engines.runtime.scheduler import length_bucket, pick_bucket
 from engines.runtime.slots import SlotTable
 from engines.runtime.stream import FrameStore
@@ -107,12 +107,12 @@ class ModelRunner:
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
-        self.int8 = linear_setting(cfg.linear, self.device, dtype)[0] == "int8"
-        if self.int8:
-            log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
+        self.linear, why = linear_setting(cfg.linear, self.device, dtype)
+        if self.linear != "model":
+            log.info("decoder layers: %s weights (%s)", self.linear, why)
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
                              sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
-                             int8=self.int8)
+                             linear=self.linear)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
