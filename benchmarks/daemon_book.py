@@ -7,6 +7,9 @@
     python -m benchmarks.daemon_book --dummy 0.6b --segments 680 --device all --json book_all.json
     # the tiny test model on the CPU (figures mean little there)
     python -m benchmarks.daemon_book --model tests/data/tiny/cv_small --device cpu --segments 6 --frames 4
+    # a book of real text on the CPU: the segments the project's segmenter makes of it, each as long as the
+    # mean of their expected durations (random weights cannot end a segment where its speech would)
+    python -m benchmarks.daemon_book --dummy 0.6b --device cpu --text benchmarks/texts/founding.txt --frames auto
 
 What is measured (the book as a user's `tts-appliance submit` meets it): the daemon is started (or a
 running one used, --socket/--url) and its start-up reported apart (`daemon_start_s`); the book goes in
@@ -40,7 +43,7 @@ async def measure(args, res: dict) -> None:
         if args.fixed_length:
             spec["sampling"] = {"max_new_tokens": args.frames + 1}
         db = srv.daemon.home / "queue.db" if srv.daemon is not None else None
-        book = BookLoad(target, args.segments, spec, db)
+        book = BookLoad(target, args.segments, spec, db, text=args.book_text)
         t0 = time.perf_counter()
         job = await book.submit_next()
         log.info("book job %s: %s segments", job["id"], job["total"])
@@ -72,7 +75,30 @@ async def measure(args, res: dict) -> None:
         if job["state"] != "done":
             res["error"] = f"the book ended {job['state']} ({job['done']}/{job['total']} segments)"
         res["levels"].append(level)
-        res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format}
+        res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format,
+                           "text": args.text or "generated (benchmarks.load.text.book_text)"} | args.text_stats
+
+
+def text_workload(path: str) -> tuple[str, dict]:
+    """(the text of `path`, its segments as the daemon's submit makes them: count, characters and expected
+    seconds (engines.model.text), and the frames of their mean expected length)."""
+    import statistics
+
+    from engines.model.text import expected_seconds
+    from jobs.ingest import load_document
+    from jobs.settings import JobSpec
+    from jobs.submit import document_chapters
+
+    chapters = document_chapters(load_document(path), JobSpec(language="english"), select=False)
+    segs = [s.text for _, ss in chapters for s in ss]
+    chars, secs = [len(t) for t in segs], [expected_seconds(t) for t in segs]
+    stats = {"segments": len(segs), "chapters": len(chapters),
+             "segment_chars": {"min": min(chars), "median": statistics.median(chars), "max": max(chars)},
+             "segment_expected_s": {"min": round(min(secs), 1), "median": round(statistics.median(secs), 1),
+                                    "mean": round(statistics.mean(secs), 2), "max": round(max(secs), 1),
+                                    "total": round(sum(secs), 1)},
+             "mean_frames": max(1, round(statistics.mean(secs) / FRAME_S))}
+    return open(path, encoding="utf-8").read(), stats
 
 
 def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float = 0.8):
@@ -103,12 +129,24 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_daemon_args(ap, "python -m benchmarks.daemon_book")
     ap.add_argument("--segments", type=int, default=680, help="segments in the book (about)")
-    ap.add_argument("--frames", type=int, default=150, help="frames per segment (fixed length)")
+    ap.add_argument("--frames", default="150", help="frames per segment (fixed length); auto (with --text): the "
+                                                    "segments' mean expected length")
+    ap.add_argument("--text", help="the book: this text file, segmented as a submit does (default: a generated "
+                                   "book of about --segments segments)")
     ap.add_argument("--format", default="flac", help="the book's format (job setting)")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between progress polls")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the book may take")
     args = ap.parse_args(argv)
     check_daemon_args(ap, args)
+    args.book_text, args.text_stats = None, {}
+    if args.text:
+        args.book_text, args.text_stats = text_workload(args.text)
+        args.segments = args.text_stats["segments"]
+    if args.frames == "auto":
+        if not args.text:
+            ap.error("--frames auto needs --text")
+        args.frames = args.text_stats["mean_frames"]
+    args.frames = int(args.frames)
     res = base_result(args, argv if argv is not None else __import__("sys").argv[1:],
                       "a book through the daemon: upload to finished book", "python -m benchmarks.daemon_book")
     return run_cli(args, res, measure, markdown, "daemon_book")

@@ -62,9 +62,11 @@ async def submit_book(target: Target, text: str, spec: dict, timeout: float = 12
 class BookLoad:
     """One book job at a time, resubmitted with the next seed whenever the last one ends."""
 
-    def __init__(self, target: Target, segments: int, spec: dict, db_path: Optional[Path] = None):
+    def __init__(self, target: Target, segments: int, spec: dict, db_path: Optional[Path] = None,
+                 text: Optional[str] = None):
+        """`text`: the book's text (default: `book_text(segments)`, generated)."""
         self.target, self.segments, self.spec, self.db_path = target, segments, dict(spec), db_path
-        self.text = book_text(segments)
+        self.text = text if text is not None else book_text(segments)
         self.jobs: list[dict] = []  # {"id", "state", "done", "total", "submitted_at"}
         self.shape: Optional[str] = None
         self.errors: list[str] = []
