@@ -101,3 +101,28 @@ with torch.inference_mode():
     assert np.abs(official).std() > 1e-2
     err = float(np.abs(ours - official).max())
     assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("rows,frames", [(1, 1), (1, 5), (3, 2)])
+def test_cpu_matmul_convolutions_equal_torchs(rows, frames, one_thread):
+    """The CPU's weight-bound convolutions run as matmuls (engines.codec.layers.conv_matmul, transposed_matmul):
+    the same output as torch's convolutions, streamed (left context carried) and in one pass."""
+    from engines.codec import layers
+    from engines.codec.state import StreamState
+
+    torch.manual_seed(rows * 10 + frames)
+    up = layers.CausalTransConv1d(768, 384, 16, 8)  # a transposed conv of kernel 2 x stride, >= 512 wide
+    up.key = "up"
+    conv = layers.CausalConv1d(768, 512, 7, dilation=3)
+    conv.key = "conv"
+    x = torch.randn(rows, 768, frames)
+    with torch.inference_mode():
+        assert layers.cpu_matmul(x) and 768 >= layers.MATMUL_TRANSPOSED_CHANNELS
+        want_up = up.conv(x)[..., :frames * 8]
+        want_conv = conv.conv(torch.nn.functional.pad(x, (18, 0)))
+        assert torch.allclose(up(x), want_up, atol=1e-5) and torch.allclose(conv(x), want_conv, atol=1e-5)
+        bufs = {"up": torch.randn(rows, 768, 1), "conv": torch.randn(rows, 768, 18)}
+        st = StreamState({k: v.clone() for k, v in bufs.items()}, torch.zeros(rows, dtype=torch.long))
+        got_up, got_conv = up(x, st), conv(x, st)
+        assert torch.allclose(got_up, up.conv(torch.cat([bufs["up"], x], -1))[..., 8:8 + frames * 8], atol=1e-5)
+        assert torch.allclose(got_conv, conv.conv(torch.cat([bufs["conv"], x], -1)), atol=1e-5)
