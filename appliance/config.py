@@ -69,6 +69,7 @@ class RuntimeSection:
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     kv_cache: str = "auto"            # the talker's key/value cache: auto (= model until fp8 is measured), model, fp8
     linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.linears.linear_setting), model, fp16, int8
+    codec_dtype: str = "auto"         # the codec lanes' dtype: auto (engines.codec.dtype.codec_dtype_setting), model, bfloat16
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
 
 
@@ -187,10 +188,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @functools.lru_cache(maxsize=1)
 def choices() -> dict:
     """Keys with a fixed set of values; dtype and codec names come from the engine's tables."""
-    from engines.names import AUTO, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
+    from engines.names import AUTO, CODEC_DTYPES, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
 
     return {("model", "dtype"): (AUTO, *DTYPE_NAMES), ("service", "log_level"): LOG_LEVELS,
-            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS}
+            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS,
+            ("runtime", "codec_dtype"): CODEC_DTYPES}
 
 
 def _section_cls(name: str):

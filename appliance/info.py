@@ -277,7 +277,7 @@ def render(r: dict) -> str:
         f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
         f"{_linear_words(e)}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
-        f"codec {e['codec']}, {e['threads']} CPU threads"
+        f"codec {e['codec']}{' in bf16' if e.get('codec_dtype') == 'bfloat16' else ''}, {e['threads']} CPU threads"
         f"{' (' + str(e['idle_threads']) + ' while the codec idles)' if e.get('idle_threads', 0) > e['threads'] else ''}"
         f"{' + ' + str(e['codec_threads']) + ' for the codec' if e.get('codec_threads') else ''}" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))

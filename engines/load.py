@@ -53,9 +53,13 @@ def settings(spec: EngineSpec) -> dict:
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
     from engines.runtime.linears import linear_setting
 
+    from engines.codec.dtype import codec_dtype_setting
+
     linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
+    codec_dtype, codec_dtype_reason = codec_dtype_setting(spec.codec_dtype, spec.device, dtype)
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason}
+           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason,
+           "codec_dtype": codec_dtype, "codec_dtype_reason": codec_dtype_reason}
     configured = str(spec.max_slots) != "auto"
     path = model_folder(spec.model)
     cpu = torch.device(spec.device).type == "cpu"
@@ -99,6 +103,7 @@ def load_runner(spec: EngineSpec):
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
+                              codec_dtype=chosen["codec_dtype"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
                               cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])

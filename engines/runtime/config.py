@@ -32,6 +32,7 @@ class EngineConfig:
     # the decoder layers' weights: model (the model's dtype), fp16 or int8 (CPU; engines.runtime.linears), or auto
     # (fp16 for fp32 weights on a CPU that runs it); the loader passes what engines.load.settings decided
     linear: str = "model"
+    codec_dtype: str = "model"  # the codec lanes' dtype: model or bfloat16 (engines.codec.dtype; the loader decides auto)
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)

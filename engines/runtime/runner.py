@@ -47,6 +47,7 @@ class EngineRunner(Admission, Postprocess):
 
     def __init__(self, engine, config: Optional[EngineConfig] = None, **overrides):
         from engines.codec.build import runtime_codec
+        from engines.codec.dtype import codec_dtype_setting, lane_decoder
 
         self.engine = engine
         cfg = self.cfg = replace(config or EngineConfig(), **overrides)
@@ -61,9 +62,15 @@ class EngineRunner(Admission, Postprocess):
         call_frames = cfg.batch_call_frames if engine.device.type != "cpu" else min(cfg.batch_call_frames,
                                                                                     cfg.cpu_call_frames)
 
+        # the codec lanes' decoder: the engine's, or a bf16 copy (runtime.codec_dtype; engines.codec.dtype)
+        self.codec_dtype = codec_dtype_setting(cfg.codec_dtype, self.device, engine.dtype)[0]
+        decoder = lane_decoder(engine.decoder, self.codec_dtype)
+        if decoder is not engine.decoder:
+            log.info("codec lanes: %s", self.codec_dtype)
+
         def lane(name, first, max_chunk, stream, **kw):
             codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast,
-                                  row_threads=cfg.cpu_codec_threads)
+                                  row_threads=cfg.cpu_codec_threads, decoder=decoder)
             # CPU: the lane's work in order on a thread of its own (one torch thread), a call's rows split over
             # cpu_codec_threads threads by the codec (engines.codec.streaming.StreamingCodecDecoder)
             return CodecLane(name, codec, self.store, first, max_chunk, call_frames, self.use_graphs,
