@@ -111,9 +111,21 @@ def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float =
     return round((b[1] - a[1]) * frames * FRAME_S / (b[0] - a[0]), 1)
 
 
+def _workload_lines(w: dict) -> list:
+    """The book's text and segments, where it came from a file (`--text`)."""
+    if "segment_chars" not in w:
+        return []
+    c, e = w["segment_chars"], w["segment_expected_s"]
+    return [f"book: {w['text']}, {w['segments']} segments in {w['chapters']} chapters as the segmenter makes them "
+            f"(characters min / median / max {c['min']} / {c['median']} / {c['max']}; expected seconds "
+            f"{e['min']} / {e['median']} / {e['max']}, mean {e['mean']}, total {e['total']}), each run to "
+            f"{w['frames']} frames ({w['frames'] * FRAME_S:.2f} s)", ""]
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Book through the daemon: {res.get('model')} on {res.get('device')}", "",
              f"`{res.get('command')}`", "", f"start-up (apart): {res.get('daemon_start_s')} s", "",
+             *_workload_lines(res.get("workload") or {}),
              "| state | segments | audio s | wall s | first segment s | audio-s/s | steady audio-s/s (20-80%) |",
              "|---|---|---|---|---|---|---|"]
     for lv in res["levels"]:
