@@ -165,9 +165,10 @@ def _add_commands() -> None:
     from appliance.cli_daemon import daemon
     from appliance.cli_jobs import COMMANDS
     from appliance.cli_preview import preview
+    from appliance.cli_spool import COMMANDS as SPOOL_COMMANDS
     from appliance.cli_work import watch, work
 
-    for command in (say, info, daemon, build_engines_cmd, *COMMANDS, preview, work, watch):
+    for command in (say, info, daemon, build_engines_cmd, *COMMANDS, *SPOOL_COMMANDS, preview, work, watch):
         cli.add_command(command)
 
 

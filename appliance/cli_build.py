@@ -30,7 +30,8 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
               help="Folder of a Qwen3-TTS checkpoint (official layout; default: model.path of the config, else "
                    "$TTS_APPLIANCE_MODEL).")
 @click.option("--cache", "cache", type=click.Path(file_okay=False),
-              help="Engine cache folder (default $TTS_APPLIANCE_ENGINE_CACHE or ~/.cache/tts-appliance/engines/MODEL).")
+              help="Engine cache folder (default: MODEL's folder in runtime.engine_cache of the config, else in "
+                   "$TTS_APPLIANCE_ENGINE_CACHE, else in ~/.cache/tts-appliance/engines).")
 @click.option("--device", help="auto, cpu, cuda[:N] or npu[:N] (default: model.device of the config, auto).")
 @click.option("--max-batch", default=8, show_default=True, help="Most concurrent streams (TensorRT profiles).")
 @click.option("--chunk-frames", default="1,2,4,8", show_default=True, callback=_ints,
@@ -72,7 +73,7 @@ def build_engines_cmd(model, cache, device, max_batch, chunk_frames, precision, 
     if dtypes is not None and (not dtypes or set(dtypes) - set(DTYPE_NAMES)):
         raise click.BadParameter(f"use auto or a comma list of {', '.join(DTYPE_NAMES)}, got {compile_dtypes!r}",
                                  param_hint="--compile-dtypes")
-    cache = cache or str(default_cache_dir(model))
+    cache = cache or str(default_cache_dir(model, cfg.runtime.engine_cache))
     manifest = build_engines(model, cache, device=device, max_batch=max_batch, chunk_frames=chunk_frames,
                              precision=precision, backends=wanted, benchmark=benchmark, force=force,
                              compile_dtypes=dtypes)

@@ -1,4 +1,5 @@
-"""Batch job commands: submit, status, list, cancel, retry, redo, logs (work and watch: cli_work).
+"""Batch job commands: submit, status, list, cancel, retry, redo, logs (work and watch: cli_work; delete and
+prune: cli_spool).
 
 The queue lives in the spool folder of the settings (`--home`, jobs.home of the config,
 $TTS_APPLIANCE_HOME, default ~/.local/share/tts-appliance). When a daemon is configured
@@ -76,17 +77,18 @@ def _call(fn, *args):
 
 
 def _submit_each(files, send, as_json: bool) -> list[dict]:
-    """Submit each file with `send(path)` -> (job id, error or None); a file that cannot be sent stops the
-    command before it is uploaded or queued."""
+    """Submit each file with `send(path)` -> (job id, error or None, the job's state: queued, or done, running
+    ... for the job of an earlier submit of the same content and options); a file that cannot be sent stops
+    the command before it is uploaded or queued."""
     from jobs.submit import SubmitError
 
     results = []
     for f in files:
         try:
-            job_id, error = send(f)
+            job_id, error, state = send(f)
         except SubmitError as exc:
             fail(str(exc))
-        results.append({"job_id": job_id, "file": f, "state": "failed" if error else "queued", "error": error})
+        results.append({"job_id": job_id, "file": f, "state": state, "error": error})
         if error:
             click.echo(f"error: {error} (job {job_id})", err=True)
         elif not as_json:
@@ -198,8 +200,11 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
         _spec(given)  # e.g. a bad --chapters stops here, before anything is sent
         if wait:
             _note_daemon_settings(eng)
-        results = _submit_each(files, lambda f: _call(remote.submit_file, f, given, cfg.http.max_body_bytes),
-                               as_json)
+        def send(f):
+            s = _call(remote.submit, f, given, cfg.http.max_body_bytes, lambda m: click.echo(f"note: {m}", err=True))
+            return s["id"], s.get("submit_error"), s["state"]
+
+        results = _submit_each(files, send, as_json)
         ok = [r["job_id"] for r in results if not r["error"]]
         final = follow(remote, ok, progress=not as_json) if wait and ok else {}
     else:
@@ -215,7 +220,7 @@ def submit(files, voice, language, fmt, title, author, priority, instruct, seed,
                 click.echo(describe(summary))
     if as_json:
         emit(True, results, "")
-    if any(r["state"] not in ("queued", "done") for r in results):
+    if any(r["error"] or r["state"] not in (("done",) if wait else ("queued", "running", "done")) for r in results):
         raise SystemExit(1)
 
 
@@ -244,8 +249,11 @@ def _submit_here(files, spec: JobSpec, s, queue: Queue, wait: bool, as_json: boo
                 fail(f"{exc} (nothing was queued)")
         where = host.pool if host is not None else s.catalog  # the voices a job may name, when known
         voices = where.voices if where is not None else None
-        results = _submit_each(files, lambda f: submit_file(queue, s.paths, f, spec, voices, limits=s.ingest),
-                               as_json)
+        def send(f):
+            job_id, error = submit_file(queue, s.paths, f, spec, voices, limits=s.ingest)
+            return job_id, error, queue.job(job_id)["state"]
+
+        results = _submit_each(files, send, as_json)
         ok = [r["job_id"] for r in results if not r["error"]]
         if not (wait and ok):
             return results, {}
@@ -280,7 +288,8 @@ def list_jobs(states, home, as_json):
 @home_option
 @json_option
 def cancel(job_id, home, as_json):
-    """Cancel a queued or running job (finished segment audio stays cached)."""
+    """Cancel a queued or running job: its segments stop in the engine (the audio of those finished stays
+    until jobs.keep_work_days has passed, or `tts-appliance delete JOB`)."""
     _call(_daemon_or_queue(home).cancel, job_id)
     emit(as_json, {"id": job_id, "state": "cancelled"}, f"{job_id} cancelled")
 

@@ -1,7 +1,7 @@
 """Synthesis in this process for the job commands: `work`, `watch`, and the worker behind
-`submit --wait` (without a daemon), `retry --wait` and `redo`. Engines, worker and watcher are the
-daemon's, built by `appliance.compose` from the same settings (appliance.settings); the command's flags
-only override config keys (`appliance.cli_common.settings`).
+`submit --wait` (without a daemon), `retry --wait` and `redo`. Engines, worker, watcher and, for `work` and
+`watch`, the retention (jobs.keep_work_days) are the daemon's, built by `appliance.compose` from the same
+settings (appliance.settings); the command's flags only override config keys (`appliance.cli_common.settings`).
 """
 from __future__ import annotations
 
@@ -81,12 +81,13 @@ def work_until_idle(queue: Queue, worker) -> None:
 @engine_options
 @home_option
 def work(until_idle, home, **flags):
-    """Run a worker: synthesize queued segments and assemble finished books (Ctrl-C stops)."""
-    from appliance.compose import engines_here, make_worker
+    """Run a worker: synthesize queued segments and assemble finished books (Ctrl-C stops). Finished jobs' working
+    files go after jobs.keep_work_days, as the daemon does it: at the start and every hour."""
+    from appliance.compose import engines_here, make_worker, retention_here
 
     s = run_settings(need_model=True, home=home, **flags)
     queue = Queue(s.paths.ensure().db)
-    with engines_here(s) as host:
+    with retention_here(s), engines_here(s) as host:
         worker = make_worker(s, host, queue)
         stop = threading.Event()
         try:
@@ -109,15 +110,16 @@ def work(until_idle, home, **flags):
 @engine_options
 @home_option
 def watch(do_work, home, **flags):
-    """Watch HOME/inbox: new books become jobs; results land in done/<job>/, failures in failed/."""
+    """Watch HOME/inbox: new books become jobs; results land in done/<job>/, failures in failed/. Finished jobs'
+    working files go after jobs.keep_work_days, as the daemon does it: at the start and every hour."""
     from contextlib import nullcontext
 
-    from appliance.compose import engines_here, make_watcher, make_worker
+    from appliance.compose import engines_here, make_watcher, make_worker, retention_here
 
     s = run_settings(need_model=do_work, home=home, **flags)
     s.paths.ensure()
     stop = threading.Event()
-    with engines_here(s) if do_work else nullcontext() as host:
+    with retention_here(s), engines_here(s) if do_work else nullcontext() as host:
         if host is not None:
             worker = make_worker(s, host)
             threading.Thread(target=worker.run_forever, args=(stop,), daemon=True, name="worker").start()

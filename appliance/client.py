@@ -15,14 +15,19 @@ import http.client
 import json
 import logging
 import os
+import select
 import socket
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
 SOCKET_ENV = "TTS_APPLIANCE_SOCKET"
 ANSWER_S = 5.0  # a running daemon answers /health at once
+SUBMIT_MARGIN_S = 120.0  # a submit's answer, beyond the daemon's ingest limit: upload, segmenting, queueing
+READING_NOTE_S = 10.0  # a submit not answered by then is said to wait on the daemon reading the document
+POLL_S = 0.5  # how often a resubmit looks whether the earlier submit's job is queued
 START_WAIT_S = 600.0  # a daemon that is starting may load and warm up a model that long (the unit's TimeoutStartSec)
 NO_DAEMON_ENV = "TTS_APPLIANCE_NO_DAEMON"
 log = logging.getLogger(__name__)
@@ -56,10 +61,14 @@ class DaemonClient:
         self.health: dict = {}  # the daemon's /health answer (daemon_client fills it)
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-                timeout: Optional[float] = None):
+                timeout: Optional[float] = None, slow: Optional[tuple[float, Callable[[], None]]] = None):
+        """The daemon's answer (JSON decoded); `slow` (seconds, say): `say()` once when the request is sent
+        and no answer has begun after that long (the wait goes on up to `timeout`)."""
         conn = _UnixConnection(self.socket_path, timeout or self.timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})
+            if slow is not None and not select.select([conn.sock], [], [], slow[0])[0]:
+                slow[1]()
             resp = conn.getresponse()
             return _answer(resp, resp.read())
         finally:
@@ -83,12 +92,25 @@ class DaemonClient:
 
     # -- what the CLI needs ----------------------------------------------------------------------
     def submit_file(self, path, spec, max_body_bytes: Optional[int] = None) -> tuple[str, Optional[str]]:
-        """Upload one file as a job; returns (job id, error or None) like jobs.submit.submit_file.
-        `spec`: the options the user gave (a mapping: what it leaves out, the daemon's job defaults
-        fill in) or a JobSpec. Before anything is sent, a file the daemon would refuse raises
-        SubmitError: a type ingestion cannot read, larger than the daemon reads (its jobs.max_file_mb,
-        from /health), or larger than it takes as an upload (http.max_body_bytes, from /health, else
-        `max_body_bytes`)."""
+        """Upload one file as a job; returns (job id, error or None) like jobs.submit.submit_file (`submit`)."""
+        s = self.submit(path, spec, max_body_bytes)
+        return s["id"], s.get("submit_error")
+
+    def submit(self, path, spec, max_body_bytes: Optional[int] = None,
+               on_wait: Optional[Callable[[str], None]] = None) -> dict:
+        """Upload one file as a job; returns the daemon's job summary (its `state`; `submit_error`: why the
+        file could not become a job, else None). `spec`: the options the user gave (a mapping: what it leaves
+        out, the daemon's job defaults fill in) or a JobSpec. Before anything is sent, a file the daemon would
+        refuse raises SubmitError: a type ingestion cannot read, larger than the daemon reads (its
+        jobs.max_file_mb, from /health), or larger than it takes as an upload (http.max_body_bytes, from
+        /health, else `max_body_bytes`).
+
+        The daemon reads the document before it answers, for up to its jobs.ingest_wall_s (from /health):
+        the answer is awaited that long and SUBMIT_MARGIN_S more, `on_wait` told once when it is slow.
+        The same content with the same options still being read for an earlier submit: its job is awaited
+        as long (a job id is returned only once its job exists). SubmitError, saying what to do, when the
+        wait ends first."""
+        from jobs.ingest.isolate import IngestLimits
         from jobs.settings import JobSpec
         from jobs.submit import SubmitError, precheck_type
 
@@ -114,14 +136,50 @@ class DaemonClient:
                               "(http.max_body_bytes, with the request's own few hundred bytes): raise http.max_body_bytes in the daemon's config, or put "
                               "the file in a folder of jobs.allowed_dirs and submit it by path (POST /v1/jobs "
                               '{"path": ...}) or drop it into the inbox')
+        say = on_wait or _say_waiting
+        wall = float(limits.get("ingest_wall_s") or IngestLimits().wall_s)
+        wait = wall + SUBMIT_MARGIN_S
         try:
             s = self.request("POST", "/v1/jobs", head + p.read_bytes() + tail,
-                             {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+                             {"Content-Type": f"multipart/form-data; boundary={boundary}"}, timeout=wait,
+                             slow=(READING_NOTE_S, lambda: say(
+                                 f"the daemon is reading {p.name} (a document may take up to {wall:g} s: "
+                                 f"jobs.ingest_wall_s); waiting for its answer up to {wait:.0f} s (Ctrl-C stops "
+                                 "waiting; the daemon goes on, and the same submit again gives its job)")))
+        except TimeoutError:
+            raise SubmitError(
+                f"the daemon has not answered the submit of {p.name} in {wait:.0f} s: it may still be reading it "
+                f"(it reads a document for up to {wall:g} s, jobs.ingest_wall_s) or be stuck (systemctl status "
+                "tts-appliance, journalctl -u tts-appliance); submit the same file again later: the same content "
+                "with the same options gives the job it became") from None
         except DaemonError as exc:
             if exc.status in (400, 413, 415):
                 raise SubmitError(str(exc)) from None
             raise
-        return s["id"], s.get("submit_error")
+        if s.get("state") == "ingesting":
+            s = self._earlier_job(s["id"], p.name, wait, say)
+        return s
+
+    def _earlier_job(self, job_id: str, name: str, wait: float, say: Callable[[str], None]) -> dict:
+        """The job of an earlier submit of the same content and options, which the daemon is still reading:
+        awaited up to `wait` seconds (SubmitError then), as the daemon's submit answers it."""
+        say(f"{name}: the daemon is still reading the same content with the same options for an earlier submit; "
+            f"waiting for its job up to {wait:.0f} s (Ctrl-C stops waiting; the daemon goes on)")
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                s = self.job(job_id)
+                return {**s, "submit_error": s.get("error") if s["state"] == "failed" else None, "existing": True}
+            except DaemonError as exc:
+                if exc.status != 404:
+                    raise
+            if time.monotonic() >= deadline:
+                from jobs.submit import SubmitError
+
+                raise SubmitError(f"the daemon is still reading {name} for an earlier submit of the same content "
+                                  f"and options after {wait:.0f} s; submit it again later to get its job "
+                                  "(tts-appliance list shows it once it is queued)")
+            time.sleep(POLL_S)
 
     def job(self, job_id: str) -> dict:
         return self.json("GET", f"/v1/jobs/{job_id}")
@@ -135,7 +193,16 @@ class DaemonClient:
         return self.json("GET", f"/v1/jobs/{job_id}/log")
 
     def cancel(self, job_id: str) -> dict:
+        """Cancel a job; it and its files stay (POST /v1/jobs/{id}/cancel)."""
+        return self.json("POST", f"/v1/jobs/{job_id}/cancel", {})
+
+    def delete(self, job_id: str) -> dict:
+        """The job and its files, gone (DELETE /v1/jobs/{id}): {"id", "deleted": true, "freed_bytes"}."""
         return self.json("DELETE", f"/v1/jobs/{job_id}")
+
+    def prune(self) -> dict:
+        """The retention applied now (POST /v1/jobs/prune): {"jobs", "freed_bytes", "files"}."""
+        return self.json("POST", "/v1/jobs/prune", {})
 
     def retry(self, job_id: str) -> dict:
         return self.json("POST", f"/v1/jobs/{job_id}/retry", {})

@@ -22,7 +22,7 @@ import time
 from dataclasses import fields
 from typing import Optional
 
-from appliance.compose import make_watcher, make_worker
+from appliance.compose import make_retention, make_watcher, make_worker
 from appliance.config import ConfigError, resolve
 from appliance.logs import error_line, setup_logging  # noqa: F401 - also used by the CLI from here
 from appliance.engine_host import EngineHost
@@ -33,6 +33,7 @@ from appliance.sdnotify import Notifier
 from appliance.supervise import Part, Supervisor
 
 log = logging.getLogger("tts_appliance.daemon")
+STOP_MARGIN_S = 30.0  # a stop's time beyond service.stop_timeout_s: engine processes stopping, leases given back
 RESTART_ONLY = {"model", "runtime", "http.socket", "http.tcp", "http.tcp_host", "http.tcp_port", "http.group",
                 "http.mode", "wyoming", "jobs.home", "jobs.queue", "jobs.queue_file", "jobs.enabled", "jobs.voice",
                 "jobs.language", "jobs.instruct", "service.runtime_dir"}
@@ -52,6 +53,7 @@ class Daemon:
         self.stop_jobs = threading.Event()
         self.workers: list = []  # the queue workers now running (one per jobs-N thread)
         self.watcher = None  # the inbox watcher now running
+        self.retention = None  # jobs.retention.Retention: working files of finished jobs removed (jobs.keep_work_days)
         self.supervisor = Supervisor()
         self.exit_code = 0
         self.announce = self.paths.home / (f"daemon@{instance}.json" if instance else "daemon.json")
@@ -76,6 +78,7 @@ class Daemon:
         for r in self.host.runners:  # an engine process is started again; an engine loop in this process is not
             self.supervisor.add(Part(f"engine {r.device}", alive=lambda r=r: r.running,
                                      restart=getattr(r, "restart_async", None),
+                                     starting=lambda r=r: getattr(r, "starting", False),
                                      detail=lambda r=r: {"status": getattr(r, "status", "ok" if r.running else "stopped")}))
         w = self.settings.worker
         if w.enabled:
@@ -83,6 +86,9 @@ class Daemon:
                 self.workers.append(None)
                 self.supervisor.thread(f"jobs-{i}", lambda i=i: self._worker(i),
                                        detail=lambda i=i: {"books": self.workers[i].books() if self.workers[i] else {}})
+        if w.enabled:
+            self.supervisor.thread("retention", self._retention,
+                                   detail=lambda: {"last": self.retention.last} if self.retention is not None else {})
         if self.settings.inbox.enabled:
             self.supervisor.thread("inbox", self._watcher,
                                    detail=lambda: self.watcher.problems() if self.watcher is not None else {})
@@ -106,6 +112,23 @@ class Daemon:
         watcher = self.watcher = make_watcher(self.settings, self.host)
         return lambda: watcher.run(self.stop_jobs)
 
+    def _retention(self):
+        """The retention (at start, and when it died) -> what its thread runs: prune now and every hour."""
+        retention = self.retention = make_retention(self.settings)
+        return lambda: retention.run(self.stop_jobs)
+
+    def job_ended(self, job_id: str) -> None:
+        """Job `job_id` was cancelled or is being deleted: the workers stop its segments in the engine now."""
+        for worker in self.workers:
+            if worker is not None:
+                worker.job_ended(job_id)
+
+    def disk_state(self) -> dict:
+        """The spool folder's disk for /health (jobs.disk.disk_state): free space, and whether jobs wait for room."""
+        from jobs.disk import disk_state
+
+        return disk_state(self.paths.home, self.settings.worker.min_free_mb << 20)
+
     def parts(self) -> dict:
         """The watched parts as /health shows them: {name: {"ok", "restarts", "error"?, ...}}."""
         return self.supervisor.health()
@@ -120,8 +143,10 @@ class Daemon:
         if not q.ok:
             return line + f"queue unreachable: {q.error}"
         counts, jobs = q.segments, q.jobs
+        disk = self.disk_state()
         return line + (f"jobs running {jobs.get('running', 0)}, queued {jobs.get('queued', 0)}; "
-                       f"segments {counts['done']}/{sum(counts.values())} done, {counts['leased']} in work")
+                       f"segments {counts['done']}/{sum(counts.values())} done, {counts['leased']} in work"
+                       + ("" if disk["ok"] else f"; {disk['error']}"))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -169,7 +194,8 @@ class Daemon:
                 stop.set()
 
     async def _tick(self) -> None:
-        """STATUS= every status_interval_s; WATCHDOG=1 while idle or while the engine makes progress."""
+        """STATUS= every status_interval_s; WATCHDOG=1 while idle or while the engine makes progress (the time
+        without progress counts from when it last moved or last had nothing to do: idle time is not stuck time)."""
         wd = self.notifier.watchdog_s
         period = min(self.cfg.service.status_interval_s, wd / 3 if wd else 1e9)
         last_progress, last_change = None, time.monotonic()
@@ -178,14 +204,15 @@ class Daemon:
             s = self.host.stats()
             mark = (self.host.progress, s.get("frames"), s.get("steps"))
             now = time.monotonic()
-            if mark != last_progress:
-                last_progress, last_change = mark, now
             busy = s.get("active_slots") or s.get("queued")
+            if mark != last_progress or not busy:
+                last_progress, last_change = mark, now
             alive = s.get("alive", True)
-            if alive and (not busy or now - last_change < (wd or 60) * 0.8):
+            if alive and now - last_change < (wd or 60) * 0.8:
                 self.notifier.watchdog()
             elif wd:
-                log.warning("engine made no progress for %.0f s: withholding the watchdog ping", now - last_change)
+                log.warning("engine made no progress for %.0f s with work to do: withholding the watchdog ping",
+                            now - last_change)
             try:
                 self.notifier.status(await loop.run_in_executor(None, self.status_line))
             except Exception as exc:  # nothing must stop the pings (the queue's outages are in the line itself)
@@ -219,7 +246,7 @@ class Daemon:
         log.info("stopping: no new work; in-flight segments get %.0f s", deadline - time.monotonic())
         self.state, self.accepting = "stopping", False
         self.supervisor.stopping = True
-        self.notifier.stopping()
+        self.notifier.stopping(self.cfg.service.stop_timeout_s + STOP_MARGIN_S)  # the unit's TimeoutStopSec stretched
         self.stop_jobs.set()
         from jobs.ingest.isolate import cancel_all
 
@@ -238,29 +265,77 @@ class Daemon:
         log.info("stopped%s", f" after a failure (exit status {self.exit_code})" if self.exit_code else "")
 
 
+EX_CONFIG = 78  # what to fix is the configuration, the checkpoint or the device: the unit's RestartPreventExitStatus
+
+
 def check(s: Settings) -> int:
-    """`daemon --check`: the configuration resolved (done by now), and its queue opened read only within a
-    few seconds (`jobs.queue.check`): 0, or 78 (EX_CONFIG) with what fails in one line."""
+    """`daemon --check`: the configuration resolved (done by now), its devices are on this machine, its checkpoint's
+    files read (`permanent_error`), and its queue opened read only within a few seconds (`jobs.queue.check`): 0, or
+    78 (EX_CONFIG) with what fails in one line."""
     from jobs.queue import QueueError
     from jobs.queue.check import check_queue
 
+    why = permanent_error(s)
+    if why:
+        error_line(f"config error: {why}")
+        return EX_CONFIG
     try:
         queue = check_queue(s.paths.db)
     except QueueError as exc:
         error_line(f"config error: queue: {exc}")
-        return 78
+        return EX_CONFIG
     print(f"config OK ({', '.join(s.config.sources) or 'built-in defaults'}); queue {queue}")
     return 0
 
 
+def permanent_error(s: Settings) -> Optional[str]:
+    """Why no start of these settings can succeed, found before anything loads (a device of model.device that is
+    not on this machine, a checkpoint whose files do not read), or None."""
+    from engines.catalog import Catalog
+    from engines.device.detect import device_missing
+    from engines.model.errors import TTSError
+
+    for device in s.devices:
+        why = device_missing(device)
+        if why:
+            named = s.config.model.device
+            return (f"model.device = {named}{'' if named == device else f' ({device})'}: {why}; set model.device to "
+                    "auto or cpu")
+    try:
+        if s.model and s.catalog is None:
+            Catalog.from_dir(s.model, s.voices_dir)  # (raises what is wrong with it)
+    except (TTSError, OSError, ValueError) as exc:
+        return f"model.path = {s.model}: {exc}"
+    return None
+
+
+def start_failure(exc: BaseException) -> int:
+    """The exit status of a start that failed with `exc`, its one line logged: 78 (EX_CONFIG, not restarted by the
+    unit) when no retry can succeed (a checkpoint that does not load, a device that is not there, a configuration
+    that does not work), else 1 (systemd tries again: the queue's database may come back, memory may free)."""
+    from engines.model.errors import CheckpointError, DeviceNotFound, TTSError
+    from jobs.queue import QueueError
+
+    if isinstance(exc, (ConfigError, CheckpointError, DeviceNotFound)) or getattr(exc, "permanent", False):
+        log.error("cannot start, and a restart would not help: %s; fix it, then start the service again "
+                  "(systemctl start tts-appliance)", exc)
+        return EX_CONFIG
+    if isinstance(exc, (TTSError, QueueError, RuntimeError, OSError)):
+        log.error("cannot start: %s", exc)
+    else:  # a defect: its traceback goes to the log (at priority err under systemd), not raw to stderr
+        log.exception("cannot start: internal error: %s: %s", type(exc).__name__, exc)
+    return 1
+
+
 def main(config_path: Optional[str] = None, instance: Optional[str] = None, check_only: bool = False) -> int:
-    """Entry point used by `tts-appliance daemon`. Exit status 78 (EX_CONFIG) for a configuration that does
-    not resolve, 1 for a start that fails otherwise (the installation, the queue, the model), 0 after a stop."""
+    """Entry point used by `tts-appliance daemon`. Exit status 78 (EX_CONFIG) when no restart can help (a
+    configuration that does not resolve, a device that is not there, a checkpoint that does not load), 1 for a
+    start that fails otherwise (the installation, the queue), 0 after a stop."""
     try:
         cfg = resolve(config_path)
     except ConfigError as exc:
         error_line(f"config error: {exc}")
-        return 78  # EX_CONFIG: systemd shows it as a configuration problem
+        return EX_CONFIG  # systemd shows it as a configuration problem
     setup_logging(cfg.service.log_level)
     if instance:
         cfg.service.runtime_dir = str(cfg.runtime_dir() / instance)
@@ -268,7 +343,7 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
         s = settings(cfg, instance)  # an instance's device: appliance.settings.devices
     except ConfigError as exc:
         error_line(f"config error: {exc}")
-        return 78
+        return EX_CONFIG
     from engines.load import code_error
 
     broken = code_error()
@@ -278,14 +353,11 @@ def main(config_path: Optional[str] = None, instance: Optional[str] = None, chec
     if check_only:
         return check(s)
     log.info("config: %s", ", ".join(cfg.sources) or "built-in defaults")
+    why = permanent_error(s)
+    if why:
+        error_line(f"config error: {why}; fix it, then start the service again (systemctl start tts-appliance)")
+        return EX_CONFIG
     try:
         return Daemon(s, config_path, instance).run()
     except Exception as exc:
-        from engines.model.errors import TTSError
-        from jobs.queue import QueueError
-
-        if isinstance(exc, (TTSError, ConfigError, QueueError, RuntimeError, OSError)):
-            log.error("cannot start: %s", exc)
-        else:  # a defect: its traceback goes to the log (at priority err under systemd), not raw to stderr
-            log.exception("cannot start: internal error: %s: %s", type(exc).__name__, exc)
-        return 1
+        return start_failure(exc)

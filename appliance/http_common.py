@@ -79,6 +79,19 @@ def is_loopback(host: str) -> bool:
         return host.lower() in ("localhost", "localhost.")
 
 
+def loopback_name(host_header: str) -> bool:
+    """Whether a request's Host header (name or address, with or without a port) names this machine only:
+    localhost, a name under .localhost (browsers resolve those to loopback themselves), 127.0.0.0/8 or
+    [::1]. Any other name may be one whose DNS answer was made to point here (DNS rebinding)."""
+    h = host_header.strip()
+    if h.startswith("["):  # [v6] or [v6]:port
+        name = h[1:h.find("]")] if "]" in h else h
+    else:
+        name = h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+    name = name.lower().rstrip(".")
+    return is_loopback(name) or name == "localhost" or name.endswith(".localhost")
+
+
 PAGE_PREFIX = "/web/"  # the page's files (appliance.http_web), and `/`
 
 
@@ -90,27 +103,43 @@ def is_page(request: web.Request) -> bool:
 
 @web.middleware
 async def same_origin(request: web.Request, handler):
-    """Over TCP, refuse what a browser sends on behalf of another site (403): a `Sec-Fetch-Site` other than
-    same-origin or none (typed by the user), an `Origin` other than this server's, and (without http.api_key,
-    listening on loopback) a browser's request under a host name that is not loopback (DNS rebinding: a
-    site whose name was made to point here). Clients that send none of these headers (curl, the SDKs,
-    the CLI) are not browsers and pass; the Unix socket is not reachable from a browser."""
-    if over_tcp(request) and not is_page(request):
-        site, origin = request.headers.get("Sec-Fetch-Site"), request.headers.get("Origin")
-        where = f"{request.scheme}://{request.host}"
-        other_site = site is not None and site not in ("same-origin", "none")
-        # the origin's host and port against the Host header (a TLS proxy in front makes only the scheme differ)
-        if other_site or origin is not None and urlsplit(origin).netloc != request.host:
-            log.warning("refused a cross-site request: %s %s (Origin %s, Sec-Fetch-Site %s)", request.method,
-                        request.path, origin or "-", site or "-")
-            raise ApiError(403, f"cross-site request refused (Origin {origin or '-'}, Sec-Fetch-Site {site or '-'}): "
-                                f"use the page this daemon serves at {where}/, or a client that is not a browser",
-                           "cross_site")
+    """Over TCP, refuse what a browser may send on behalf of another site (403):
+    - listening on loopback without http.api_key: any request, the page's files included, whose Host is not
+      a loopback name or address (loopback_name), whatever its other headers. A page of another site whose
+      name was made to resolve here (DNS rebinding) is then same-origin to the browser, which sends neither
+      `Origin` on its GETs nor `Sec-Fetch-*` to a plain-http name that is not localhost: only the Host
+      header tells it apart from the page this daemon serves.
+    - the API (not the page's files): a `Sec-Fetch-Site` other than same-origin or none (typed by the user),
+      an `Origin` other than this server's.
+    Clients that send none of these headers (curl, the SDKs, the CLI) and name the address they connect to
+    are not browsers and pass; the Unix socket is not reachable from a browser."""
+    if over_tcp(request):
         h = request.app[CTX].cfg.http
-        if (site or origin) and not h.api_key and is_loopback(h.tcp_host) and not is_loopback(request.url.host or ""):
-            raise ApiError(403, f"a browser reached this daemon as {request.host!r}, a name that is not loopback; "
-                                f"open http://127.0.0.1:{request.url.port}/ (or set http.api_key)", "cross_site")
+        host = request.headers.get("Host")
+        if host is not None and not h.api_key and is_loopback(h.tcp_host) and not loopback_name(host):
+            log.warning("refused a request under a name that is not loopback (DNS rebinding?): %s %s (Host %s)",
+                        request.method, request.path, host)
+            raise ApiError(403, f"this daemon was reached as {host!r}, a name that is not loopback; it answers "
+                                f"on loopback only as 127.0.0.1, localhost or [::1]: open "
+                                f"http://127.0.0.1:{_port(request)}/ (or set http.api_key)", "cross_site")
+        if not is_page(request):
+            site, origin = request.headers.get("Sec-Fetch-Site"), request.headers.get("Origin")
+            where = f"{request.scheme}://{request.host}"
+            other_site = site is not None and site not in ("same-origin", "none")
+            # the origin's host and port against the Host header (a TLS proxy in front makes only the scheme differ)
+            if other_site or origin is not None and urlsplit(origin).netloc != request.host:
+                log.warning("refused a cross-site request: %s %s (Origin %s, Sec-Fetch-Site %s)", request.method,
+                            request.path, origin or "-", site or "-")
+                raise ApiError(403, f"cross-site request refused (Origin {origin or '-'}, Sec-Fetch-Site "
+                                    f"{site or '-'}): use the page this daemon serves at {where}/, or a client "
+                                    "that is not a browser", "cross_site")
     return await handler(request)
+
+
+def _port(request: web.Request):
+    """The TCP port the request came in on."""
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    return sock[1] if sock else "PORT"
 
 
 @web.middleware

@@ -16,7 +16,11 @@
                                     length and synthesis time); 422 when it cannot be read
     GET    /v1/jobs[?state=...]     list (the same JSON as `tts-appliance list --json`)
     GET    /v1/jobs/{id}            one job (as `tts-appliance status --json`)
-    DELETE /v1/jobs/{id}            cancel
+    POST   /v1/jobs/{id}/cancel     cancel a queued or running job: {"id", "state": "cancelled"} (409: it ended)
+    DELETE /v1/jobs/{id}            delete the job and its files (jobs.deletion; a queued or running job is
+                                    cancelled first): {"id", "deleted": true, "freed_bytes": N}; 404: no such job
+    POST   /v1/jobs/prune           apply the retention now (jobs.retention): {"jobs": [ids whose working
+                                    files went], "freed_bytes", "files"}
     POST   /v1/jobs/{id}/retry      requeue failed/cancelled segments
     POST   /v1/jobs/{id}/segments/{index}/redo   re-render one segment (body {"seed": N}, optional)
     GET    /v1/jobs/{id}/events     progress as Server-Sent Events: `event: progress` with the job
@@ -215,11 +219,38 @@ async def job_log(request):
     return web.json_response(await _q(request.app[CTX], read))
 
 
+def _ended(ctx, job_id: str) -> None:
+    """Tell the daemon's workers that `job_id` ended: its segments stop in the engine now (jobs.inflight)."""
+    told = getattr(ctx, "job_ended", None)
+    if told is not None:
+        told(job_id)
+
+
 async def cancel_job(request):
-    """DELETE /v1/jobs/{id}"""
+    """POST /v1/jobs/{id}/cancel"""
     ctx, job_id = request.app[CTX], request.match_info["id"]
     await _q(ctx, lambda q: q.cancel(job_id))
+    _ended(ctx, job_id)
     return web.json_response({"id": job_id, "state": "cancelled"})
+
+
+async def delete_job(request):
+    """DELETE /v1/jobs/{id}: the job and every file of it (jobs.deletion) -> {"id", "deleted": true,
+    "freed_bytes"}; a queued or running job is cancelled first."""
+    from jobs.deletion import delete_job as delete
+
+    ctx, job_id = request.app[CTX], request.match_info["id"]
+    await job_row(ctx, job_id)  # 404 naming it when there is none
+    _ended(ctx, job_id)
+    return web.json_response(await _q(ctx, lambda q: delete(q, ctx.paths, job_id)))
+
+
+async def prune(request):
+    """POST /v1/jobs/prune: jobs.retention.prune now, with jobs.keep_work_days."""
+    from jobs.retention import prune as apply
+
+    ctx = request.app[CTX]
+    return web.json_response(await _q(ctx, lambda q: apply(q, ctx.paths, ctx.cfg.jobs.keep_work_days)))
 
 
 async def retry_job(request):
@@ -277,7 +308,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/jobs/preview", preview)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{id}", get_job)
-    app.router.add_delete("/v1/jobs/{id}", cancel_job)
+    app.router.add_post("/v1/jobs/prune", prune)
+    app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
+    app.router.add_delete("/v1/jobs/{id}", delete_job)
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
     app.router.add_post("/v1/jobs/{id}/segments/{index}/redo", redo_segment)
     app.router.add_get("/v1/jobs/{id}/events", job_events)

@@ -19,72 +19,52 @@ The server reads the socket until it closes, also while it speaks the last text,
 pings (e.g. the `websockets` package's, every 20 s) are answered however long the speech takes; they are
 not messages: only data frames count as the client's activity for http.read_timeout_s.
 
-text_mode "words" (the default): the model's streaming-text mode (engines.runtime.text_feed). Each
-complete word goes to the model as it comes, so audio starts after the first word; when the model has
-used every word it has, its row waits for more (it never ends early on slow text). Text is spoken as
-utterances of one request each: a new one starts at a sentence end after UTTERANCE_CHARS characters.
-text_mode "sentences" (and any voice cloned with its reference text, which needs whole text): each
-sentence is spoken once it is complete (`text.split.split_streamed`, as the Wyoming server
-does). With a lexicon, text waits for the next space or punctuation mark before it is spoken (a word is
-replaced whole). Both go through the same streaming engine path as POST /v1/audio/speech (priority 0), one after
-the other in order. Text not yet spoken is capped at http.max_text_chars; a client that sends nothing
-for http.read_timeout_s while the session waits for its text is dropped.
+How the text becomes speech (text_mode "words", the default: each word goes to the model as it comes;
+"sentences": each sentence once complete; the lexicon; the cap of http.max_text_chars on text not yet
+spoken): appliance.live_text. Everything goes through the same streaming engine path as POST
+/v1/audio/speech (priority 0), one request after the other in order. A client that sends nothing for
+http.read_timeout_s while the session waits for its text is dropped (appliance.ws_common: pings do not count).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from typing import Optional
 
 from aiohttp import WSMsgType, web
 
-from engines.model.errors import TTSError
-from engines.model.errors import EngineBusy
-from engines.runtime.text_feed import TextFeed
 from audio.encode import pcm16
-from text.normalize.lexicon import LexiconError
-from text.lexicons import file_lexicon, lexicon_entries, merged
-from text.normalize import language_code
-from text.split import split_streamed
 from audio.speed import StreamStretcher, check_speed
+from engines.model.errors import EngineBusy, TTSError
 from jobs.submit import check_voice
+from text.lexicons import lexicon_entries
+from text.normalize.lexicon import LexiconError
 
 from appliance.http_common import CTX, ApiError, field
 from appliance.languages import model_language
+from appliance.live_text import TEXT_MODES, LiveText
 from appliance.streams import serve_stream
+from appliance.ws_common import (CLOSE_AGAIN, CLOSE_ERROR, CLOSE_OK, CLOSE_POLICY, Messages, close_reason,
+                                 open_socket, parse_message)
 
 log = logging.getLogger(__name__)
 END, GONE, CLOSE = object(), object(), object()  # speaker queue sentinel; reader results: client left, session.close
-# WebSocket close codes (RFC 6455 7.4): done, bad input or a client breaking the rules, server error, busy
-CLOSE_OK, CLOSE_POLICY, CLOSE_ERROR, CLOSE_AGAIN = 1000, 1008, 1011, 1013
-UTTERANCE_CHARS = 600  # words mode: an utterance ends at a sentence end once it holds this many characters
-UTTERANCE_MAX_CHARS = 2400  # ... or at a word boundary past this many (about 600 tokens: within one request)
-TEXT_MODES = ("words", "sentences")
 
 
 class LiveSession:
-    """One WebSocket connection: a reader task turns messages into utterances (a TextFeed each) or
-    sentences, a speaker task speaks them in order."""
+    """One WebSocket connection: a reader task applies the client's messages (the text goes to `text`, a
+    LiveText, as utterances or sentences), a speaker task speaks them in order."""
 
     def __init__(self, ctx, ws: web.WebSocketResponse):
         self.ctx, self.ws = ctx, ws
         self.opts = {"voice": None, "language": "auto", "instructions": None, "seed": None, "max_frames": None,
                      "speed": 1.0, "text_mode": "words", "lexicon": None}
-        self.words: Optional[bool] = None  # words mode, decided at the first text
-        self.rest = ""  # sentences mode: text after the last complete sentence
-        self.lexicon = None  # the session's pronunciation lexicon, set at the first text
-        self.held = ""  # text not yet through the lexicon (after the last space or punctuation mark)
-        self.feed: Optional[TextFeed] = None  # words mode: the utterance new text goes to
-        self.text_came = asyncio.Event()  # set at every append/end (the speaker waits for a first word)
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.queued_chars = 0  # text taken but not yet spoken
+        self.text = LiveText(ctx, self.opts)
         self.speaking = False
         self.audio_started = False
         self.samples = 0
         self.frames_sent = 0  # binary frames of audio sent
         self.sample_rate = ctx.host.engine.sample_rate
-        self.stretcher: Optional[StreamStretcher] = None
+        self.stretcher = None  # a StreamStretcher when speed is not 1
         self.ended = False  # input_text.end came: only session.close may follow
         self.close_code, self.close_reason = CLOSE_OK, ""  # how the server closes the socket
 
@@ -120,8 +100,8 @@ class LiveSession:
             self.ctx.metrics.error(type(exc).__name__)
             await self._fail(f"internal error: {type(exc).__name__}", "internal_error", CLOSE_ERROR)
         finally:
-            if self.feed is not None:
-                self.feed.end()
+            if self.text.feed is not None:
+                self.text.feed.end()
             for task in (reader, speaker):
                 task.cancel()
             await asyncio.gather(reader, speaker, return_exceptions=True)
@@ -129,33 +109,20 @@ class LiveSession:
     # -- client messages -------------------------------------------------------------------------
     async def _read(self):
         """Read messages until the client leaves (-> GONE) or sends session.close (-> CLOSE); input_text.end
-        queues END and reading goes on. Pings are answered here (the socket has no autoping), and only data
-        frames restart the idle clock: a client whose library pings every few seconds but sends no text is
-        still dropped after http.read_timeout_s while the session waits for its text."""
+        queues END and reading goes on. Only messages restart the idle clock, not pings (ws_common.Messages):
+        a client whose library pings every few seconds but sends no text is still dropped after
+        http.read_timeout_s while the session waits for its text."""
         idle = self.ctx.cfg.http.read_timeout_s
-        clock = asyncio.get_running_loop().time
-        deadline = clock() + idle
+        messages = Messages(self.ws, idle)
         while True:
             try:
-                left = deadline - clock()
-                if left <= 0:
-                    raise asyncio.TimeoutError
-                msg = await self.ws.receive(timeout=left)
+                msg = await messages.next()
             except asyncio.TimeoutError:
-                deadline = clock() + idle
-                if self.ended or (self.speaking or not self.queue.empty()) and self.feed is None:
+                text = self.text
+                if self.ended or (self.speaking or not text.queue.empty()) and text.feed is None:
                     continue  # waiting for audio is not idling (an utterance waiting for words is)
                 raise ApiError(408, f"no message for {idle:g} s; send input_text.append or input_text.end",
                                "timeout") from None
-            if msg.type == WSMsgType.PING:
-                try:
-                    await self.ws.pong(msg.data)
-                except ConnectionResetError:
-                    return GONE
-                continue
-            if msg.type == WSMsgType.PONG:
-                continue
-            deadline = clock() + idle
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                 return GONE
             if msg.type == WSMsgType.ERROR:
@@ -168,7 +135,7 @@ class LiveSession:
                 return CLOSE
             if outcome is END:
                 self.ended = True
-                self.queue.put_nowait(END)
+                self.text.queue.put_nowait(END)
 
     STOP = "session.close"  # the message that stops the session at once, also after input_text.end
 
@@ -198,7 +165,7 @@ class LiveSession:
 
     def _configure(self, data: dict) -> None:
         """The session's settings from `data` (session.update's fields), checked; only before any text."""
-        if self.words is not None:
+        if self.text.started:
             raise ApiError(400, "the session's settings must come before any text")
         for key, typ in (("voice", str), ("language", str), ("instructions", str), ("seed", int),
                          ("max_frames", int), ("speed", (int, float)), ("text_mode", str)):
@@ -218,77 +185,16 @@ class LiveSession:
 
     def _append(self, text: str) -> None:
         """More text to speak."""
-        self._add(self._pronounce(text))
+        self.text.append(text)
 
     def _end(self) -> None:
         """No more text: what is held is spoken, then the session ends."""
-        held = self._pronounce("", final=True)
-        if held:
-            self._add(held)
-        if self.feed is not None:
-            self.feed.end()
-            self.feed = None
-        rest, self.rest = self.rest.strip(), ""
-        if rest:
-            self._queue(rest)
-        self.text_came.set()
-
-    def _pronounce(self, text: str, final: bool = False) -> str:
-        """`text` through the session's lexicon; without `final`, what follows its last space or punctuation
-        mark waits for the next piece (a word is replaced whole)."""
-        if self.lexicon is None:
-            try:
-                self.lexicon = merged(file_lexicon(self.ctx.cfg.jobs.lexicon), self.opts["lexicon"])
-            except LexiconError as exc:
-                raise ApiError(400, str(exc)) from None
-        if not self.lexicon:
-            return text
-        text, self.held = self.held + text, ""
-        if not final:
-            cut = max((i + 1 for i, ch in enumerate(text) if not (ch.isalnum() or ch == "_")), default=0)
-            text, self.held = text[:cut], text[cut:]
-            if len(self.held) > self.ctx.cfg.http.max_text_chars:
-                raise ApiError(413, f"{len(self.held)} characters without a space or punctuation mark; the limit is "
-                                    f"{self.ctx.cfg.http.max_text_chars}", "too_large")
-        return self.lexicon.apply(text)
-
-    def _add(self, text: str) -> None:
-        limit = self.ctx.cfg.http.max_text_chars
-        buffered = self.queued_chars + len(self.rest) + len(text)
-        if buffered > limit:
-            raise ApiError(413, f"{buffered} characters of text wait to be spoken; the limit is {limit} "
-                                "(send text no faster than it is spoken)", "too_large")
-        if self.words is None:
-            voice = self.opts["voice"] or self.ctx.host.default_voice()
-            self.words = self.opts["text_mode"] == "words" and self.ctx.host.engine.streams_text(voice)
-        lang = language_code(self.opts["language"]) or "en"
-        if not self.words:
-            sentences, self.rest = split_streamed(self.rest + text, lang)
-            for s in sentences:
-                self._queue(s)
-            return
-        self.queued_chars += len(text)
-        while text:
-            if self.feed is None:
-                self.feed = TextFeed()
-                self.queue.put_nowait(self.feed)
-            cut = _utterance_end(self.feed.text, text, lang)
-            if cut is None:
-                self.feed.append(text)
-                break
-            self.feed.append(text[:cut])
-            self.feed.end()
-            self.feed, text = None, text[cut:].lstrip()
-        self.text_came.set()
-
-    def _queue(self, sentence: str) -> None:
-        self.queued_chars += len(sentence)
-        self.queue.put_nowait(sentence)
+        self.text.end()
 
     # -- audio -----------------------------------------------------------------------------------
     async def _speak(self) -> None:
         while True:
-            item = await self.queue.get()
+            item = await self.text.queue.get()
             if item is END:
                 return
             while item is not None:
@@ -297,37 +203,20 @@ class LiveSession:
     async def _speak_item(self, item):
         """Speak a sentence or an utterance; returns an utterance for the words its request did not take
         (it ended early, e.g. at max_frames), else None."""
-        if isinstance(item, TextFeed):
-            while not item.ready()[0] and not item.ended:  # submitted once it holds a complete word
-                self.text_came.clear()
-                await self.text_came.wait()
-            if not item.ready()[0]:
-                return None  # an utterance of whitespace only
+        if not await self.text.ready(item):
+            return None  # an utterance of whitespace only
         self.speaking = True
         try:
             await self._speak_one(item)
         finally:
             self.speaking = False
-        if isinstance(item, str):
-            self.queued_chars -= len(item)
-            await self._text_done(item)
-            return None
-        item.end()  # its request has ended: no more words go to it
-        spoken, rest = item.text[:item.taken], item.rest
-        self.queued_chars -= len(spoken)
-        more = None
-        if self.feed is item or rest.strip():  # (no await before self.feed moves on: the reader appends to it)
-            more = TextFeed(rest)  # the words it did not take start the next utterance
-            if self.feed is item:
-                self.feed = more  # still receiving: new words go there
-            else:
-                more.end()
-        await self._text_done(spoken.strip())
+        spoken, more = self.text.spoken(item)
+        await self._text_done(spoken)
         return more
 
     async def _speak_one(self, item) -> None:
         ctx, o = self.ctx, self.opts
-        feed = item if isinstance(item, TextFeed) else None
+        feed = None if isinstance(item, str) else item  # an utterance: a TextFeed
         req = ctx.host.request("" if feed else item, voice=o["voice"] or ctx.host.default_voice(),
                                language=model_language(o["language"], ctx.host.engine.languages),
                                instruct=o["instructions"], seed=o["seed"],
@@ -390,34 +279,6 @@ class LiveSession:
             pass
 
 
-def _utterance_end(current: str, text: str, lang: str) -> Optional[int]:
-    """Where in `text` (appended to an utterance holding `current`) the utterance should end: after its last
-    complete sentence once it holds UTTERANCE_CHARS characters, else at a word boundary once it would pass
-    UTTERANCE_MAX_CHARS; None: all of `text` goes to this utterance."""
-    total = len(current) + len(text)
-    if total < UTTERANCE_CHARS:
-        return None
-    _, rest = split_streamed(current + text, lang)
-    cut = total - len(rest) - len(current)
-    if cut > 0:
-        return cut
-    if total <= UTTERANCE_MAX_CHARS:
-        return None
-    space = text.rfind(" ", 0, max(UTTERANCE_MAX_CHARS - len(current), 1))
-    return space if space > 0 else max(UTTERANCE_MAX_CHARS - len(current), 1)
-
-
-def parse_message(raw: str) -> dict:
-    """A client's message: a JSON object (400 otherwise)."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"message is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, 'each message must be a JSON object with a "type"')
-    return data
-
-
 async def live(request: web.Request) -> web.WebSocketResponse:
     """GET /v1/audio/speech/live: upgrade to a WebSocket and speak text as it arrives (module docstring)."""
     return await serve_session(request, LiveSession)
@@ -426,23 +287,13 @@ async def live(request: web.Request) -> web.WebSocketResponse:
 async def serve_session(request: web.Request, session_class, protocols=()) -> web.WebSocketResponse:
     """Upgrade to a WebSocket (offering the subprotocols `protocols`) and serve one `session_class` session
     (LiveSession or a subclass) on it; 503 while the daemon stops."""
-    ctx = request.app[CTX]
-    if not ctx.accepting:
-        raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
-    # autoping off: LiveSession._read answers pings itself, so that they do not restart its idle clock
-    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes, autoping=False, protocols=protocols)
-    await ws.prepare(request)
-    session = session_class(ctx, ws)
+    ws = await open_socket(request, protocols)
+    session = session_class(request.app[CTX], ws)
     try:
         await session.run()
     finally:
         await ws.close(code=session.close_code, message=close_reason(session.close_reason))
     return ws
-
-
-def close_reason(text: str) -> bytes:
-    """A close frame's reason: at most 123 bytes of UTF-8 (RFC 6455 5.5), cut at a character boundary."""
-    return text.encode("utf-8")[:123].decode("utf-8", "ignore").encode("utf-8")
 
 
 def add_routes(app: web.Application) -> None:

@@ -201,8 +201,17 @@ async def list_audio_voices(request):
                               "uploaded_voices": uploaded})
 
 
+async def upload_audio_voice(request):
+    """POST /v1/audio/voices (vllm-omni's multipart voice upload: audio_sample, name, consent, ref_text): 400
+    naming the route that adds a voice here; nothing is read or saved."""
+    raise ApiError(400, "voices are not uploaded here: send the reference audio to POST /v1/voices as JSON "
+                        '{"name": ..., "ref_audio": <base64 audio or a data URL>, "ref_text": ...} (a Base checkpoint '
+                        "clones it; GET /v1/audio/voices lists the voices)")
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", list_audio_voices)
+    app.router.add_post("/v1/audio/voices", upload_audio_voice)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{id}", get_model)

@@ -2,7 +2,8 @@
 (HTML, CSS, plain JavaScript modules; nothing built, nothing fetched from elsewhere).
 
 The files are public: they hold no data. Everything the page shows or does goes through the API routes
-any client uses, under the same rules (http.api_key over TCP, browsers' cross-site requests refused:
+any client uses, under the same rules (http.api_key over TCP, browsers' cross-site requests refused, and on
+loopback without a key any request, the page's files too, under a Host that is not a loopback name:
 appliance.http_common). A TCP listener beyond loopback without http.api_key does not serve the page
 (403 saying to set the key): a browser must not become a way in without it. Every answer carries a
 Content-Security-Policy that allows this server alone, so the page can load nothing from elsewhere.

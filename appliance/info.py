@@ -8,8 +8,9 @@ device_inventory), the settings as decided (appliance.settings: devices, threads
 the inbox: what the daemon and the job commands run with), the model (kind, modes, speakers, languages,
 from its config.json: no weights loaded), the engines (device, dtype, slots and why:
 engines.load.settings of each EngineSpec of the settings, what the engine itself decides), the codec
-engines `build-engines` made and what would be used or why not, paths (sockets, queue, inbox) and, when
-a daemon answers on its socket, its /health. Every part is guarded: a broken part is reported as an
+engines `build-engines` made and what would be used or why not, paths (sockets, queue, inbox), the spool
+folder's disk (free space, what each folder holds, the retention) and, when a daemon answers on its socket,
+its /health. Every part is guarded: a broken part is reported as an
 `error` entry, never raised, so the report is always complete.
 """
 from __future__ import annotations
@@ -92,13 +93,12 @@ def engines_info(s: Settings) -> list:
 
 def codec_info(s: Settings) -> dict:
     """What build-engines made for this model, whether it still fits this machine, what would be used."""
-    from engines.codec.manifest import (MANIFEST, default_cache_dir, model_identity, read_manifest, stale_reasons,
-                                        unusable_reason)
+    from engines.codec.manifest import MANIFEST, model_identity, read_manifest, stale_reasons, unusable_reason
     from engines.device.detect import detect_platform
 
     model, cfg = s.require_model(), s.config
     choice = s.engines[0].codec  # runtime.codec with auto decided (engines.codec.build.codec_choice)
-    cache = default_cache_dir(model)
+    cache = Path(s.engines[0].engine_cache)  # this checkpoint's folder in runtime.engine_cache
     out = {"runtime_codec": cfg.runtime.codec, "cache": str(cache), "built": [], "skipped": {}}
     manifest = read_manifest(cache)
     if manifest is None:
@@ -152,6 +152,28 @@ def paths_info(cfg: Config) -> dict:
     return out
 
 
+def disk_info(cfg: Config) -> dict:
+    """The spool folder's disk: free and total bytes, what each of its folders holds (jobs.disk.usage), the
+    reserve (jobs.min_free_mb) and the retention (jobs.keep_work_days)."""
+    from jobs.disk import usage
+
+    return {**usage(cfg.home().home, cfg.jobs.min_free_mb << 20), "keep_work_days": cfg.jobs.keep_work_days}
+
+
+def _disk_lines(k: dict) -> list[str]:
+    from jobs.disk import mb
+
+    if k.get("free_bytes") is None:
+        return [f"  {k['path']}: not made yet"]
+    lines = [f"  {k['path']}: {mb(k['free_bytes'])} free of {mb(k['total_bytes'])} "
+             f"(jobs.min_free_mb keeps {mb(k['min_free_bytes'])} free)" + (f"; {k['error']}" if k.get("error") else "")]
+    lines += [f"  {name}: {mb(f['bytes'])} in {f['files']} file(s)" for name, f in k["folders"].items() if f["files"]]
+    days = k["keep_work_days"]
+    lines.append(f"  working files of finished jobs (segment audio, uploads) removed {days:g} days after they end "
+                 "(jobs.keep_work_days)" if days is not None else "  working files are kept (jobs.keep_work_days: null)")
+    return lines
+
+
 def daemon_info(cfg: Config, timeout: float = 3.0) -> dict:
     """/health of the daemon serving this config's spool folder, if one answers."""
     from appliance.client import SOCKET_ENV, DaemonClient
@@ -189,7 +211,7 @@ def collect(s: Settings, config_path: Optional[str] = None, daemon: bool = True)
                            "threads": cfg.model.threads, "torch_threads": s.threads},
             "settings": _guard(settings_info, s),
             "model": _guard(model_info, s), "engines": _guard(engines_info, s),
-            "codec_engines": _guard(codec_info, s), "paths": _guard(paths_info, cfg),
+            "codec_engines": _guard(codec_info, s), "paths": _guard(paths_info, cfg), "disk": _guard(disk_info, cfg),
             "daemon": _guard(daemon_info, cfg) if daemon else {"reachable": False, "tried": ["not asked"]}}
 
 
@@ -287,6 +309,7 @@ def render(r: dict) -> str:
         *[f"  {name}: skipped at build: {why}" for name, why in k["skipped"].items()],
         f"  uses {k['uses']} (runtime.codec {k['runtime_codec']}): {k['why']}"])
     section("paths", r["paths"], _paths_lines)
+    section("disk", r["disk"], _disk_lines)
     d = r["daemon"]
     if d.get("reachable"):
         h = d["health"]

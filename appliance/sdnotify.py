@@ -5,7 +5,8 @@ by $NOTIFY_SOCKET (a leading "@" means the abstract namespace). Messages used by
 
     READY=1            start-up finished (engine loaded and warmed up)
     RELOADING=1        SIGHUP received, configuration being re-read (followed by READY=1)
-    STOPPING=1         SIGTERM received, shutting down
+    STOPPING=1         SIGTERM received, shutting down; with EXTEND_TIMEOUT_USEC=<us>: the stop may take
+                       that long (service.stop_timeout_s, whatever the unit's TimeoutStopSec)
     STATUS=<text>      one line shown by `systemctl status`
     WATCHDOG=1         keep-alive; sent only while the engine loop makes progress
     MAINPID=<pid>      (unused: the daemon is the main process)
@@ -79,8 +80,11 @@ class Notifier:
         # systemd >= 253 wants MONOTONIC_USEC with RELOADING=1 (Type=notify-reload); harmless before
         return self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
 
-    def stopping(self) -> bool:
-        return self.send("STOPPING=1")
+    def stopping(self, takes_s: Optional[float] = None) -> bool:
+        """STOPPING=1; `takes_s`: how long the stop may take, told to systemd so that TimeoutStopSec does not cut
+        it short (EXTEND_TIMEOUT_USEC, systemd >= 236; the config's stop timeout is the one that counts)."""
+        extend = [f"EXTEND_TIMEOUT_USEC={int(takes_s * 1e6)}"] if takes_s else []
+        return self.send("STOPPING=1", *extend)
 
     def close(self) -> None:
         if self._sock is not None:

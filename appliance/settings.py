@@ -39,6 +39,7 @@ class WorkerSettings:
     lease_s: float = 120.0
     guard: bool = True        # runaway/silence guard (off for a test model: jobs.guard.guard_for)
     model: Optional[str] = None  # the checkpoint they run: they claim unpinned jobs and those pinned to it
+    min_free_mb: int = 200    # kept free in the spool folder: nothing leased, no book begun beyond it (jobs.disk)
 
     def batch_for(self, slots: int) -> int:
         """Segments a worker keeps in flight on engines with `slots` slots in all."""
@@ -171,7 +172,7 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
                 max_queue: Optional[int] = None) -> EngineSpec:
     """What the settings `cfg` make of one engine on `device` (one of model.device's): the checkpoint,
     dtype, voices folder, CPU threads (`torch_threads`), the codec (runtime.codec, auto
-    decided by engines.codec.build.codec_choice) and the rest of the runtime section; `max_slots` /
+    decided by engines.codec.build.codec_choice) and its engine cache folder (runtime.engine_cache) and the rest of the runtime section; `max_slots` /
     `max_queue` override runtime.max_slots / runtime.max_queue; `warmup`: a request spoken once it is ready."""
     from engines.api import EngineSpec
     from engines.codec.build import codec_choice
@@ -179,14 +180,16 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
 
     m, r = cfg.model, cfg.runtime
     model = checkpoint(cfg) or cfg.require_model()  # (raises when none is configured)
+    cache = default_cache_dir(model, r.engine_cache)  # where build-engines put this checkpoint's codec engines
     return EngineSpec(model=model, device=device, dtype=m.dtype, voices_dir=str(voices_dir(cfg)),
                       threads=torch_threads(m.threads), codec_threads=codec_threads(m.threads) if device == "cpu" else 0,
                       idle_threads=idle_threads(m.threads) if device == "cpu" else 0,
                       max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
-                      codec=codec_choice(r.codec, default_cache_dir(model)), codec_fast=r.codec_fast,
+                      codec=codec_choice(r.codec, cache), engine_cache=str(cache), codec_fast=r.codec_fast,
                       attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,
-                      kv_cache=r.kv_cache, linear=r.linear, codec_dtype=r.codec_dtype, prefill_graphs=r.prefill_graphs,
+                      kv_cache=r.kv_cache, attn_split=r.attn_split, linear=r.linear, codec_dtype=r.codec_dtype,
+                      prefill_graphs=r.prefill_graphs,
                       warmup=warmup)
 
 
@@ -197,7 +200,8 @@ def worker_settings(cfg: Config, checkpoint_catalog=None) -> WorkerSettings:
 
     j = cfg.jobs
     return WorkerSettings(enabled=j.enabled, threads=max(1, j.workers), batch_size=j.batch_size, lease_s=j.lease_s,
-                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg))
+                          guard=guard_for(j.guard, checkpoint_catalog).enabled, model=checkpoint(cfg),
+                          min_free_mb=j.min_free_mb)
 
 
 def inbox_settings(cfg: Config) -> InboxSettings:

@@ -3,12 +3,14 @@
     sup = Supervisor()
     sup.thread("inbox", make)          # make() -> the function the thread runs; called again to restart it
     sup.add(Part("engine cuda:0", alive=runner_is_running))   # no restart: its death stops the daemon
+    sup.add(Part("engine cpu", alive=..., restart=proc.restart_async, starting=lambda: proc.starting))
     fatal = sup.check()                # every second, from the daemon's event loop
     sup.health()                       # {name: {"ok", "restarts", "error"?, ...}} for /health
 
 A thread part that dies (an exception, or returning while the daemon runs) is logged with its
 traceback and started again after a pause that doubles while it keeps dying soon after a start
-(RESTART_DELAYS_S); a part that cannot be restarted (an engine's loop: its device state is not to be
+(RESTART_DELAYS_S); an engine process is started again the same way, once per death however long its
+start-up takes (`Part.starting`); a part that cannot be restarted (an engine's loop: its device state is not to be
 trusted) is returned by `check` so that the daemon stops with a non-zero status and systemd starts
 it again. While a part is down, `health()` says so and why (/health answers 503).
 """
@@ -26,11 +28,13 @@ STABLE_S = 60.0  # a part that ran this long before dying is restarted after the
 
 class Part:
     """One watched part: `alive()`, and `restart()` (None: it cannot be restarted). `detail()` adds
-    figures to its /health entry."""
+    figures to its /health entry. `starting()`: a restart of it is under way (an engine process loading its
+    model for a minute): it is not down again meanwhile, and not restarted or counted again."""
 
     def __init__(self, name: str, alive: Callable[[], bool], restart: Optional[Callable[[], None]] = None,
-                 detail: Optional[Callable[[], dict]] = None):
+                 detail: Optional[Callable[[], dict]] = None, starting: Optional[Callable[[], bool]] = None):
         self.name, self.alive, self.restart, self.detail = name, alive, restart, detail
+        self.starting = starting or (lambda: False)
         self.error: Optional[str] = None  # why it stopped, last time
         self.restarts = 0
         self.started = time.monotonic()
@@ -97,7 +101,7 @@ class Supervisor:
         now = time.monotonic() if now is None else now
         fatal = []
         for part in list(self.parts.values()):
-            if part.alive():
+            if part.alive() or part.starting():  # (one restart at a time: its start-up is not a second death)
                 continue
             why = part.error or "it ended"
             if part.restart is None:
@@ -114,7 +118,7 @@ class Supervisor:
             if now >= part.next_try:
                 part.restarts += 1
                 log.warning("restarting %s (restart %d)", part.name, part.restarts)
-                part.down_since = None  # seen down again at the next check if this start fails or it dies
+                part.down_since, part.started = None, now  # seen down again if this start fails or it dies
                 try:
                     part.restart()
                 except Exception as exc:  # noqa: BLE001 - retried after a longer pause

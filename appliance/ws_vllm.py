@@ -21,7 +21,8 @@ and per flush {"type": "session.done", "utterance_index", "total_sentences"}. `u
 `sentence_index` the requests inside one. {"type": "error", "message"} reports a bad message (the session goes
 on) or a request that failed (its audio.done says "error": true; "partial_audio": true when some audio was
 sent). Fatal, followed by a close with 1008: anything but a valid session.config first, no message for
-http.read_timeout_s while nothing is being spoken. Speech goes through the same streaming path as
+http.read_timeout_s while nothing is being spoken (pings, e.g. the `websockets` package's keepalive, are
+answered but are not messages: appliance.ws_common). Speech goes through the same streaming path as
 POST /v1/audio/speech (appliance.streams.serve_stream); speed is applied also to streamed audio.
 """
 from __future__ import annotations
@@ -46,16 +47,15 @@ from text.normalize import language_code
 from text.split import split_clauses, split_streamed
 
 from appliance.http_common import CTX, ApiError, field
-from appliance.http_live import close_reason, parse_message
 from appliance.http_refaudio import reference_audio
 from appliance.speech_body import SpeechOptions, options, synthesis_request
 from appliance.streams import serve_stream
+from appliance.ws_common import CLOSE_OK, CLOSE_POLICY, Messages, close_reason, open_socket, parse_message
 
 log = logging.getLogger(__name__)
 SPLITS = ("none", "sentence", "clause")
 CLAUSE_END = re.compile(r"[,;:\u2014](?=\s)|[\uff0c\u3001\uff1b\uff1a]")  # complete once whitespace follows
 FLUSH, CLOSE, GONE = object(), object(), object()
-CLOSE_OK, CLOSE_POLICY = 1000, 1008
 
 
 @dataclass
@@ -102,14 +102,18 @@ class StreamSession:
 
     # -- client messages -------------------------------------------------------------------------
     async def _read(self):
+        """Apply the client's messages until it leaves (GONE), closes the session (CLOSE) or a fatal error
+        (None). Pings are answered but are not messages (ws_common.Messages): a client that only pings is
+        idle."""
         idle = self.ctx.cfg.http.read_timeout_s
+        messages = Messages(self.ws, idle)
         while True:
             try:
-                msg = await self.ws.receive(timeout=idle)
+                msg = await messages.next()
             except asyncio.TimeoutError:
                 if self.speaking or not self.queue.empty():
                     continue  # waiting for audio is not idling
-                what = "session.config" if self.config is None else "a message"
+                what = "session.config" if self.config is None else "message"
                 return await self._fatal(f"no {what} for {idle:g} s; the session is closed")
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                 return GONE
@@ -272,13 +276,9 @@ class StreamSession:
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     """GET /v1/audio/speech/stream: one vllm-omni streaming-text session (module docstring)."""
-    ctx = request.app[CTX]
-    if not ctx.accepting:
-        raise ApiError(503, "the daemon is shutting down", "busy", {"Retry-After": str(ctx.cfg.runtime.retry_after_s)})
-    ws = web.WebSocketResponse(max_msg_size=ctx.cfg.http.max_body_bytes)
-    await ws.prepare(request)
+    ws = await open_socket(request)
     with tempfile.TemporaryDirectory(prefix="tts-stream-") as tmp:
-        session = StreamSession(ctx, ws, Path(tmp))
+        session = StreamSession(request.app[CTX], ws, Path(tmp))
         try:
             await session.run()
         finally:

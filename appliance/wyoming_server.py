@@ -19,7 +19,10 @@ or synthesize-stopped follows. Clients wait for those or for the connection's en
 until audio-stop, its streaming reader until synthesize-stopped, both until the connection ends; they
 ignore `error`), so closing is what ends every client's wait, and it ends it as a failure rather than as
 a short clip. The protocol carries no speaking speed. Text is spoken with the pronunciation lexicon of
-jobs.lexicon.
+jobs.lexicon. A connection that sends no event for wyoming.idle_timeout_s while nothing is being spoken (between
+requests, or in a text stream waiting for its next chunk) gets an `error` event (code `timeout`) and is closed;
+one whose client reads nothing of what is sent for wyoming.write_timeout_s (its buffers full) is closed at once,
+its request cancelled (outcome `slow_client`).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from typing import Optional
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
@@ -49,6 +52,10 @@ LINGER_S = 2.0  # after an error: how long the client's remaining input is read 
 ATTRIBUTION = Attribution(name="Qwen", url="https://github.com/QwenLM/Qwen3-TTS")
 
 
+class ClientStalled(TimeoutError):
+    """The client read nothing for wyoming.write_timeout_s: the connection was closed (what is buffered dropped)."""
+
+
 class TtsHandler(AsyncEventHandler):
     """One Wyoming client connection."""
 
@@ -60,6 +67,35 @@ class TtsHandler(AsyncEventHandler):
         self.stream_text: Optional[str] = None  # None: no text stream open
         self.audio_started = False
         self.failed = False  # an error event was sent: the connection ends (see `disconnect`)
+
+    async def run(self) -> None:
+        """Serve events until the client closes, an event ends the connection, or none comes for
+        wyoming.idle_timeout_s (events are served one at a time: the clock runs only while one is awaited)."""
+        idle = self.d.cfg.wyoming.idle_timeout_s
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(async_read_event(self.reader), idle)
+                except asyncio.TimeoutError:
+                    await self.fail(f"no event for {idle:g} s; the connection is closed (wyoming.idle_timeout_s)",
+                                    "timeout")
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    async def write_event(self, event: Event) -> None:
+        """Send an event; a client that reads none of it for wyoming.write_timeout_s is cut off (ClientStalled):
+        the socket closes at once, dropping what is buffered, so a stalled client holds no handler for ever."""
+        limit = self.d.cfg.wyoming.write_timeout_s
+        try:
+            await asyncio.wait_for(super().write_event(event), limit)
+        except asyncio.TimeoutError:
+            self.writer.transport.abort()
+            log.info("wyoming client read nothing for %g s (wyoming.write_timeout_s); connection closed", limit)
+            raise ClientStalled(f"the client read nothing for {limit:g} s") from None
 
     def info(self) -> Info:
         e = self.d.host.engine
@@ -75,7 +111,7 @@ class TtsHandler(AsyncEventHandler):
         """Serve one event; False ends the connection (after an error event: see the module doc)."""
         try:
             return await self._handle(event)
-        except (ConnectionError, BrokenPipeError):
+        except (ConnectionError, BrokenPipeError, ClientStalled):
             raise
         except Exception as exc:  # a bug: this connection ends with an error event, the daemon goes on
             log.exception("wyoming: %s failed", event.type)
@@ -188,13 +224,15 @@ class TtsHandler(AsyncEventHandler):
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away mid-stream; request cancelled")
             return False
+        except ClientStalled:  # (said when it was closed)
+            return False
 
 
 async def client_connected(daemon, reader, writer) -> None:
     """asyncio server callback: serve one connection until it closes."""
     try:
         await TtsHandler(daemon, reader, writer).run()
-    except (ConnectionError, BrokenPipeError):
+    except (ConnectionError, BrokenPipeError, ClientStalled):
         pass
     except asyncio.IncompleteReadError as exc:  # the client closed in the middle of an event: normal
         log.info("wyoming client closed the connection mid-event (%d of %s bytes)", len(exc.partial), exc.expected)

@@ -121,10 +121,14 @@ def _ffmeta_escape(text: str) -> str:
     return re.sub(r"([=;#\\\n])", r"\\\1", text)
 
 
-def _ffmeta(meta: BookMeta, chapters: Sequence[tuple[str, float, float]]) -> str:
+def _ffmeta(meta: BookMeta, chapters: Sequence[tuple[str, float, float]], title: Optional[str] = None) -> str:
+    """ffmpeg's metadata file: `title` (a chapter file's own) or the book's as the title, the book's as the album,
+    the author, and the chapter marks."""
     lines = [";FFMETADATA1"]
+    if title or meta.title:
+        lines.append(f"title={_ffmeta_escape(title or meta.title)}")
     if meta.title:
-        lines += [f"title={_ffmeta_escape(meta.title)}", f"album={_ffmeta_escape(meta.title)}"]
+        lines.append(f"album={_ffmeta_escape(meta.title)}")
     if meta.author:
         lines += [f"artist={_ffmeta_escape(meta.author)}", f"album_artist={_ffmeta_escape(meta.author)}"]
     lines.append("genre=Audiobook")
@@ -159,7 +163,7 @@ class M4bEncoder:
             self.spool.seek(0)
             with tempfile.TemporaryDirectory(prefix="tts-m4b-") as td:
                 txt = Path(td) / "meta.txt"
-                txt.write_text(_ffmeta(self.meta, marks), encoding="utf-8")
+                txt.write_text(_ffmeta(self.meta, marks, self.title), encoding="utf-8")
                 cmd = [self.ffmpeg, "-nostdin", "-y", "-v", "error", "-f", "s16le", "-ar", str(self.sample_rate),
                        "-ac", "1", "-i", "pipe:0", "-i", str(txt)]
                 maps = ["-map", "0:a", "-map_metadata", "1", "-map_chapters", "1"]

@@ -5,19 +5,23 @@
     python -m benchmarks.ab_step --model tests/data/tiny/cv_small --device cpu --dtype float32 --batches 2 --reps 2 \
         --context 100 --variants layer:0,layer:0:fp8          # a smoke run on the CPU
 
-A variant is `fuse:topk_cap[:attn[:sampler[:rows|layer|nopre|nolayer|fp8]]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
+A variant is `fuse:topk_cap[:attn[:sampler[:rows|layer|nopre|nolayer|fp8|split|opaque]]]` (EngineRunner's `fuse` and `topk_cap`: per-layer or per-pass
 compiled regions; a top-k sampler sorting only the best `topk_cap` ids, 0 = the whole vocabulary; `attn`:
 `kernel` for the Triton decode-attention kernel, `torch` for the torch form; `sampler`: `kernel` for the
 Triton draw (no sort; topk_cap unused), `torch` for the torch draws; each default the engine's choice;
 `rows`: the one-row projections as Triton kernels, engines.runtime.rowproj; `layer`: each one-row decoder layer
 as one persistent kernel, engines.runtime.layer_kernel; `nopre`: the same without loading weights ahead of its barriers;
 `nolayer`: the compiled layers for one row too; `fp8`: the talker's key/value cache in fp8, runtime.kv_cache, else the
-model's dtype; unnamed: the engine's choice). For each
+model's dtype; `split`: the talker's attention split over programs per row, runtime.attn_split true, else false;
+`opaque`: the attention kernels called as one torch custom op inside the compiled regions (attention_split.opaque);
+unnamed: the engine's choice). For each
 variant and batch size: requests are admitted until the batch is full (`--context N`: then every row is moved
 to a position in [N, N + 50), so the attention reads a book's context rather than a fresh prompt's; the cache
 there holds zeros, which read as fast), then the step for that bucket is replayed `--reps` times between CUDA
 events (median reported; wall clock on the CPU), plus the kernels of one eager step (torch profiler, CUDA).
 Compilation and capture are timed apart. Random weights of the real shape (`--dummy`, bf16), or a checkpoint.
+`--probe V1,V2`: also the talker's attention launch on those variants' own cache tensors, alone and in the step
+(benchmarks.attention_probe), at the first batch size (`all`: every variant).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import torch
 
 from benchmarks.bench import request
 from benchmarks.dummy_engine import dummy_engine
-from engines.runtime import layer_kernel
+from engines.runtime import attention_split, layer_kernel
 from engines.runtime.runner import EngineRunner
 
 log = logging.getLogger("ab_step")
@@ -112,6 +116,8 @@ def main() -> None:
     ap.add_argument("--variants", default="layer:0,layer:64,pass:64")
     ap.add_argument("--context", type=int, default=0, help="rows moved to positions [N, N + 50) before timing")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--probe", default="", help="variants (comma list, or all) whose attention launch is probed alone "
+                                                "and in the step (benchmarks.attention_probe)")
     ap.add_argument("--json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -132,11 +138,14 @@ def main() -> None:
         rows = "rows" in kinds
         layers = True if "layer" in kinds or "nopre" in kinds else False if "nolayer" in kinds else None
         layer_kernel.PRELOAD = "nopre" not in kinds
+        flags = ("rows", "layer", "nopre", "nolayer", "fp8", "split", "opaque")
         attn, sampler = ([{"kernel": True, "torch": False, "auto": None}[k] for k in kinds
-                          if k not in ("rows", "layer", "nopre", "nolayer", "fp8")] + [None, None])[:2]
+                          if k not in flags] + [None, None])[:2]
+        attention_split.OPAQUE = "opaque" in kinds
         runner = EngineRunner(eng, max_slots=max(batches), max_context=max_context, max_queue=4096, fuse=fuse,
                               topk_cap=int(cap), attn_kernel=attn, sample_kernel=sampler, row_kernel=rows,
-                              layer_kernel=layers, kv_cache="fp8" if "fp8" in kinds else "model")
+                              layer_kernel=layers, kv_cache="fp8" if "fp8" in kinds else "model",
+                              attn_split="split" in kinds)
         for b in batches:
             t0 = time.perf_counter()
             handles = fill(runner, b, 400)
@@ -149,8 +158,13 @@ def main() -> None:
                    "audio_s_per_s_decode_only": b * 0.08 / (ms / 1e3), "setup_s": setup, "first_ms": first}
             if b == 1 and cuda:
                 row["kernels"] = kernels_per_step(runner, b)
+            if cuda and b == batches[0] and (args.probe == "all" or v in args.probe.split(",")):
+                row["probe"] = run_probe(runner, b, v)
             out["rows"].append(row)
             log.info("%s", row)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
             drain(runner, handles)
         del runner
         torch._dynamo.reset()  # the next variant compiles afresh (compiled entries are shared by code object)
@@ -159,11 +173,28 @@ def main() -> None:
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
-        open(args.json, "w").write(text)
+        with open(args.json, "w") as f:
+            f.write(text)
     print("| variant | batch | step ms | decode-only audio-s/s | kernels (b=1) |\n|---|---|---|---|---|")
     for r in out["rows"]:
         print(f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['audio_s_per_s_decode_only']:.0f} | "
               f"{r.get('kernels', '')} |")
+    probes = [r["probe"] for r in out["rows"] if "one" in r.get("probe", {})]
+    if probes:
+        from benchmarks.attention_probe import table
+
+        print("\ntalker attention per launch, us (benchmarks.attention_probe):\n" + table(probes))
+
+
+def run_probe(runner: EngineRunner, b: int, variant: str) -> dict:
+    """benchmarks.attention_probe on this variant's runner; a failure is recorded, the A/B goes on."""
+    from benchmarks.attention_probe import probe
+
+    try:
+        return {"variant": variant, **probe(runner, b)}
+    except Exception as e:  # noqa: BLE001 (a probe that fails must not lose the A/B's figures)
+        log.exception("probe failed")
+        return {"variant": variant, "error": f"{type(e).__name__}: {e}"}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ Reported: the wall time from the upload to the finished book (chapters and book 
 is `done` only then), the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
 queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
 80% of the book, over the time between), the time to the first finished segment, and the engines' figures
-from /health.
+from /health. With `--text FILE` the book is that text (a plain-text file, as `tts-appliance submit` takes it):
+its segments are the project's segmenter's (jobs.segment, the submit's settings), their lengths in characters
+and expected seconds reported (`workload`); on random weights each still runs --frames frames (--fixed-length;
+`--frames auto`: their mean expected length), so a segment's cache positions are its prompt (its text's tokens
+and the voice's prefix) plus --frames.
 """
 from __future__ import annotations
 

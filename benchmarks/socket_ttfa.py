@@ -211,14 +211,14 @@ def measure(args) -> dict:
                     spec = {"socket": sock, "concurrency": c, "payload": payload, "timeout_s": args.timeout}
                     run_clients({**spec, "requests": 1})  # warm-up: connections, first-use paths
                     m = daemon.metrics
-                    n0, s0 = m.ttfa_n, m.ttfa_sum
+                    n0, s0 = m.ttfa_totals()
                     out = run_clients({**spec, "requests": args.requests})
                     t = [1e3 * x for x in out["ttfa_s"]]
                     res["results"].append({
                         "concurrency": c, "requests": len(t), "ttfa_p50_ms": statistics.median(t),
                         "ttfa_p95_ms": percentile(t, 0.95), "ttfa_mean_ms": statistics.fmean(t),
                         "ttfa_max_ms": max(t),
-                        "engine_ttfa_mean_ms": 1e3 * (m.ttfa_sum - s0) / max(m.ttfa_n - n0, 1),
+                        "engine_ttfa_mean_ms": 1e3 * (m.ttfa_totals()[1] - s0) / max(m.ttfa_totals()[0] - n0, 1),
                         "wall_s": out["wall_s"], "audio_s_per_s": out["bytes"] / 2 / engine.sample_rate / out["wall_s"]})
                     log.info("concurrency %d: p50 %.1f ms, p95 %.1f ms", c, res["results"][-1]["ttfa_p50_ms"],
                              res["results"][-1]["ttfa_p95_ms"])

@@ -42,6 +42,16 @@ def code_error() -> str | None:
     return None
 
 
+def check_device(device: str) -> None:
+    """DeviceNotFound (one line saying what to set) when `device` is not on this machine."""
+    from engines.device.detect import device_missing
+    from engines.model.errors import DeviceNotFound
+
+    why = device_missing(device)
+    if why:
+        raise DeviceNotFound(f"device {device}: {why}; set model.device to auto or cpu (or pass --device cpu)")
+
+
 def settings(spec: EngineSpec) -> dict:
     """What `spec`'s "auto"s become on this machine, before anything is loaded: device, dtype, context and
     the slot count with why (auto: what fits in the device's free memory next to the weights still to load,
@@ -51,21 +61,25 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
-    from engines.runtime.linears import linear_setting
-
     from engines.codec.dtype import codec_dtype_setting
+    from engines.runtime.linears import linear_setting
+    from engines.runtime.model_runner import kv_cache_choice
 
     linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
     codec_dtype, codec_dtype_reason = codec_dtype_setting(spec.codec_dtype, spec.device, dtype)
+    try:  # auto decided where the runner decides it (model_runner.AUTO_FP8)
+        kv = "fp8" if kv_cache_choice(spec.kv_cache, torch.device(spec.device)) else "model"
+    except ValueError:  # a setting that cannot run: the runner stops with the reason when it starts
+        kv = "fp8" if spec.kv_cache == "fp8" else "model"
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": "fp8" if spec.kv_cache == "fp8" else "model", "linear": linear, "linear_reason": linear_reason,
+           "kv_cache": kv, "linear": linear, "linear_reason": linear_reason,
            "codec_dtype": codec_dtype, "codec_dtype_reason": codec_dtype_reason}
     configured = str(spec.max_slots) != "auto"
     path = model_folder(spec.model)
     cpu = torch.device(spec.device).type == "cpu"
     plan = memory.plan_slots(ModelConfig.from_dir(path), CodecConfig.from_dir(path / "speech_tokenizer"), spec.device,
                              dtype, spec.max_context, still_to_load=memory.weights_bytes(path, dtype),
-                             kv_cache=spec.kv_cache, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
+                             kv_cache=kv, cap=int(spec.max_slots) if configured else memory.MAX_AUTO_SLOTS)
     out["max_positions"] = plan.positions  # CPU: what admission may reserve at once (0: no limit)
     if configured and cpu:  # the admin's row count, held only by the positions admission reserves
         return out | {"max_slots": int(spec.max_slots), "slots_reason": "configured"}
@@ -86,6 +100,7 @@ def load_runner(spec: EngineSpec):
     from engines.engine import TTSEngine
     from engines.runtime.runner import EngineConfig, EngineRunner
 
+    check_device(spec.device)  # (before anything touches it)
     if spec.threads:
         torch.set_num_threads(spec.threads)
         log.info("torch CPU threads: %d", spec.threads)
@@ -102,8 +117,8 @@ def load_runner(spec: EngineSpec):
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
-                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, linear=chosen["linear"],
-                              codec_dtype=chosen["codec_dtype"],
+                              layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, attn_split=spec.attn_split,
+                              linear=chosen["linear"], codec_dtype=chosen["codec_dtype"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
                               cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])

@@ -8,6 +8,7 @@ a chapter reaches the book file through an unnamed spool file on disk.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -21,6 +22,7 @@ import numpy as np
 import soundfile as sf
 
 from jobs.chapter_tags import write_chapter_tags
+from jobs.disk import DiskFull, no_space
 from jobs.tempnames import temp_path
 from audio.encode import BookMeta, EncodeError, open_encoder
 
@@ -76,10 +78,24 @@ def write_bytes_atomic(final: str | Path, data: bytes) -> None:
         Path(tmp).write_bytes(data)
 
 
-def write_segment_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
-    """Store one segment's audio durably as float32 WAV."""
-    with atomic_path(path) as tmp:
-        sf.write(str(tmp), np.asarray(audio, dtype=np.float32), sample_rate, format="WAV", subtype="FLOAT")
+SEGMENT_SUFFIX = ".flac"  # segment audio: FLAC of 24-bit samples (the codec's output is within [-1, 1])
+
+
+def encode_segment(audio: np.ndarray, sample_rate: int) -> bytes:
+    """One segment's audio as FLAC, 24-bit: lossless to 2**-23 (the model's float32 samples, rounded), about
+    half a float32 WAV; read back by `read_audio` as float32."""
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0), sample_rate, format="FLAC",
+             subtype="PCM_24")
+    return buf.getvalue()
+
+
+def write_segment_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> int:
+    """Store one segment's audio durably (`encode_segment`, then an atomic write: a full disk raises OSError
+    ENOSPC, not libsndfile's "System error."); returns the bytes written."""
+    data = encode_segment(audio, sample_rate)
+    write_bytes_atomic(path, data)
+    return len(data)
 
 
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
@@ -189,10 +205,24 @@ class StreamedFile:
     def write(self, audio: np.ndarray) -> None:
         if not audio.size:
             return
-        if self._enc is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._enc = open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title)
-        self._enc.write(audio)
+        with self._full_disk():
+            if self._enc is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._enc = open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title)
+            self._enc.write(audio)
+
+    @contextmanager
+    def _full_disk(self):
+        """An encoder's error on a full disk as DiskFull (libsndfile says only "System error.": jobs.disk.no_space
+        looks at the free space of the folder before the temp file is removed)."""
+        try:
+            yield
+        except DiskFull:
+            raise
+        except Exception as exc:
+            if no_space(exc, self.path.parent):
+                raise DiskFull(self.path.parent, 0, f"writing {self.path.name}", exc) from exc
+            raise
 
     def close(self, chapters: Sequence[tuple[str, float, float]] = ()) -> str:
         """Finish the file with these chapter marks (m4b: by ffmpeg; mp3: its ID3v2 tag, `audio.id3`; flac,
@@ -202,9 +232,10 @@ class StreamedFile:
             return ""
         enc, self._enc = self._enc, None
         try:
-            codec = enc.close(chapters)
-            write_chapter_tags(self.tmp, self.fmt, chapters)
-            put_in_place(self.tmp, self.path)
+            with self._full_disk():
+                codec = enc.close(chapters)
+                write_chapter_tags(self.tmp, self.fmt, chapters)
+                put_in_place(self.tmp, self.path)
             return codec
         finally:
             self.tmp.unlink(missing_ok=True)

@@ -5,9 +5,10 @@ its segments have ended (chapters in order) and writes its file and its part of 
 background thread, so that when the last segment is stored only the last chapter is left to write.
 `assemble_job` finishes a job with the `JobBook` that followed it, or from scratch (after a restart,
 a retry, or in another process): both give the same files. An assembly that fails (a folder that cannot
-be written, a full disk, out of memory) fails its job with the reason; one cut short (the process
-died) is tried again at the next start, and a job gets `ASSEMBLY_TRIES` attempts in all
-(`jobs.queue.assembly`).
+be written, out of memory) fails its job with the reason; one that finds no room on the disk raises
+`jobs.disk.DiskFull` and leaves the job running (its book is assembled again once there is room: jobs.assembler);
+one cut short (the process died) is tried again at the next start, and a job gets `ASSEMBLY_TRIES`
+attempts in all (`jobs.queue.assembly`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import soundfile as sf
 
 from audio.speed import stretch
 from jobs.assemble import AssemblyError, BookMeta, BookWriter, Chapter, JoinSettings, read_audio
+from jobs.disk import SPACE, DiskFull, no_space
 from jobs.manifest import build_manifest, write_manifest
 from jobs.queue import Queue
 from jobs.queue.assembly import ASSEMBLY_TRIES
@@ -126,8 +128,11 @@ class JobBook:
         except Exception as exc:  # noqa: BLE001 - kept for finish(), which raises it
             if self.error is None:
                 self.error = exc
-                log.warning("job %s: its book stopped at chapter %d (%s: %s); nothing more is added to it",
-                            self.job_id, len(self.writer.outs) + 1, type(exc).__name__, exc)
+                if no_space(exc, self.out_dir):  # said once for the disk; the book is begun again once there is room
+                    SPACE.full(self.out_dir, 0, f"the book of job {self.job_id}")
+                else:
+                    log.warning("job %s: its book stopped at chapter %d (%s: %s); nothing more is added to it",
+                                self.job_id, len(self.writer.outs) + 1, type(exc).__name__, exc)
 
     def progress(self) -> dict:
         """{"chapters": "written/total"}, and "error" when the book stopped (/health)."""
@@ -201,27 +206,38 @@ def assemble_job(queue: Queue, paths: Paths, job_id: str, join: JoinSettings = J
         state = "partial" if n_failed else "done"
         if n_failed:
             error = f"{n_failed} of {len(segs)} segments failed; `tts-appliance retry {job_id}` requeues them"
-    except AssemblyError as exc:
-        state, error = "failed", str(exc)
     except Exception as exc:  # noqa: BLE001 - a write that failed (folder, disk, memory): the job says why
-        log.warning("job %s: assembly failed", job_id, exc_info=True)
-        state, error = "failed", (f"assembly failed: {type(exc).__name__}: {exc}; fix the cause (output folder "
-                                  f"{paths.output}, free disk and memory), then `tts-appliance retry {job_id}` "
-                                  "(a restart of the daemon also tries once more)")
+        _disk_full(exc, paths, job_id)
+        if isinstance(exc, AssemblyError):
+            state, error = "failed", str(exc)
+        else:
+            log.warning("job %s: assembly failed", job_id, exc_info=True)
+            state, error = "failed", (f"assembly failed: {type(exc).__name__}: {exc}; fix the cause (output folder "
+                                      f"{paths.output}, memory), then `tts-appliance retry {job_id}` "
+                                      "(a restart of the daemon also tries once more)")
     job["state"], job["error"], job["finished_at"] = state, error, time.time()
     manifest = build_manifest(job, chapters, queue.segments(job_id), outputs, book_path, codec, sample_rate,
                               subtitles, epub)
     try:
         write_manifest(paths.output / job_id / "manifest.json", manifest)
     except OSError as exc:
+        _disk_full(exc, paths, job_id)
         if state != "failed":
             state, error = "failed", f"cannot write the manifest: {exc}; `tts-appliance retry {job_id}` after fixing it"
         log.warning("job %s: cannot write its manifest: %s", job_id, exc)
     queue.finish_job(job_id, state, str(paths.output / job_id), error, at=job["finished_at"])
     if state != "failed":
         queue.assembly_finished(job_id)
-    log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
+    # a job that did not give its user the whole book is the admin's to see: `journalctl -p err` shows it
+    log.log(logging.INFO if state == "done" else logging.ERROR, "job %s %s%s", job_id, state, f": {error}" if error else "")
     return state
+
+
+def _disk_full(exc: BaseException, paths: Paths, job_id: str) -> None:
+    """Raise DiskFull when `exc` is a full disk: the job is not failed for it, it waits (jobs.assembler)."""
+    folder = paths.output / job_id
+    if no_space(exc, folder):
+        raise DiskFull(folder, 0, f"the book of job {job_id}", exc) from exc
 
 
 def _texts(chapters: list[dict], segs: list[dict]) -> list[list[str]]:

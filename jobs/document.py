@@ -66,7 +66,9 @@ class EpubPackage:
     `manifest_end` (new items), `metadata_end` (new metadata); `items`: spine document -> the offset where its
     manifest item's start tag ends (an attribute goes there); `heads`: spine document -> the offset of its
     `</head>`; `prefix`: a name that no id and no member under the OPF's folder starts with; `sha256`: of the
-    EPUB file; `problem`: why the book cannot carry overlays itself (EPUB 2, overlays already, ...), or None."""
+    EPUB file; `problem`: why the book cannot carry overlays itself (EPUB 2, overlays already, ...), or None;
+    `accessibility`: the schema.org accessibility metadata its package declares ({property: [values]}; None:
+    not read, a map made before it was); `images`: whether its manifest lists images."""
 
     opf: str = ""
     manifest_end: int = -1
@@ -76,11 +78,15 @@ class EpubPackage:
     prefix: str = "tts-narration"
     sha256: str = ""
     problem: Optional[str] = None
+    accessibility: Optional[dict] = None
+    images: bool = False
 
     def to_dict(self) -> dict:
         return {"opf": self.opf, "manifest_end": self.manifest_end, "metadata_end": self.metadata_end,
                 "items": dict(self.items), "heads": dict(self.heads), "prefix": self.prefix, "sha256": self.sha256,
-                "problem": self.problem}
+                "problem": self.problem, "images": self.images,
+                "accessibility": None if self.accessibility is None else
+                {k: list(v) for k, v in self.accessibility.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "EpubPackage":
@@ -88,7 +94,17 @@ class EpubPackage:
                    metadata_end=_int(data["metadata_end"]),
                    items={_text(k): _int(v) for k, v in data["items"].items()},
                    heads={_text(k): _int(v) for k, v in data["heads"].items()}, prefix=_text(data["prefix"]),
-                   sha256=_text(data["sha256"]), problem=_text(data.get("problem")))
+                   sha256=_text(data["sha256"]), problem=_text(data.get("problem")),
+                   accessibility=_accessibility(data.get("accessibility")), images=data.get("images") is True)
+
+
+def _accessibility(data) -> Optional[dict]:
+    """A package map's accessibility metadata, checked as it comes from the sandboxed reader."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ValueError("a package map's accessibility metadata is no {property: [values]}")
+    return {_text(k): [_text(v) for v in values] for k, values in data.items()}
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 Each segment entry carries its index (use it with `tts-appliance redo JOB --segment N`), its
 chapter, start/end seconds in the chapter file and in the book file, the original and the
-normalized text, the seed used, its status/error and the path of its cached audio.
+normalized text, where its text stands in the book (`kind`: "title" for the chapter's title spoken, else
+"text"; `paragraph`: its paragraph's number in the chapter, None for a title), so that a reader shows the text
+as the book does: the title as the heading, once, and each paragraph as one; the seed used, its status/error
+and the path of its cached audio.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
         entries = []
         for j, s in enumerate(segs):
             span = out.spans[j] if out and j < len(out.spans) else None
+            where = _metadata(s)
             entries.append({
                 "index": s["idx"],
                 "chapter": ch["idx"],
@@ -47,6 +51,8 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
                 "book_end_s": _r(out.start_s + span[1]) if span else None,
                 "original": s["original"],
                 "text": s["text"],
+                "kind": "title" if where.get("kind") == "title" else "text",
+                "paragraph": where.get("paragraph_index"),
                 "seed": s["seed_used"] if s.get("seed_used") is not None else s["seed"],
                 "pause_after_ms": s["pause_after_ms"],
                 "status": s["state"],
@@ -79,6 +85,16 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
         "chapters": out_chapters,
         "failed_segments": [{"index": e["index"], "error": e["error"]} for e in failed],
     }
+
+
+def _metadata(row: dict) -> dict:
+    """A segment row's metadata (`jobs.segment`: where its text came from)."""
+    meta = row.get("metadata")
+    try:
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def write_manifest(path: str | Path, manifest: dict) -> Path:

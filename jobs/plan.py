@@ -18,8 +18,12 @@ def plan_document(doc, spec: JobSpec, name: str, configured_rate: Optional[float
     chapter (marked when `spec.chapters` keeps it), the totals of the kept ones with the synthesis time
     (`jobs.synth_rate` when `configured_rate`, else measured from the queue at `queue`), and the voices
     its [voice=...] tags name that are not among `voices` (the checkpoint's; None: not checked) with the
-    chapters naming them. ValueError when `spec.chapters` names a chapter the document lacks."""
+    chapters naming them. ValueError when `spec.chapters` names a chapter the document lacks, or when nothing
+    in it can be read aloud."""
     found = document_chapters(doc, spec, select=False)
+    if not found:  # a submit would fail the job: say so now, and why
+        raise ValueError(f"{name}: nothing in it can be read aloud (no words: only punctuation, symbols or spaces?); "
+                         "give a document with text")
     chapters = preview_chapters(found, spec.speed, spec.chapters)
     unknown = {voice: [i + 1 for i, (_, segs) in enumerate(found) if any(s.metadata.get("voice") == voice
                                                                          for s in segs)]

@@ -109,15 +109,29 @@ def _type_ok(value, typ: type) -> bool:
     return isinstance(value, typ) and not (typ is int and isinstance(value, bool))
 
 
+def _valid_keys(types: dict[str, type]) -> str:
+    return ", ".join(f"{k} ({t.__name__})" for k, t in types.items())
+
+
+def unknown_keys(data: dict, types: dict[str, type], what: str, done: str = "") -> Optional[str]:
+    """None when every key of `data` is one of `types`; else one line naming the unknown keys (`done`: what
+    became of them, e.g. ", ignored") and the valid keys with their types."""
+    unknown = sorted(map(str, set(data) - set(types)))
+    if not unknown:
+        return None
+    label = f"{what} " if what else ""
+    return f"unknown {label}key(s) {', '.join(map(repr, unknown))}{done}; valid keys: {_valid_keys(types)}"
+
+
 def check_keys(data, types: dict[str, type], what: str) -> dict:
     """`data` must be a mapping of known keys with values of their types (None allowed: the default);
     raises ValueError naming the key and listing the valid keys with their types."""
-    valid = ", ".join(f"{k} ({t.__name__})" for k, t in types.items())
+    valid = _valid_keys(types)
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object; valid keys: {valid}")
-    unknown = sorted(set(data) - set(types))
+    unknown = unknown_keys(data, types, what)
     if unknown:
-        raise ValueError(f"unknown {what} key(s) {', '.join(map(repr, unknown))}; valid keys: {valid}")
+        raise ValueError(unknown)
     for key, value in data.items():
         if value is not None and not _type_ok(value, types[key]):
             raise ValueError(f"{what} key {key!r} must be {types[key].__name__}, got {value!r}; valid keys: {valid}")
@@ -178,8 +192,13 @@ class JobSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
+    def unknown(cls, data: dict) -> Optional[str]:
+        """What `from_dict` ignores of `data`: None, or one line naming those keys and the valid ones."""
+        return unknown_keys(data, _plain_types(cls), "", ", ignored")
+
+    @classmethod
     def from_dict(cls, data: dict) -> "JobSpec":
-        """Build from a stored mapping (JSON row, sidecar YAML), ignoring unknown keys."""
+        """Build from a stored mapping (JSON row, sidecar YAML), ignoring unknown keys (`unknown` names them)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
 

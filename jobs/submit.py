@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from text.tags import TagError
+from jobs.preview import preview_chapters
 from jobs.queue import Queue
 from jobs.settings import JobSpec, Paths, file_digest
 
@@ -132,6 +133,22 @@ def job_defaults(voice: Optional[str], language: str, instruct: Optional[str], m
     return out
 
 
+def chapter_names(doc) -> list[str]:
+    """Each chapter's name as the book lists it: its title; an untitled opening before titled chapters (a
+    preamble) is named after the book (else "Opening"), never like the chapter after it; other untitled
+    chapters "Chapter N"."""
+    titled = any(ch.title for ch in doc.chapters)
+    names = []
+    for i, ch in enumerate(doc.chapters):
+        if ch.title:
+            names.append(ch.title)
+        elif titled and not any(c.title for c in doc.chapters[:i]):
+            names.append(doc.title or "Opening")
+        else:
+            names.append(f"Chapter {i + 1}")
+    return names
+
+
 def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str, list]]:
     """Segment a Document into [(chapter title, [SegmentText, ...]), ...] (empty chapters dropped), then
     (`select`) keep the chapters `spec.chapters` names (numbers as `tts-appliance preview` shows them)."""
@@ -142,8 +159,8 @@ def document_chapters(doc, spec: JobSpec, select: bool = True) -> list[tuple[str
     language = spec.language if spec.language and spec.language != "auto" else (doc.language or "auto")
     options = SegmentOptions(pack_sentences=spec.format != "epub")  # a narrated EPUB highlights each sentence
     per_chapter = segment_document(doc, language, options, Lexicon(spec.lexicon) if spec.lexicon else None)
-    found = [(ch.title or f"Chapter {i + 1}", segs)
-             for i, (ch, segs) in enumerate(zip(doc.chapters, per_chapter)) if segs]
+    names = chapter_names(doc)
+    found = [(name, segs) for name, segs in zip(names, per_chapter) if segs]
     if not select:
         return found
     try:
@@ -172,6 +189,7 @@ def submit_document(queue: Queue, paths: Paths, doc, spec: JobSpec, sources: Seq
             write_bytes_atomic(cover, doc.cover)
         meta.update(cover_path=str(cover), cover_mime=doc.cover_mime)
     chapters = chapters if chapters is not None else document_chapters(doc, spec)
+    meta["audio_estimate_s"] = round(sum(c["audio_s"] for c in preview_chapters(chapters, spec.speed)), 1)
     if spec.format == "epub":
         from jobs.narrated.prepare import prepare_narration
         from jobs.segment import resolve_language

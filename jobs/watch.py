@@ -2,7 +2,7 @@
 
 Life of a file: `inbox/book.txt` -> `processing/book.txt` (job queued) -> `done/<job>/` (source,
 sidecar and the output files) or `failed/book.txt` + `failed/book.txt.reason.txt` (also a job that
-ended `partial`, with some segments failed: the reason says why and where its audio is).
+ended `partial`, with some segments failed: the reason says why and where its audio is; jobs.inbox_filing).
 Files are never deleted, only moved.
 
 Only complete files are taken: a file must be unchanged (size and mtime) for `quiet_s` seconds, or
@@ -12,7 +12,8 @@ not read stays in place too: one error line and one failed job saying why, again
 (a chmod or chown), when it is tried again. The folder is rescanned every tick,
 so events are only a hint; `polling=True` uses watchdog's PollingObserver for network mounts. A file
 whose content (sha256) was already ingested is not ingested again (unless that earlier job failed).
-A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...
+A sidecar `book.yaml` (same stem) sets voice, language, format, title, author, priority ...; a key it does not
+know is ignored, named in one warning and in the job's log.
 
 Parsing runs in a child process under `limits` (jobs.ingest.isolate), up to `limits.parallel` files at
 once (jobs.ingest_parallel), each waited for by a pool thread with its own queue connection: the
@@ -25,20 +26,18 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
+from jobs.inbox_filing import collect, to_failed
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.settings import JobSpec, Paths
-from jobs.watch_files import (Unreadable, check_readable, companion, entry_problem, ignore_reason, ignored,
-                              move_unique, regular_file, sha256_file, sidecar_for)
+from jobs.watch_files import (SidecarError, Unreadable, check_readable, companion, entry_problem, ignore_reason,
+                              ignored, move_unique, sha256_file, sidecar_for, sidecar_spec)
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +216,9 @@ class InboxWatcher:
 
         queue = queue or self.queue
         try:
-            spec = self._spec(moved, side)
-        except (ValueError, TypeError, yaml.YAMLError) as exc:
-            reason = f"bad sidecar {side.name if side else ''}: {exc}"
+            spec, note = sidecar_spec(side, self.defaults)
+        except SidecarError as exc:
+            reason = str(exc)
             job_id = queue.add_failed_job(JobSpec(title=moved.name), [str(moved)], reason)  # `list` shows it
             self._record(digest, moved, job_id, "failed", reason, side, queue)
             self._to_failed(moved, side, reason)
@@ -231,6 +230,8 @@ class InboxWatcher:
         except IngestCancelled:
             self._record(digest, moved, None, "ingesting", None, side, queue)  # a clean stop: not an attempt
             raise
+        if note:
+            queue.event(job_id, note, level="warning")  # what the sidecar said that is no job setting
         if error:
             self._record(digest, moved, job_id, "failed", error, side, queue)
             self._to_failed(moved, side, error)
@@ -280,70 +281,17 @@ class InboxWatcher:
             self._record(digest, p, None, "ingesting", RECOVERED, side)
             self._ingest(digest, p, side)
 
-    def _spec(self, path: Path, side: Optional[Path]) -> JobSpec:
-        data = dict(self.defaults)
-        if side and not regular_file(side):
-            raise ValueError("the sidecar is not a plain file (links are never followed)")
-        if side:
-            loaded = yaml.safe_load(side.read_text(encoding="utf-8")) or {}
-            if not isinstance(loaded, dict):
-                raise ValueError("the sidecar must be a YAML mapping such as 'voice: vivian'")
-            data.update(loaded)
-        return JobSpec.from_dict(data)
-
     def _record(self, digest, path, job_id, state, reason, side=None, queue: Optional[Queue] = None) -> None:
         (queue or self.queue).record_inbox_file(digest, path.name, job_id, state, str(path),
                                                 str(side) if side else None, reason)
 
     def _to_failed(self, path: Path, side: Optional[Path], reason: str) -> None:
-        dest = move_unique(path, self.paths.failed)
-        if side and side.exists():
-            move_unique(side, self.paths.failed)
-        (self.paths.failed / f"{dest.name}.reason.txt").write_text(reason.rstrip() + "\n", encoding="utf-8")
-        log.warning("inbox: %s failed: %s", path.name, reason)
+        to_failed(self.paths, path, side, reason)
 
-    # -- finished jobs ---------------------------------------------------------------------------
     def collect(self) -> None:
-        """Move sources of finished jobs to done/<job>/ (with the outputs) or failed/ (with the reason)."""
-        for r in self.queue.inbox_files_of_ended_jobs():
-            src, side = Path(r["path"]), Path(r["sidecar"]) if r["sidecar"] else None
-            if r["job_state"] == "done":
-                dest = self.paths.done / r["job_id"]
-                self._copy_outputs(Path(r["out"]), dest)
-                if src.exists():
-                    move_unique(src, dest)
-                if side and side.exists():
-                    move_unique(side, dest)
-                state = "done"
-            else:  # partial (some segments failed) is no finished book: it goes where failures go
-                reason = r["job_error"] or f"job {r['job_id']} was {r['job_state']}"
-                if r["job_state"] == "partial":
-                    reason += self._partial_detail(r["job_id"], r["out"])
-                if src.exists():
-                    self._to_failed(src, side, f"job {r['job_id']} {r['job_state']}: {reason}")
-                state = "failed"
-            self.queue.inbox_file_filed(r["sha256"], state)
-            log.info("inbox: job %s (%s) filed as %s", r["job_id"], r["name"], state)
-
-    def _partial_detail(self, job_id: str, out: Optional[str]) -> str:
-        """What a partial job's reason adds: why its first segment failed and where the audio made is."""
-        failed = [g for g in self.queue.segments(job_id) if g["state"] == "failed"]
-        first = f"\nsegment {failed[0]['idx']}: {failed[0]['last_error']}" if failed else ""
-        return f"{first}\nthe audio made so far: {out}" if out else first
-
-    @staticmethod
-    def _copy_outputs(out: Path, dest: Path) -> None:
-        """Hard-link (or copy) the job's output files into `dest`, keeping sub-folders."""
-        for f in out.rglob("*") if out.is_dir() else []:
-            if f.is_file() and not f.name.startswith("."):
-                target = dest / f.relative_to(out)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.exists():
-                    continue
-                try:
-                    os.link(f, target)
-                except OSError:
-                    shutil.copy2(f, target)
+        """Move sources of finished jobs to done/<job>/ (with the outputs) or failed/ (with the reason):
+        jobs.inbox_filing."""
+        collect(self.queue, self.paths)
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, stop_event: threading.Event, tick_s: float = 0.5) -> None:

@@ -73,6 +73,54 @@ def regular_file(path: Path) -> bool:
         return False
 
 
+class SidecarError(ValueError):
+    """A sidecar that cannot be used; the message is one line saying where and what to fix."""
+
+
+SIDECAR_FIX = ("fix it (YAML: one `key: value` per line, e.g. `voice: vivian`; quote a value that holds ': ' or "
+               "' #'), then drop the book with its sidecar into the inbox again")
+
+
+def sidecar_spec(side: Optional[Path], defaults: dict) -> tuple[JobSpec, Optional[str]]:
+    """The job settings of a book: `defaults`, then the keys of its sidecar `side` (when it has one), and a line
+    naming the sidecar's keys that are no job setting (None: none; they are ignored, the book is still taken: a
+    warning is logged, for the job's log too); SidecarError when the sidecar cannot be used."""
+    import yaml
+
+    data, note = dict(defaults), None
+    if side is not None:
+        bad = f"bad sidecar {side.name}"
+        if not regular_file(side):
+            raise SidecarError(f"{bad}: it is not a plain file (links are never followed); put a file in its place")
+        try:
+            loaded = yaml.safe_load(side.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise SidecarError(f"{bad}: {yaml_problem(exc)}; {SIDECAR_FIX}") from None
+        except UnicodeDecodeError:
+            raise SidecarError(f"{bad}: it is not UTF-8 text; save it as UTF-8, then drop the book with its "
+                               "sidecar into the inbox again") from None
+        if not isinstance(loaded, dict):
+            raise SidecarError(f"{bad}: it must be a YAML mapping such as 'voice: vivian'; {SIDECAR_FIX}")
+        data.update(loaded)
+        unknown = JobSpec.unknown(loaded)
+        if unknown:
+            note = f"sidecar {side.name}: {unknown}"
+            log.warning("inbox: %s", note)
+    try:
+        return JobSpec.from_dict(data), note
+    except (ValueError, TypeError) as exc:
+        raise SidecarError(f"bad sidecar {side.name if side else ''}: {exc}") from None
+
+
+def yaml_problem(exc) -> str:
+    """PyYAML's message (several lines, with a snippet and a caret) as one: where (line, column) and what."""
+    mark, problem, context = (getattr(exc, k, None) for k in ("problem_mark", "problem", "context"))
+    if not problem:
+        return " ".join(str(exc).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + problem + (f" ({context})" if context else "")
+
+
 def sidecar_for(path: Path) -> Optional[Path]:
     """`book.yaml` (or .yml) next to `book.txt`, when it is a plain file."""
     for suffix in SIDECAR_SUFFIXES:

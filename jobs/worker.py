@@ -6,11 +6,15 @@
 The engine is anything with the `Synthesizer` shape (`engines.runtime.runner.EngineRunner`); what a
 segment asks of it is worked out in jobs.requests, and the leases of the segments held are renewed by
 jobs.heartbeat.
-Audio is written durably to `audio/<key[:2]>/<key>.wav` and recorded in SQLite before a segment
-counts as done, so a worker killed at any moment loses only the segments it had in flight. While the
-queue database is away, what finishes is kept (with its leases, which the heartbeat renews) and
-recorded when it is back (`Worker.flush`), not synthesized again. A job whose segments have all ended
-is finished on a thread of its own (jobs.assembler), so the worker goes on with other jobs meanwhile.
+Audio is written durably to `audio/<key[:2]>/<key>.<random>.flac` (jobs.assemble.encode_segment: FLAC,
+24-bit; a name of its own per write, so a removal of the same content's earlier file never meets it) and
+recorded in the queue before a segment counts as done, so a worker killed at any moment loses only the
+segments it had in flight. While the queue database is away, what finishes is kept (with its leases, which
+the heartbeat renews) and recorded when it is back (`Worker.flush`), not synthesized again; likewise
+while the disk has no room for it (jobs.disk: nothing new is leased then, and what was synthesized is
+written once there is room). What a synthesis ends in is `jobs.worker_results`. A job whose segments
+have all ended is finished on a thread of its own (jobs.assembler), so the worker goes on with other jobs
+meanwhile. The segments of a job that is cancelled or deleted stop in the engine (jobs.inflight).
 """
 from __future__ import annotations
 
@@ -22,18 +26,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-import numpy as np
-
-from engines.model.errors import EngineBusy
-
-from jobs.assemble import JoinSettings, write_segment_audio
-from jobs.guard import GuardSettings, check_audio
+from jobs.assemble import JoinSettings
+from jobs.disk import SPACE, no_space
+from jobs.guard import GuardSettings
 from jobs.heartbeat import Heartbeat
+from jobs.inflight import InFlight
 from jobs.queue import Queue, QueueUnavailable
 from jobs.queue.outage import OUTAGE
 from jobs.requests import JobContext, audio_key, job_context, segment_voice, synthesis_request
 from jobs.settings import Paths
 from jobs.worker_books import WorkerBooks
+from jobs.worker_results import Results
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +59,15 @@ class Synthesizer(Protocol):
     def synthesize(self, requests: list) -> list: ...
 
 
-JOB_LEVEL_ERRORS = ("VoiceNotFound", "LanguageNotSupported", "UnsupportedMode")
-
-
-class Worker:
+class Worker(Results):
     """Drains the queue with one engine. `should_yield()` returning True makes `run_once` claim
     nothing (hook for serving streaming requests first)."""
 
     def __init__(self, queue: Queue, engine: Synthesizer, paths: Paths, *, batch_size: int = 8,
                  lease_s: float = 120.0, heartbeat_s: float = 10.0, guard: GuardSettings = GuardSettings(),
                  join: JoinSettings = JoinSettings(), model: Optional[str] = None,
-                 worker_id: Optional[str] = None, should_yield: Optional[Callable[[], bool]] = None):
+                 worker_id: Optional[str] = None, should_yield: Optional[Callable[[], bool]] = None,
+                 min_free_bytes: int = 0):
         self.queue, self.engine, self.paths = queue, engine, paths.ensure()
         self.batch_size, self.lease_s, self.guard, self.join = int(batch_size), lease_s, guard, join
         self.model = model
@@ -75,10 +76,12 @@ class Worker:
         self.heartbeat = Heartbeat(queue.path, self.worker_id, lease_s, min(heartbeat_s, lease_s / 3))
         self.heartbeat.start()
         self._jobs: dict[str, JobContext] = {}  # job id -> what its segments share (resolved once per job)
-        self._inflight: dict = {}  # handle -> (key, rows, synth log id): pipelined mode
+        self._inflight = InFlight()  # the segments in the engine: pipelined mode
         self._pending: list[tuple[Callable[[], Any], list[int]]] = []  # (queue writes, segment ids): `_record`
+        self._unwritten: list[tuple] = []  # (key, rows, audio, sample rate, log id) waiting for room: `_store`
+        self.min_free_bytes = int(min_free_bytes)  # jobs.min_free_mb: kept free beyond what a batch needs
         self._wake = threading.Event()
-        self.shelf = WorkerBooks(queue, self.paths, join, self.worker_id, lease_s)  # books followed, finished
+        self.shelf = WorkerBooks(queue, self.paths, join, self.worker_id, lease_s, self.min_free_bytes)
 
     def close(self, wait: bool = True) -> None:
         """Stop: the books being finished are waited for (`wait` false: not here, the thread of this worker
@@ -90,6 +93,11 @@ class Worker:
             self.shelf.finish_assemblies(then=self.heartbeat.stop)
         OUTAGE.forget(self.worker_id)
         self.shelf.close()
+
+    def job_ended(self, job_id: str) -> None:
+        """Job `job_id` was cancelled or deleted (any thread): its segments in the engine stop now."""
+        self._inflight.note_ended(job_id)
+        self._wake.set()
 
     def release_held(self) -> int:
         """Return the segments this worker holds to the queue (shutdown past its deadline)."""
@@ -111,7 +119,7 @@ class Worker:
         if self.pipelined:
             return self._run_pipelined(wait_s) + self.assemble_ready()
         self.flush()
-        if self.should_yield and self.should_yield():
+        if (self.should_yield and self.should_yield()) or not self._room(self.batch_size):
             return 0
         rows = self.queue.claim(self.worker_id, self.batch_size, self.lease_s, model=self.model)
         if rows:
@@ -134,7 +142,7 @@ class Worker:
                 try:
                     worked = self.run_once()
                 except QueueUnavailable as exc:  # the database went away: wait, then resume
-                    OUTAGE.failed(self.worker_id, exc)  # one warning per process, not one per retry
+                    self._away(exc)  # one warning per process, not one per retry
                     backoff = min(BACKOFF_MAX_S, max(0.25, backoff * 2))
                     log.debug("worker %s: %s; retrying in %.2f s", self.worker_id, exc, backoff)
                     stop_event.wait(backoff)
@@ -143,10 +151,12 @@ class Worker:
                 backoff = 0.0
                 if worked == 0 and not self._inflight:
                     stop_event.wait(idle_sleep_s)
-            while self._inflight:
+            while self._inflight:  # not for a cancelled job's segments: they stop now
                 self._wake.wait(0.2)
                 self._wake.clear()
                 self._reap()
+                self._stop_ended()
+            self._give_back_unwritten()
             self.flush()
             ended = True
         except QueueUnavailable as exc:
@@ -156,18 +166,6 @@ class Worker:
                         sum(len(ids) for _, ids in self._pending))
         finally:
             self.close(wait=ended)  # died of an error: its thread is started again at once
-
-    # -- recording -------------------------------------------------------------------------------
-    def _record(self, write: Callable[[], Any], ids: list[int]) -> None:
-        """Run `write()` (the queue writes that record an outcome of segments `ids`), then let their leases
-        go. While the queue is away, keep it for `flush` instead: the audio is on disk already and the
-        leases stay this worker's (the heartbeat renews them once the queue is back)."""
-        try:
-            write()
-        except QueueUnavailable:
-            self._pending.append((write, ids))
-            return
-        self.heartbeat.drop(ids)
 
     def _start(self, rows: list[dict], work: Callable[[list[dict]], Any]) -> None:
         """Hold the leases of claimed `rows` and `work` on them (`_process` or `_launch`; their leases go as
@@ -180,20 +178,26 @@ class Worker:
             self.heartbeat.drop(ids)
             raise
 
-    def flush(self) -> None:
-        """Record what finished while the queue was away (QueueUnavailable while it still is)."""
-        while self._pending:
-            write, ids = self._pending[0]
-            write()
-            self._pending.pop(0)
-            self.heartbeat.drop(ids)
+    def _away(self, exc: QueueUnavailable) -> None:
+        """The queue cannot be used: said once, as the disk when it is full (SQLite's file), else as an outage."""
+        if no_space(exc):
+            SPACE.full(self.paths.db if isinstance(self.paths.db, Path) else self.paths.home, 0, "the queue database")
+        else:
+            OUTAGE.failed(self.worker_id, exc)
 
     # -- pipelined feeding -----------------------------------------------------------------------
+    def _stop_ended(self) -> None:
+        """The segments in flight of jobs that ended meanwhile stop in the engine (jobs.inflight)."""
+        dropped = self._inflight.stop_ended(self.queue)
+        if dropped:
+            self.heartbeat.drop(dropped)
+
     def _run_pipelined(self, wait_s: float) -> int:
-        worked = self._reap()
+        worked = self._reap()  # first: what ended is written (and kept) even while the queue is away
+        self._stop_ended()
         self.flush()
-        room = self.batch_size - sum(len(v[1]) for v in self._inflight.values())
-        if room > 0 and not (self.should_yield and self.should_yield()):
+        room = self.batch_size - self._inflight.rows()
+        if room > 0 and not (self.should_yield and self.should_yield()) and self._room(room):
             rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
             if rows:
                 self._start(rows, self._launch)
@@ -214,7 +218,7 @@ class Worker:
         log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
         for key, first, log_id in zip(keys, firsts, log_ids):
             handle = self.engine.submit(synthesis_request(first), 1)
-            self._inflight[handle] = (key, groups[key], log_id)
+            self._inflight.add(handle, key, groups[key], log_id)
             handle.on_done = lambda h: self._wake.set()
             if handle.done:
                 self._wake.set()
@@ -223,8 +227,7 @@ class Worker:
         """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`);
         returns how many segment rows that was."""
         n, jobs = 0, set()
-        for handle in [h for h in self._inflight if h.done]:
-            key, rows, log_id = self._inflight.pop(handle)
+        for handle, key, rows, log_id in self._inflight.ended():
             try:
                 res = handle.result()
             except Exception as exc:  # noqa: BLE001 - the segment's own error, recorded on it
@@ -240,9 +243,6 @@ class Worker:
         return n
 
     # -- segments --------------------------------------------------------------------------
-    def _audio_path(self, key: str) -> Path:
-        return self.paths.audio / key[:2] / f"{key}.wav"
-
     def _job(self, row: dict) -> JobContext:
         """The job of a claimed segment, resolved once per job (jobs.requests.job_context; the voice cloned
         when the engine can clone: `clone_voice`)."""
@@ -265,9 +265,7 @@ class Worker:
                 continue
             row["_voice"] = segment_voice(row)  # read once: the request takes it from here
             key = audio_key(row, self.engine.model_id)
-            hit = self.queue.cached(key)
-            if hit:
-                self.queue.complete(row["id"], key, hit["path"], hit["sample_rate"], hit["samples"], hit["seed_used"])
+            if self.queue.complete_cached(row["id"], key) is not None:  # the same audio made before
                 self.heartbeat.drop([row["id"]])
             else:
                 groups.setdefault(key, []).append(row)
@@ -299,44 +297,6 @@ class Worker:
             except Exception as exc:
                 out.append(exc)
         return out
-
-    def _finish(self, key: str, rows: list[dict], res, log_id: int) -> None:
-        """Record one synthesis' outcome for the rows that share its audio key (`_record`)."""
-        first, ids = rows[0], [r["id"] for r in rows]
-        if isinstance(res, Exception):
-            name = type(res).__name__
-            if isinstance(res, EngineBusy):  # the engine stopped (or refused) before it worked on it: not an attempt
-                log.info("segment(s) %s back to the queue: %s", ", ".join(str(i) for i in ids), res)
-                self._record(lambda: self.queue.release(self.worker_id, ids), ids)
-                return
-            if name in JOB_LEVEL_ERRORS:
-                self._record(lambda: self.queue.fail_job(first["job_id"], str(res)), ids)
-                return
-            self._record(lambda: self._fail(rows, f"{name}: {res}", f"{name}: {res}", retry=name != "BadInput"),
-                         ids)
-            return
-        audio = np.asarray(res.audio, dtype=np.float32).reshape(-1)
-        sr = int(getattr(res, "sample_rate", None) or self.engine.sample_rate)
-        reason = check_audio(audio, sr, first["text"], first["_job"].spec.language, self.guard)
-        if reason:
-            self._record(lambda: self._fail(rows, reason, f"(seed {first['_seed']}): {reason}", guard=True), ids)
-            return
-        path = self._audio_path(key)
-        write_segment_audio(path, audio, sr)
-
-        def complete():
-            done_log = log_id  # the synthesis counts as finished with the first row it recorded
-            for r in rows:
-                if self.queue.complete(r["id"], key, str(path), sr, audio.size, first["_seed"], log_id=done_log):
-                    done_log = None
-
-        self._record(complete, ids)
-
-    def _fail(self, rows: list[dict], error: str, note: str, retry: bool = True, guard: bool = False) -> None:
-        """A failed attempt of each row, in the job log too (`note`: what the log says about it)."""
-        for r in rows:
-            state = self.queue.fail(r["id"], error, retry=retry, guard=guard)
-            self.queue.event(r["job_id"], f"segment {r['idx']} {note} -> {state}", "warning", r["idx"])
 
     # -- books -------------------------------------------------------------------------------
     def books(self) -> dict:

@@ -4,8 +4,10 @@ A job's book is followed while its segments are synthesized (`advance`: jobs.boo
 chapter once its segments have all ended); when none is left the worker takes the job's assembly lease
 and a `BookAssembler` thread finishes it while the worker goes on (jobs.assembler). A followed book whose
 job ends without this worker (cancelled, or assembled by another worker) is let go: its partial book file
-is removed, and what the job left in this home's folder for it (jobs.leftovers). At start the whole
-spool is looked over for what killed writers left (on a thread of its own: claims do not wait for it).
+is removed, and what the job left in this home's folder for it (jobs.leftovers); a job deleted meanwhile
+(jobs.deletion) leaves nothing of it. A book is begun only while the disk has room for it (jobs.disk). At
+start the whole spool is looked over for what killed writers left (on a thread of its own: claims do not
+wait for it).
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import time
 from typing import Callable, Optional
 
 from jobs.assemble import JoinSettings
-from jobs.assembler import BookAssembler
+from jobs.assembler import BookAssembler, book_needs, gone
 from jobs.book import JobBook
+from jobs.disk import SPACE
 from jobs.leftovers import tidy_home, tidy_job
 from jobs.queue import Queue
 from jobs.settings import Paths
@@ -24,12 +27,15 @@ from jobs.settings import Paths
 class WorkerBooks:
     """Used on the worker's thread with its queue connection (the assembler's threads have their own)."""
 
-    def __init__(self, queue: Queue, paths: Paths, join: JoinSettings, worker_id: str, lease_s: float):
+    def __init__(self, queue: Queue, paths: Paths, join: JoinSettings, worker_id: str, lease_s: float,
+                 min_free_bytes: int = 0):
         self.queue, self.paths, self.join, self.worker_id, self.lease_s = queue, paths, join, worker_id, lease_s
+        self.min_free_bytes = min_free_bytes
         self._books: dict[str, JobBook] = {}  # job id -> its book, written as its chapters complete
         self._advanced: dict[str, float] = {}  # job id -> when its book was last advanced
         self._looked = 0.0  # when every followed book was last looked at (`look`)
-        self.assembler = BookAssembler(queue.path, paths, join, after=lambda q, job_id: tidy_job(q, paths, job_id))
+        self.assembler = BookAssembler(queue.path, paths, join, after=lambda q, job_id: tidy_job(q, paths, job_id),
+                                       worker_id=worker_id)
         threading.Thread(target=tidy_home, args=(queue.path, paths), name="tidy-spool", daemon=True).start()
 
     def advance(self, job_ids, every_s: float = 0.5) -> None:
@@ -40,12 +46,15 @@ class WorkerBooks:
             if now - self._advanced.get(job_id, 0.0) < every_s:
                 continue
             self._advanced[job_id] = now
-            job = self.queue.job(job_id)
-            if job["state"] not in ("queued", "running"):
+            state = self.queue.job_states([job_id]).get(job_id)
+            if state not in ("queued", "running"):
                 book = self._books.pop(job_id, None)
-                if book is not None:  # ended without this worker (cancelled; assembled elsewhere)
+                if book is not None:  # ended without this worker (cancelled; assembled elsewhere; deleted)
                     book.abort()
-                    tidy_job(self.queue, self.paths, job_id)
+                    if state is None:
+                        gone(self.paths, job_id)
+                    else:
+                        tidy_job(self.queue, self.paths, job_id)
                 continue
             book = self._books.get(job_id)
             if book is None:
@@ -67,13 +76,18 @@ class WorkerBooks:
         for job_id in self.queue.ready_jobs(self.worker_id):
             if job_id in busy:
                 continue
-            if not self.assembler.room():
+            if not self.assembler.room() or not self._disk_room(job_id):
                 break
             if self.queue.begin_assembly(job_id, self.worker_id, self.lease_s):
                 self.assembler.start(job_id, self._books.pop(job_id, None))
                 self._advanced.pop(job_id, None)
                 n += 1
         return n
+
+    def _disk_room(self, job_id: str) -> bool:
+        """Whether the output folder has room for job `job_id`'s book (`book_needs`) and the reserve."""
+        return SPACE.need(self.paths.output, book_needs(self.queue, job_id), f"the book of job {job_id}",
+                          self.min_free_bytes)
 
     def progress(self) -> dict:
         """{job id: JobBook.progress()} of the books followed and those being finished (/health)."""

@@ -67,11 +67,14 @@ snapshot_download(repo_id=sys.argv[1], local_dir=sys.argv[2])" "$MODEL" "$MODEL_
     exit 1
   fi
 fi
-# config: written when absent; --model updates model.path in place (every command and the daemon read it)
-"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "${DATA#"$SYSROOT"}" <<'PY'
+# config: written when absent; --model updates model.path in place (every command and the daemon read it). Paths
+# in it are those the service sees (without TTS_APPLIANCE_SYSROOT)
+"$VENV/bin/python" - "$CONF_DIR/config.yaml" "$MODEL_PATH" "$TINY" "$DATA/models" "$MODE" "$SYSROOT" <<'PY'
 import os, sys, yaml
-conf, model, tiny, models, mode, data = sys.argv[1:]  # data: the spool folder as the service sees it
+conf, model, tiny, models, mode, sysroot = sys.argv[1:]
+seen = lambda path: "/" + os.path.relpath(path, sysroot) if sysroot else path  # as the service sees it
 cfg = (yaml.safe_load(open(conf)) or {}) if os.path.exists(conf) else {}
+before = repr(cfg)
 current = (cfg.get("model") or {}).get("path")
 if not model and not current:
     if not os.path.isdir(tiny):
@@ -79,23 +82,37 @@ if not model and not current:
     model = os.path.join(models, "tiny-test-RANDOM-WEIGHTS")
     if not os.path.lexists(model):
         os.symlink(tiny, model)
-    print(f"install.sh: model: TINY TEST MODEL {model} (random weights: noise, not speech; "
+    print(f"install.sh: model: TINY TEST MODEL {seen(model)} (random weights: noise, not speech; "
           "pass --model ID|PATH for real speech)")
 if model:
-    cfg.setdefault("model", {})["path"] = model
-    # the service's spool folder in the file every command reads: a user's `info`, `preview` and reading
-    # commands then describe the service's queue, not a private one in their home
-    cfg.setdefault("jobs", {}).setdefault("home", data)
-    if mode == "system":  # so that every user's CLI finds the daemon (and says so when it cannot reach it)
-        cfg.setdefault("http", {}).setdefault("socket", "/run/tts-appliance/api.sock")
+    cfg.setdefault("model", {})["path"] = seen(model)
+# the service's spool folder in the file every command reads: a user's `info`, `preview` and reading commands then
+# describe the service's queue, not a private one in their home
+cfg.setdefault("jobs", {}).setdefault("home", seen(os.path.dirname(models)))
+if mode == "system":
+    # every user's CLI finds the daemon (and says so when it cannot reach it; with the service stopped, socket
+    # activation starts it), and `info` names the folders the service uses: its sockets (RuntimeDirectory=) and
+    # the codec engines build-engines makes for it (not root's ~/.cache)
+    cfg.setdefault("http", {}).setdefault("socket", "/run/tts-appliance/api.sock")
+    cfg.setdefault("service", {}).setdefault("runtime_dir", "/run/tts-appliance")
+    cfg.setdefault("runtime", {}).setdefault("engine_cache", seen(os.path.join(os.path.dirname(models), "engines")))
+if repr(cfg) != before or not os.path.exists(conf):  # its values are kept, its comments not: own settings go to config.d/
     with open(conf, "w") as f:
-        f.write("# written by install.sh; all keys with comments: configs/default.yaml\n")
+        f.write("# written by install.sh (own settings: config.d/*.yaml); all keys with comments: configs/default.yaml\n")
         yaml.safe_dump(cfg, f, sort_keys=False)
-    print(f"install.sh: config: {conf} (model.path = {model})")
+    print(f"install.sh: config: {conf} (model.path = {cfg['model']['path']})")
 PY
 # the config may hold secrets (jobs.queue's database password): readable by the service, not by everyone
 CONF_MODE=$([ "$MODE" = system ] && echo 0640 || echo 0600)
 [ -f "$CONF_DIR/config.yaml" ] && chmod "$CONF_MODE" "$CONF_DIR/config.yaml"
+# the codec engines for this machine, where the daemon reading that config looks (runtime.engine_cache; under
+# TTS_APPLIANCE_SYSROOT inside it); the daemon falls back to the torch codec without them
+if [ "${SETUP_BUILD:-0}" = 1 ] && [ -n "$MODEL_PATH" ]; then
+  ENGINES=()
+  [ "$MODE" = system ] && ENGINES=(env "TTS_APPLIANCE_RUNTIME__ENGINE_CACHE=$DATA/engines")
+  ${ENGINES[@]+"${ENGINES[@]}"} "$VENV/bin/tts-appliance" --config "$CONF_DIR/config.yaml" build-engines --model "$MODEL_PATH" \
+    || say "warning: build-engines failed; the daemon will use the torch codec" >&2
+fi
 [ "${SETUP_SYSTEMD:-1}" = 1 ] || exit 0
 
 # -- units ------------------------------------------------------------------------------------------
@@ -111,8 +128,12 @@ if [ "$MODE" = system ]; then
         "install from a folder outside /tmp and /var/tmp (e.g. /opt/tts-appliance)" ;;
   esac
   if [ -z "$SYSROOT" ] && command -v systemd-sysusers >/dev/null 2>&1; then
+    # the spool folders (models and engines included) get their owner and mode from tmpfiles.d; nothing else in
+    # the spool is touched (a file someone else put there keeps its owner); the engine cache build-engines just
+    # filled as root is the service's to use and add to
     systemd-sysusers "$SYSUSERS" && systemd-tmpfiles --create "$TMPFILES" || say "warning: sysusers/tmpfiles failed"
-    chown -R tts-appliance:tts-appliance "$DATA" 2>/dev/null || true
+    [ ! -d "$DATA/engines" ] || chown -R tts-appliance:tts-appliance "$DATA/engines" 2>/dev/null \
+      || say "warning: could not give $DATA/engines to user tts-appliance"
     chown root:tts-appliance "$CONF_DIR/config.yaml" 2>/dev/null || say "warning: could not give $CONF_DIR/config.yaml to group tts-appliance"
   else
     say "note: systemd-sysusers not available here; create user tts-appliance and $DATA yourself," \
@@ -129,5 +150,28 @@ else  # user units: same daemon, no system hardening (the block from '# Hardenin
   sed -e '/^Socket\(User\|Group\)=/d' -e 's|^ListenStream=/run/tts-appliance/|ListenStream=%t/tts-appliance/|' \
       systemd/tts-appliance.socket > "$UNIT_DIR/tts-appliance.socket"
 fi
-if live_systemd; then "${CTL[@]}" daemon-reload 2>/dev/null || say "note: could not reload systemd (${CTL[*]})"; fi
-say "units installed in $UNIT_DIR; start with: ${CTL[*]} enable --now tts-appliance.socket tts-appliance.service"
+# -- a running service (an upgrade) ------------------------------------------------------------------------
+running=""
+if live_systemd; then
+  "${CTL[@]}" daemon-reload 2>/dev/null || say "note: could not reload systemd (${CTL[*]})"
+  running=$("${CTL[@]}" list-units --plain --no-legend --state=active,activating,reloading \
+            tts-appliance.service 'tts-appliance@*.service' 2>/dev/null | awk '{printf "%s%s", sep, $1; sep=" "}')
+fi
+if [ -n "$running" ] && [ "${SETUP_RESTART:-1}" = 1 ]; then
+  # it still runs the code it started with (its engine processes would start from the new one): restarted, as a
+  # stop lets its in-flight segments finish
+  say "upgrade: restarting $running so that it runs this version (in-flight segments finish first)"
+  # shellcheck disable=SC2086 - one word per unit
+  if ! "${CTL[@]}" restart $running; then
+    say "error: $running did not start again after the upgrade; why: journalctl${CTL[1]:+ ${CTL[1]}} -u tts-appliance -p err -b" >&2
+    exit 1
+  fi
+  say "upgrade: $running restarted and ready"
+elif [ -n "$running" ]; then
+  say "upgrade: $running still runs the version it started with (--no-restart); to run this one:" \
+      "${CTL[*]} restart $running"
+elif live_systemd && "${CTL[@]}" is-enabled --quiet tts-appliance.socket 2>/dev/null; then
+  say "units updated in $UNIT_DIR; the service is enabled, not running now: its socket or the next boot starts it"
+else
+  say "units installed in $UNIT_DIR; start with: ${CTL[*]} enable --now tts-appliance.socket tts-appliance.service"
+fi

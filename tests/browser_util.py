@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import pytest
 
 SCREENSHOTS = pytest.StashKey[list]()  # folders of screenshots saved in this run
+# axe-core, the accessibility checker (npm; ./install.sh --dev runs `npm ci` in tests/fixtures/axe)
+AXE = Path(__file__).resolve().parent / "fixtures" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
          "--autoplay-policy=no-user-gesture-required", "--window-size=1280,900")
@@ -106,8 +108,29 @@ class Page:
         """A screenshot of the whole page (the window made as tall as the page) as PREFIX-NN-name.png."""
         self.n += 1
         width = self.d.get_window_size()["width"]
-        height = self.js("return document.documentElement.scrollHeight")
+        height = self.js("const main = document.querySelector('main'), rest = main ? document.body.offsetHeight - "
+                         "main.clientHeight : 0; return Math.max(document.documentElement.scrollHeight, "
+                         "main ? main.scrollHeight + rest : 0)")  # also where only the page's main part scrolls
         self.d.set_window_size(width, min(max(int(height) + 140, 700), 4000))
         path = self.shots / f"{self.prefix}{self.n:02d}-{name}.png"
         self.d.save_screenshot(str(path))
         return path
+
+    def axe(self, why: str) -> None:
+        """Run axe-core on the page as it is now: fail with the violations (rule, impact, the elements) when
+        there are any. `why`: what the page shows, for the message."""
+        if not AXE.is_file():
+            pytest.skip(f"axe-core is not installed ({AXE}): cd tests/fixtures/axe && npm ci (./install.sh --dev does)")
+        if not self.js("return Boolean(window.axe)"):
+            self.js(AXE.read_text(encoding="utf-8"))  # run by the driver: the page's own policy allows no scripts
+        self.d.set_script_timeout(60)
+        found = self.d.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            axe.run(document, {resultTypes: ["violations"]}).then(
+              (r) => done(r.violations.map((v) => ({id: v.id, impact: v.impact, help: v.help,
+                                                     nodes: v.nodes.map((n) => n.target.join(" ")).slice(0, 5)}))),
+              (e) => done([{id: "axe-error", impact: "", help: String(e), nodes: []}]));""")
+        if found:
+            self.shot("axe-violations")
+            pytest.fail(f"axe-core found {len(found)} accessibility violation(s) on {why}:\n" +
+                        "\n".join(f"  {v['id']} ({v['impact']}): {v['help']}: {v['nodes']}" for v in found))

@@ -1,9 +1,9 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system`, `browser` or `epubcheck` test that skips fails instead, so CI cannot go green with the live systemd
-checks, the page's browser test or the narrated EPUBs' validation unrun; likewise an `oracle` test (the official
-qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at
-the end of the run."""
+`system`, `browser`, `epubcheck`, `ace` or `converters` test that skips fails instead, so CI cannot go green
+with the live systemd checks, the page's browser test, the narrated EPUBs' validation or accessibility check or
+the books converted by pandoc and calibre unrun; likewise an `oracle` test (the official qwen-tts package) with
+$TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at the end of the run."""
 from __future__ import annotations
 
 import json
@@ -27,6 +27,10 @@ REQUIRED = {
                                "or unset the variable where it cannot run"),
     "epubcheck": (REQUIRE_SYSTEM, "apt-get install epubcheck (.ci/run and ./install.sh --dev do as root), "
                                   "or unset the variable where it cannot run"),
+    "ace": (REQUIRE_SYSTEM, "run tests/fixtures/ace_install.sh (./install.sh --dev does; it needs npm) and apt-get "
+                            "install chromium, or unset the variable where they cannot be installed"),
+    "converters": (REQUIRE_SYSTEM, "apt-get install pandoc calibre (.ci/run and ./install.sh --dev do as root), "
+                                   "or unset the variable where they cannot be installed"),
 }
 # the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;
 # set before engines is imported (it is read once), inherited by the daemons the tests start
@@ -58,8 +62,8 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A skipped `system` or `epubcheck` (`oracle`) test is a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS
-    ($TTS_APPLIANCE_REQUIRE_ORACLE_TESTS) is set (not 0)."""
+    """A skipped `system`, `browser`, `epubcheck` or `ace` (`oracle`) test is a failure where
+    $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS ($TTS_APPLIANCE_REQUIRE_ORACLE_TESTS) is set (not 0)."""
     outcome = yield
     report = outcome.get_result()
     if not report.skipped:
@@ -150,3 +154,14 @@ def location(request, tmp_path):
     if request.param == "sqlite":
         return tmp_path / "queue.db"
     return request.getfixturevalue("pg").url(f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def narrated(tmp_path_factory):
+    """An EPUB, a Markdown and a plain text file narrated by the tiny model (tests/narrated_util.py), once a
+    session: {suffix: (input, manifest, output folder)}."""
+    from narrated_util import engine_missing, narrate
+
+    if engine_missing():
+        pytest.skip(engine_missing())
+    return narrate(tmp_path_factory.mktemp("narrated"))

@@ -18,6 +18,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CV = ROOT / "tests" / "data" / "tiny" / "cv_small"
+# Failure guards only: the tests wait for events (ready, a job's end, the process's exit), never for a time they
+# rely on; a loaded 2-core machine starts a daemon (torch imported twice: the daemon, its engine process) in minutes.
+READY_S, JOB_S, STOP_S = 300.0, 300.0, 120.0
 
 
 def skip_reason():
@@ -46,7 +49,7 @@ def base_config(tmp: Path, **sections) -> dict:
            "runtime": {"max_slots": 4, "max_queue": 8},
            "jobs": {"home": str(tmp / "home"), "guard": False, "batch_size": 4, "watch_quiet_s": 0.5,
                     "lease_s": 30.0},
-           "http": {"read_timeout_s": 2.0, "write_timeout_s": 5.0},
+           "http": {"read_timeout_s": 2.0, "write_timeout_s": 60.0},  # (a test client reads late on a busy machine)
            "service": {"runtime_dir": str(run), "status_interval_s": 0.5, "stop_timeout_s": 20.0}}
     for sec, values in sections.items():
         cfg.setdefault(sec, {}).update(values)
@@ -67,7 +70,7 @@ class Daemon:
         self.log = tmp / "daemon.log"
         self.proc = None
 
-    def start(self, wait: bool = True, timeout: float = 60.0, wrap=None, **popen) -> "Daemon":
+    def start(self, wait: bool = True, timeout: float = READY_S, wrap=None, **popen) -> "Daemon":
         self.logf = open(self.log, "ab")
         argv = [sys.executable, "-m", "appliance.cli", "daemon", "--config", str(self.path)]
         self.proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=ROOT, env=self.env, stdout=self.logf,
@@ -76,7 +79,7 @@ class Daemon:
             self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = READY_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -93,7 +96,7 @@ class Daemon:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(self, sig=signal.SIGTERM, timeout: float = STOP_S) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(sig)
@@ -139,7 +142,7 @@ class Daemon:
     def post(self, url, body):
         return self.request("POST", url, body)
 
-    def wait_job(self, job_id: str, states=("done", "partial", "failed", "cancelled"), timeout: float = 60.0) -> dict:
+    def wait_job(self, job_id: str, states=("done", "partial", "failed", "cancelled"), timeout: float = JOB_S) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status, s, _ = self.get(f"/v1/jobs/{job_id}")

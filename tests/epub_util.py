@@ -1,12 +1,18 @@
-"""Shared by the narrated-EPUB tests: a small valid EPUB 3 whose sentences cross inline markup, and reading
-epubcheck's verdict."""
+"""Shared by the narrated-EPUB tests: a small valid EPUB 3 whose sentences cross inline markup, reading a
+narrated EPUB's overlays and its chapters' WebVTT cues, and epubcheck's verdict."""
 from __future__ import annotations
 
+import posixpath
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
+from urllib.parse import unquote
+
+OPF_NS = "{http://www.idpf.org/2007/opf}"
+SMIL = "{http://www.w3.org/ns/SMIL}"
 
 CONTAINER = """<?xml version="1.0" encoding="UTF-8"?>
 <container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">
@@ -122,3 +128,40 @@ def epubcheck(path: Path) -> tuple[list[str], list[str], str]:
     if run.returncode != 0 and not errors:
         errors = [f"epubcheck exited {run.returncode}"]
     return errors, warnings, out
+
+
+def vtt_cues(path: Path) -> list[tuple[str, str, str]]:
+    """(start, end, text) of each cue of a .vtt file."""
+    blocks = path.read_text(encoding="utf-8").split("\n\n")[1:]
+    return [tuple(b.split("\n")[0].split(" --> ")) + (b.split("\n")[1],) for b in blocks if "-->" in b]
+
+
+def overlays(epub: zipfile.ZipFile):
+    """(opf path, opf root, {overlay id: (smil path, narrated xhtml path)})."""
+    container = ET.fromstring(epub.read("META-INF/container.xml"))
+    opf_path = next(e.get("full-path") for e in container.iter() if e.tag.endswith("rootfile"))
+    opf = ET.fromstring(epub.read(opf_path))
+    base = posixpath.dirname(opf_path)
+    items = {i.get("id"): i for i in opf.iter(OPF_NS + "item")}
+    found = {}
+    for item in items.values():
+        if item.get("media-overlay"):
+            smil = items[item.get("media-overlay")]
+            assert smil.get("media-type") == "application/smil+xml"
+            found[smil.get("id")] = (posixpath.join(base, unquote(smil.get("href"))),
+                                     posixpath.join(base, unquote(item.get("href"))))
+    return opf_path, opf, found
+
+
+def metadata(opf) -> dict[tuple[str, str | None], list[str]]:
+    """{(property, refines): [values]} of a package document's <meta> elements."""
+    out: dict = {}
+    for m in opf.iter(OPF_NS + "meta"):
+        out.setdefault((m.get("property"), m.get("refines")), []).append(m.text)
+    return out
+
+
+def clock_ms(value: str) -> int:
+    """A SMIL clock value (HH:MM:SS.mmm) in milliseconds."""
+    h, m, s = value.split(":")
+    return round((int(h) * 3600 + int(m) * 60 + float(s)) * 1000)

@@ -164,3 +164,25 @@ def _png() -> bytes:
     raw = b"".join(b"\x00" + b"\xff\x00\x00" * 8 for _ in range(8))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.skipif(not shutil.which("ffprobe"), reason="ffmpeg not installed (apt install ffmpeg)")
+@pytest.mark.parametrize("fmt", ["m4b", "mp3", "flac", "opus"])
+def test_each_chapter_file_is_titled_with_its_chapter(tmp_path, fmt):
+    """A chapter's own file: its title the chapter's, its album the book's, its artist the author (as ffprobe,
+    and so players, read them); the book file: the book's title."""
+    if fmt == "mp3" and "MP3" not in sf.available_formats():
+        pytest.skip("this libsndfile cannot write MP3")
+    chapters = [("Opening", PIECES), ("The End", PIECES[:2])]
+    book, outs, _ = assemble_book(tmp_path, chapters, SR, fmt, BookMeta(title="My Book", author="A. Writer"))
+
+    def tags(path):
+        probe = subprocess.run(["ffprobe", "-v", "error", "-show_format", "-show_streams", "-of", "json", str(path)],
+                               capture_output=True, text=True, check=True)
+        info = json.loads(probe.stdout)
+        found = {**info["format"].get("tags", {}), **info["streams"][0].get("tags", {})}  # ogg: the stream's
+        return {k.lower(): v for k, v in found.items() if k.lower() in ("title", "album", "artist")}
+
+    assert [tags(o.path) for o in outs] == [{"title": o.title, "album": "My Book", "artist": "A. Writer"}
+                                            for o in outs]
+    assert tags(book) == {"title": "My Book", "album": "My Book", "artist": "A. Writer"}

@@ -44,8 +44,8 @@ SPEC = dict(voice="ryan", language="english", format="flac", seed=3, sampling={"
 
 def _book() -> Document:
     words = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India", "Juliet"]
-    chapters = [Chapter(f"Chapter {c + 1}", [f"{words[(c * 4 + i) % 10]} line {c}.{i} is read." for i in range(3)])
-                for c in range(3)]
+    chapters = [Chapter(f"Chapter {c + 1}", [f"{words[(c * 4 + i) % 10]} line {c}.{i} is read." for i in range(12)])
+                for c in range(3)]  # (39 segments: many batches more than the kill waits for, however fast)
     return Document(chapters=chapters, title="Tiny Book", author="Test Author")
 
 
@@ -72,12 +72,12 @@ def test_kill_and_resume_gives_complete_book(tmp_path):
     doc = _book()
     job = submit_document(q, paths, doc, JobSpec(**SPEC, model=str(MODEL.resolve())), ["tiny.txt"], _chapters(doc))
     total = sum(q.counts(job).values())
-    assert total >= 8
+    assert total >= 8 * BATCH
 
     proc = _worker(paths.home)
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # (a failure guard)
     while q.counts(job)["done"] < BATCH and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+        time.sleep(0.02)
     done_at_kill = q.counts(job)["done"]
     proc.send_signal(signal.SIGKILL)
     out = proc.communicate(timeout=30)[0]

@@ -132,10 +132,16 @@ def test_daemon_check_exits_78_with_the_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "appliance.cli", "daemon", "--config", str(bad), "--check"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 78 and "unknown key http.colour" in r.stderr
-    good = write(tmp_path / "ok.yaml", "model: {path: x}\n")
+    tiny = ROOT / "tests/data/tiny/cv_small"
+    good = write(tmp_path / "ok.yaml", f"model: {{path: {tiny}}}\njobs: {{home: {tmp_path / 'home'}}}\n")
     r = subprocess.run([sys.executable, "-m", "appliance.cli", "daemon", "--config", str(good), "--check"],
                        cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "config OK" in r.stdout
+    assert r.returncode == 0 and "config OK" in r.stdout, r.stdout + r.stderr
+    # a checkpoint folder that is not there fails the check too (the daemon could never start on it)
+    gone = write(tmp_path / "gone.yaml", f"model: {{path: {tmp_path / 'x'}}}\njobs: {{home: {tmp_path / 'home'}}}\n")
+    r = subprocess.run([sys.executable, "-m", "appliance.cli", "daemon", "--config", str(gone), "--check"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 78 and f"config error: model.path = {tmp_path / 'x'}: " in r.stderr, r.stderr
 
 
 def test_runtime_dir_and_socket_defaults(tmp_path, monkeypatch):

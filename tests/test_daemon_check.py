@@ -2,17 +2,26 @@
 within seconds: a wrong password, a port where nothing listens or nothing answers, a missing database
 or `jobs.queue_file`, a SQLite file that cannot be opened or made each fail it with exit status 78
 (EX_CONFIG) and one line naming what fails, the password never shown; a queue that works passes, and
-nothing is created."""
+nothing is created. A device of model.device that is not on this machine, or a checkpoint whose files do not
+read, fail the check and the daemon's start the same way (78: the unit does not restart it), and `say` on such a
+device says so in one line."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
 
 from test_queue_startup import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests/data/tiny/cv_small"
 
 
 @pytest.fixture
@@ -24,11 +33,11 @@ def check(tmp_path, monkeypatch, capsys):
     for name in ("TTS_APPLIANCE_CONFIG", "TTS_APPLIANCE_JOBS__QUEUE", "TTS_APPLIANCE_JOBS__HOME"):
         monkeypatch.delenv(name, raising=False)
 
-    def run(**jobs):
+    def run(model=None, check_only=True, **jobs):
         path = tmp_path / "c.yaml"
-        path.write_text(yaml.safe_dump({"jobs": {"home": str(tmp_path / "home"), **jobs},
+        path.write_text(yaml.safe_dump({"jobs": {"home": str(tmp_path / "home"), **jobs}, "model": model or {},
                                         "service": {"runtime_dir": str(tmp_path / "run")}}))
-        status = daemon.main(str(path), check_only=True)
+        status = daemon.main(str(path), check_only=check_only)
         out = capsys.readouterr()
         return status, out.out, out.err
 
@@ -114,3 +123,46 @@ def test_the_command_exits_78_on_a_wrong_password(pg, tmp_path):
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("config error: queue: cannot connect to the queue database postgresql://tts:***@"), line
     assert "authentication failed" in line and "wrong" not in r.stdout + r.stderr, line
+
+
+def _missing(device: str):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    from engines.device.npu import npu_available
+
+    if device.startswith("npu") and npu_available():
+        pytest.skip("this machine has an Ascend NPU")
+
+
+@pytest.mark.parametrize("device, says", [("cuda", "no CUDA GPU is visible here"),
+                                          ("npu", "no Ascend NPU is visible here")])
+def test_a_device_that_is_not_there_fails_the_check_and_the_start_with_78(check, device, says):
+    _missing(device)
+    for check_only in (True, False):  # `daemon --check`, and the start itself: before any model loads
+        status, out, err = check(model={"path": str(TINY), "device": device}, check_only=check_only)
+        [line] = err.strip().splitlines()
+        assert status == 78 and line.startswith(f"config error: model.device = {device}: {says}"), (status, err)
+        assert "set model.device to auto or cpu" in line and "config OK" not in out, line
+
+
+def test_a_checkpoint_that_does_not_read_fails_the_check_with_78(check, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    status, out, err = check(model={"path": str(broken)})
+    [line] = err.strip().splitlines()
+    assert status == 78 and line.startswith(f"config error: model.path = {broken}: "), err
+
+
+def test_say_on_a_device_that_is_not_there_is_one_line_saying_what_to_set(tmp_path):
+    _missing("cuda")
+    r = subprocess.run([sys.executable, "-m", "appliance.cli", "say", "Hello.", "--model", str(TINY), "--voice", "ryan",
+                        "--device", "cuda", "-o", str(tmp_path / "x.wav")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={k: v for k, v in os.environ.items()
+                                         if not k.startswith("TTS_APPLIANCE_")})
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr
+    assert "no CUDA GPU is visible here" in errors[0] and "--device cpu" in errors[0], errors
+    assert "internal engine error" not in r.stderr and not (tmp_path / "x.wav").exists()

@@ -13,7 +13,7 @@ from jobs.queue import Queue
 pytestmark = needs_daemon
 
 
-def _health_until(d: Daemon, check, timeout: float = 30.0):
+def _health_until(d: Daemon, check, timeout: float = 300.0):  # (a failure guard)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, h, _ = d.get("/health")

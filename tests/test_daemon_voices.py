@@ -46,3 +46,26 @@ def test_saved_voices_in_the_openai_list(daemon):
     assert status == 200
     bert = [v for v in listed["data"] if v["id"] == "bert"]
     assert bert and bert[0]["type"] == "audio_sample" and bert[0]["created_at"] > 0, listed
+
+
+def test_their_delete_route_deletes_the_saved_voice(daemon):
+    """vllm-omni's clients delete an uploaded voice with DELETE /v1/audio/voices/{name}: the same as DELETE
+    /v1/voices/{name} here (a saved clone, by name), with their `success` field; an unknown name is a 404 with a
+    one-line JSON error. Sent by aiohttp's client over the daemon's socket."""
+    import asyncio
+
+    import aiohttp
+
+    async def delete(name):
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=daemon.socket)) as http:
+            async with http.delete(f"http://localhost/v1/audio/voices/{name}") as r:
+                return r.status, await r.json()
+
+    assert daemon.post("/v1/voices", voice("carl"))[0] in (200, 201)
+    status, body = asyncio.run(delete("carl"))
+    assert status == 200 and body["success"] is True and body["deleted"] is True and body["name"] == "carl", body
+    assert not (daemon.home / "voices" / "carl.voice").exists()
+    assert "carl" not in daemon.get("/v1/audio/voices")[1]["voices"]
+    status, body = asyncio.run(delete("carl"))
+    assert status == 404 and "no saved voice 'carl'" in body["error"]["message"], body
+    assert "\n" not in body["error"]["message"]

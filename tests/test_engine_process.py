@@ -35,7 +35,7 @@ def req(text="Hello there, how are you today?", frames=24, seed=5, **kw) -> Synt
 def engine():
     e = EngineProcess(spec())
     e.start()
-    e.wait_ready(120)
+    e.wait_ready(300)
     yield e
     e.stop()
 
@@ -65,7 +65,7 @@ def test_cancel_ends_the_request(engine):
     h.cancel()
     rest = list(it)  # ends (no error) well before 400 frames
     assert sum(c.size for c in rest) < 300 * 1920
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 300  # (a failure guard)
     while engine.stats()["active_slots"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.stats()["active_slots"] == 0
@@ -99,7 +99,7 @@ def test_clone_voice_in_the_engine():
     e = EngineProcess(spec(TINY / "base_small"))
     e.start()
     try:
-        e.wait_ready(120)
+        e.wait_ready(300)
         voice = e.clone_voice(str(REF), "A reference sentence.")
         assert voice.spk_embedding.device.type == "cpu" and voice.ref_codes is not None
         audio = e.submit(req(voice=voice, frames=6)).result().audio
@@ -111,7 +111,7 @@ def test_clone_voice_in_the_engine():
 def test_killed_engine_fails_its_requests_and_comes_back():
     e = EngineProcess(spec())
     e.start()
-    e.wait_ready(120)
+    e.wait_ready(300)
     try:
         h = e.submit(req(frames=1500))
         next(iter(h))
@@ -120,7 +120,7 @@ def test_killed_engine_fails_its_requests_and_comes_back():
             h.result()
         with pytest.raises(EngineUnavailable):  # while it starts again
             e.submit(req())
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # (a failure guard)
         while not e.running and time.monotonic() < deadline:
             time.sleep(0.1)
         assert e.running and e.starts == 2
@@ -140,7 +140,7 @@ def test_start_failure_is_one_line(bad, says):
     e = EngineProcess(s, restart=False)
     e.start()
     with pytest.raises(EngineStartError, match=says) as info:
-        e.wait_ready(120)
+        e.wait_ready(300)
     assert "\n" not in str(info.value)
     assert e.proc.poll() is not None
 
@@ -153,7 +153,7 @@ def test_a_cloned_voice_result_is_cut_like_the_official_across_the_boundary():
     e = EngineProcess(spec(TINY / "base_small"))
     e.start()
     try:
-        e.wait_ready(120)
+        e.wait_ready(300)
         from engines.model.voice import reference_cut
 
         voice = e.clone_voice(str(REF), "A reference sentence.")
@@ -183,10 +183,11 @@ def test_a_preempted_batch_request_starts_over_in_the_front_too(one_thread):
     e = EngineProcess(spec(max_slots=2))
     e.start()
     try:
-        e.wait_ready(120)
+        e.wait_ready(300)
         batch = [e.submit(r, priority=1) for r in reqs]
-        deadline = time.monotonic() + 60
-        while e.stats(fresh=True).get("frames", 0) < 140 and time.monotonic() < deadline:  # past a batch chunk
+        deadline = time.monotonic() + 300  # (a failure guard)
+        while e.stats(fresh=True).get("frames", 0) < 140:  # past a batch chunk
+            assert time.monotonic() < deadline, e.stats(fresh=True)
             time.sleep(0.01)
         e.submit(req(frames=4)).result()
         assert e.stats(fresh=True)["preempted"] >= 1
@@ -216,7 +217,7 @@ def test_a_burst_is_spread_over_engine_processes_at_once():
         for e in engines:
             e.start()
         for e in engines:
-            e.wait_ready(120)
+            e.wait_ready(300)
         pool = EnginePool(engines, catalog=object())
         handles = [pool.submit(req(seed=i, frames=4), BATCH_PRIORITY) for i in range(8)]
         given = [len(live) for live in pool._live]

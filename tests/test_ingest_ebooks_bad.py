@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 from ebook_util import RTF, fb2_bytes, make_odt
-from inbox_util import inbox_env, ticks
+from inbox_util import inbox_env, ticks_until
 from mobi_util import mobi_book
 from test_ingest_ebooks import KF8, mobi6
 
@@ -121,7 +121,8 @@ def test_the_inbox_files_bad_ebooks_in_failed_with_their_reasons(tmp_path):
             (paths.inbox / name).write_bytes(BAD[name][0](tmp_path))
         digests = {n: _digest(paths.inbox / n) for n in names}
         (paths.inbox / "good.fb2").write_bytes(fb2_bytes())
-        ticks(w, 3.0)
+        ticks_until(w, lambda: all((paths.failed / f"{n}.reason.txt").exists() for n in names)
+                    and len(q.jobs()) == len(names) + 1)
         for name in names:
             kept = paths.failed / name
             assert kept.exists() and _digest(kept) == digests[name], name

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = re.compile(r"^<(\d)>")
 
@@ -69,3 +71,35 @@ def test_a_config_error_of_check_is_an_error_in_the_journal(tmp_path):
                              stream="stderr")
     assert code == 78, text
     assert text.startswith("<3>config error:") and "threads" in text, text
+
+
+def test_a_failed_job_is_an_error_in_the_journal(tmp_path):
+    """A job that ends failed (here: its book cannot be written, as on a full disk or a folder the service may not
+    write) is logged at priority err, so `journalctl -p err` shows it; the rest of the daemon's lines keep theirs."""
+    import shutil
+
+    from daemon_util import Daemon, base_config, book_text, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    (tmp_path / "allowed").mkdir()
+    book = tmp_path / "allowed" / "b.txt"
+    book.write_text(book_text(2))
+    log = tmp_path / "daemon.log"
+    log.touch()  # the daemon appends to it: its stdout is "the journal's" ($JOURNAL_STREAM names it)
+    st = log.stat()
+    cfg = base_config(tmp_path, jobs={"allowed_dirs": [str(tmp_path / "allowed")], "watch": False})
+    d = Daemon(tmp_path, cfg, env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}).start()
+    try:
+        shutil.rmtree(d.home / "output")
+        (d.home / "output").write_text("not a folder")  # no book can be written under it
+        status, s, _ = d.post("/v1/jobs", {"path": str(book), "spec": {"voice": "ryan", "format": "wav",
+                                                                       "sampling": {"max_new_tokens": 4}}})
+        assert status == 201, s
+        assert d.wait_job(s["id"])["state"] == "failed"
+    finally:
+        assert d.stop() == 0
+    lines = d.log_text().splitlines()
+    failed = [x for x in lines if f"job {s['id']} failed" in x]
+    assert failed and all(x.startswith("<3>") for x in failed), failed or lines[-20:]
+    assert any(x.startswith("<6>") and "ready: http" in x for x in lines)

@@ -384,3 +384,21 @@ def test_gpu_step_at_the_real_shapes_with_fp8_same_codes_through_graphs():
     replayed = _gpu_runner_codes(eng, reqs, max_slots=4)
     eager = _gpu_runner_codes(eng, reqs, max_slots=4, use_graphs=False)
     assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
+
+
+def test_auto_follows_one_switch_in_the_runner_and_in_the_loaders_plan(monkeypatch):
+    """`runtime.kv_cache: auto` is decided in one place (model_runner.AUTO_FP8, off until fp8 is measured on a
+    GPU): flipped, the runner's choice and the loader's memory plan (engines.load.settings, what `info` shows)
+    both become fp8 where it can run; an explicit `model` stays the model's dtype."""
+    from engines import load
+    from engines.api import EngineSpec
+    from engines.runtime import model_runner
+
+    cpu = torch.device("cpu")
+    spec = EngineSpec(model=str(TINY / "cv_small"), device="cpu", kv_cache="auto")
+    assert not model_runner.kv_cache_choice("auto", cpu) and load.settings(spec)["kv_cache"] == "model"
+    monkeypatch.setattr(model_runner, "AUTO_FP8", True)
+    assert model_runner.kv_cache_choice("auto", cpu) and load.settings(spec)["kv_cache"] == "fp8"
+    assert load.settings(EngineSpec(model=str(TINY / "cv_small"), device="cpu", kv_cache="model"))["kv_cache"] == "model"
+    monkeypatch.setattr(kv_cache, "fp8_available", lambda device: False)  # where it cannot run: auto stays
+    assert not model_runner.kv_cache_choice("auto", cpu) and load.settings(spec)["kv_cache"] == "model"

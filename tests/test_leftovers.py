@@ -65,7 +65,7 @@ def _killed(script: str, *args) -> str:
     return line
 
 
-def _wait_gone(path: Path, timeout: float = 30.0) -> bool:
+def _wait_gone(path: Path, timeout: float = 300.0) -> bool:  # (a failure guard)
     deadline = time.monotonic() + timeout
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -2,14 +2,16 @@
 id'd spans and Media Overlays, any other input as a simple EPUB of its text with the same overlays.
 
 End to end with the REAL engine on the tiny checkpoint (`submit --format epub --wait`, in this process): every
-text ref resolves to an id in its XHTML, every clip is the segment's cue in its chapter's .vtt, the durations
-add up, the input's bytes come back once the inserted tags are taken out, and epubcheck (Debian's package)
-finds no error and no warning (marker `epubcheck`: a skip where it is missing, a failure where
-$TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1, as .ci/run sets it as root).
+text ref resolves to an id in its XHTML, every clip begins where the segment's cue in its chapter's .vtt does
+and the clips tile the chapter's audio (each ends where the next begins, from 0 to the audio's end: the pauses
+are heard), the durations are the audio's, the input's bytes come back once the inserted tags are taken out,
+and epubcheck (Debian's package) finds no error and no warning (marker `epubcheck`: a skip where it is missing,
+a failure where $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1, as .ci/run sets it as root). The books are narrated once
+per session (`narrated`, tests/conftest.py); their accessibility, language and read-along text:
+tests/test_narrated_access.py.
 """
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import xml.etree.ElementTree as ET
@@ -18,80 +20,12 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+import soundfile as sf
 
-from epub_util import CH1, CH2, OPF, epubcheck, epubcheck_missing, make_epub
+from epub_util import (CH1, CH2, OPF, SMIL, clock_ms, epubcheck, epubcheck_missing, make_epub, metadata, overlays,
+                       vtt_cues)
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "tests" / "data" / "tiny" / "cv_small"
-SMIL = "{http://www.w3.org/ns/SMIL}"
 PREFIX = "tts-narration"
-MD = """# First Steps
-
-A *short* note to start. It has **two** sentences, and a third one: here.
-
-# Second Part
-
-Another chapter & more words [voice=ryan]in another voice[/voice] for the end.
-"""
-
-
-def _engine_missing() -> str | None:
-    if not (MODEL / "model.safetensors").is_file():
-        return f"tiny checkpoint missing: {MODEL} (build it with tests/fixtures/build_fixtures.py)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def narrated(tmp_path_factory):
-    """An EPUB and a Markdown file narrated by the tiny model: {name: (input, manifest, output folder)}."""
-    if _engine_missing():
-        pytest.skip(_engine_missing())
-    from click.testing import CliRunner
-
-    from appliance.cli import cli
-
-    tmp = tmp_path_factory.mktemp("narrated")
-    book, notes = make_epub(tmp / "station.epub"), tmp / "notes.md"
-    notes.write_text(MD)
-    res = CliRunner().invoke(cli, ["submit", str(book), str(notes), "--format", "epub", "--voice", "vivian",
-                                   "--language", "english", "--wait", "--no-guard", "--max-new-tokens", "4",
-                                   "--model", str(MODEL), "--device", "cpu", "--json", "--home", str(tmp / "home")],
-                             catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    out = {}
-    for job in json.loads(res.stdout):
-        assert job["state"] == "done", job
-        manifest = json.loads((Path(job["output_dir"]) / "manifest.json").read_text())
-        out[Path(job["file"]).suffix] = (Path(job["file"]), manifest, Path(job["output_dir"]))
-    return out
-
-
-def _vtt(path: Path) -> list[tuple[str, str, str]]:
-    """(start, end, text) of each cue of a .vtt file."""
-    blocks = path.read_text(encoding="utf-8").split("\n\n")[1:]
-    return [tuple(b.split("\n")[0].split(" --> ")) + (b.split("\n")[1],) for b in blocks if "-->" in b]
-
-
-def _overlays(epub: zipfile.ZipFile):
-    """(opf path, opf root, {overlay id: (smil path, narrated xhtml path)})."""
-    container = ET.fromstring(epub.read("META-INF/container.xml"))
-    opf_path = next(e.get("full-path") for e in container.iter() if e.tag.endswith("rootfile"))
-    opf = ET.fromstring(epub.read(opf_path))
-    base = posixpath.dirname(opf_path)
-    items = {i.get("id"): i for i in opf.iter("{http://www.idpf.org/2007/opf}item")}
-    found = {}
-    for item in items.values():
-        if item.get("media-overlay"):
-            smil = items[item.get("media-overlay")]
-            assert smil.get("media-type") == "application/smil+xml"
-            found[smil.get("id")] = (posixpath.join(base, unquote(smil.get("href"))),
-                                     posixpath.join(base, unquote(item.get("href"))))
-    return opf_path, opf, found
-
-
-def _clock_ms(value: str) -> int:
-    h, m, s = value.split(":")
-    return round((int(h) * 3600 + int(m) * 60 + float(s)) * 1000)
 
 
 def _unwrapped(data: bytes) -> bytes:
@@ -111,27 +45,34 @@ def _unwrapped(data: bytes) -> bytes:
                   b"", b"".join(out))
 
 
+def _audio_ms(path: Path) -> int:
+    """How long a chapter's audio file plays, in ms, as a decoder reads it."""
+    info = sf.info(str(path))
+    return round(info.frames * 1000 / info.samplerate)
+
+
 def _check_narration(src: Path, manifest: dict, out_dir: Path) -> dict:
     """Every check that holds for any input's narrated EPUB; returns {span id: the bytes it wraps}."""
     epub_path = Path(manifest["output"]["epub"])
     assert epub_path.parent == out_dir and epub_path.suffix == ".epub"
     epub = zipfile.ZipFile(epub_path)
     assert epub.infolist()[0].filename == "mimetype" and epub.infolist()[0].compress_type == zipfile.ZIP_STORED
-    _, opf, overlays = _overlays(epub)
-    assert overlays, "no file carries a media overlay"
+    _, opf, found = overlays(epub)
+    assert found, "no file carries a media overlay"
     segments = {e["index"]: (c, e) for c in manifest["chapters"] for e in c["segments"]}
-    cues = {c["index"]: _vtt(Path(c["subtitles"][1])) for c in manifest["chapters"] if c["subtitles"]}
+    cues = {c["index"]: vtt_cues(Path(c["subtitles"][1])) for c in manifest["chapters"] if c["subtitles"]}
     cue_of = {}  # segment index -> its cue (the chapter's segments with audio, in order)
     for c in manifest["chapters"]:
         timed = [e["index"] for e in c["segments"] if e["start_s"] is not None]
         cue_of.update(zip(timed, cues.get(c["index"], [])))
-    metas = {(m.get("property"), m.get("refines")): m.text for m in opf.iter("{http://www.idpf.org/2007/opf}meta")}
+    metas = metadata(opf)
     assert metas[("media:active-class", None)]
     wrapped, narrated, total = {}, set(), 0
-    for overlay, (smil_path, doc_path) in overlays.items():
+    clips: dict[str, list[tuple[int, int]]] = {}  # audio member -> its clips, in reading order
+    for overlay, (smil_path, doc_path) in found.items():
         doc = epub.read(doc_path)
         ids = {e.get("id") for e in ET.fromstring(doc).iter() if e.get("id")}
-        clips = 0
+        length = 0
         for par in ET.fromstring(epub.read(smil_path)).iter(SMIL + "par"):
             text, audio = par.find(SMIL + "text"), par.find(SMIL + "audio")
             target, _, frag = text.get("src").partition("#")
@@ -140,14 +81,18 @@ def _check_narration(src: Path, manifest: dict, out_dir: Path) -> dict:
             index = int(frag.rsplit("-s", 1)[1])
             chapter, entry = segments[index]
             cue = cue_of[index]
-            assert (audio.get("clipBegin"), audio.get("clipEnd")) == cue[:2], (entry, cue)
-            assert cue[2] == " ".join(entry["original"].split())
+            begin, end = clock_ms(audio.get("clipBegin")), clock_ms(audio.get("clipEnd"))
             member = posixpath.normpath(posixpath.join(posixpath.dirname(smil_path), unquote(audio.get("src"))))
             assert epub.read(member) == Path(chapter["file"]).read_bytes()  # the chapter's own audio file
-            clips += _clock_ms(audio.get("clipEnd")) - _clock_ms(audio.get("clipBegin"))
+            # its sentence and the pause after it: begins where its cue does (the chapter's first at 0)
+            assert audio.get("clipBegin") == (cue[0] if member in clips else "00:00:00.000"), (entry, cue)
+            assert end >= clock_ms(cue[1]) and end > begin, (entry, cue)
+            assert cue[2] == " ".join(entry["original"].split())
+            clips.setdefault(member, []).append((begin, end))
+            length += end - begin
             narrated.add(index)
-        assert _clock_ms(metas[("media:duration", "#" + overlay)]) == clips
-        total += clips
+        assert clock_ms(metas[("media:duration", "#" + overlay)][0]) == length
+        total += length
         body = doc
         for m in re.finditer(rb'<span id="(' + PREFIX.encode() + rb'-s[0-9-]+)">', body):
             depth, at = 1, m.end()
@@ -156,7 +101,13 @@ def _check_narration(src: Path, manifest: dict, out_dir: Path) -> dict:
                 if depth == 0:
                     wrapped[m.group(1).decode()] = body[at:at + t.start()]
                     break
-    assert _clock_ms(metas[("media:duration", None)]) == total
+    for chapter in manifest["chapters"]:  # the clips of each chapter's audio tile it: no moment is in no clip
+        [tiles] = [t for member, t in clips.items() if epub.read(member) == Path(chapter["file"]).read_bytes()]
+        ends = round((chapter["book_end_s"] - chapter["book_start_s"]) * 1000)
+        assert tiles[0][0] == 0 and all(a[1] == b[0] for a, b in zip(tiles, tiles[1:])), tiles
+        assert abs(tiles[-1][1] - ends) <= 1, (tiles[-1], ends)  # the manifest's times, rounded to 1 ms
+        assert abs(tiles[-1][1] - _audio_ms(Path(chapter["file"]))) <= 30, "the mp3 plays as long as its clips"
+    assert clock_ms(metas[("media:duration", None)][0]) == total == sum(b - a for t in clips.values() for a, b in t)
     spoken = {i for i, (_, e) in segments.items() if e["status"] == "done"}
     assert narrated == spoken, f"segments without a par: {sorted(spoken - narrated)}"
     return wrapped
@@ -198,8 +149,14 @@ def test_any_other_input_becomes_a_simple_narrated_epub(narrated):
     assert not any(b"[voice=" in epub.read(n) for n in epub.namelist())
 
 
+def test_a_text_file_becomes_a_simple_narrated_epub(narrated):
+    src, manifest, out_dir = narrated[".txt"]
+    wrapped = _check_narration(src, manifest, out_dir)
+    assert b"Chapter 1: The Beginning" in wrapped.values() and b"Nobody looked up." in wrapped.values()
+
+
 @pytest.mark.epubcheck
-@pytest.mark.parametrize("kind", [".epub", ".md"])
+@pytest.mark.parametrize("kind", [".epub", ".md", ".txt"])
 def test_epubcheck_finds_no_error_and_no_warning(narrated, kind):
     if epubcheck_missing():
         pytest.skip(epubcheck_missing())
@@ -301,3 +258,17 @@ def test_epub_is_a_book_format_of_the_cli_the_sidecar_and_the_api():
     assert JobSpec.from_dict({"format": "EPUB"}).format == "epub"  # a sidecar
     assert audio_format("epub") == "mp3" and audio_format("flac") == "flac"
     assert "epub" in CliRunner().invoke(cli, ["submit", "--help"]).output
+
+
+def test_clips_tile_their_audio_whatever_is_not_highlighted():
+    """`tile`: per audio file, in time order, each clip runs to the next one's begin (a sentence left unwrapped,
+    here the one at 900-1400 ms, is heard within the clip before it), the first from 0, the last to the end."""
+    from jobs.narrated.smil import Par, duration_ms, tile
+
+    pars = [Par("b.xhtml", "s4", "2.mp3", 0, 700), Par("a.xhtml", "s1", "1.mp3", 0, 400),
+            Par("a.xhtml", "s2", "1.mp3", 600, 800), Par("a.xhtml", "s3", "1.mp3", 1500, 1900),
+            Par("b.xhtml", "s5", "2.mp3", 900, 1300)]
+    tiled = tile(pars, {"1.mp3": 2400, "2.mp3": 1800})
+    assert [(p.span_id, p.begin_ms, p.end_ms) for p in tiled] == [
+        ("s4", 0, 900), ("s1", 0, 600), ("s2", 600, 1500), ("s3", 1500, 2400), ("s5", 900, 1800)]
+    assert duration_ms(tiled) == 2400 + 1800

@@ -215,3 +215,40 @@ def test_stream_errors(daemon):
     assert code == 1008 and "must be session.config" in event["message"]
     event, code = asyncio.run(first({**config, "response_format": "wav"}))
     assert code == 1008 and "set response_format to pcm" in event["message"]
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_pings_do_not_keep_an_idle_session(daemon, configured):
+    """The `websockets` client's keepalive pings (every 20 s by default; 0.2 s here, more often than the daemon's
+    http.read_timeout_s of 2 s) are answered but are not messages: a session that sends nothing more is closed
+    with an error event and 1008. (aiohttp's automatic pong used to restart the receive timer at each ping.)"""
+    from ws_util import only_pings_after
+
+    first = [{"type": "session.config", "voice": "vivian"}] if configured else []
+    events, code, _, latency = asyncio.run(only_pings_after(daemon.socket, "/v1/audio/speech/stream", first))
+    assert latency > 0, "the client's pings were never answered"
+    what = "message" if configured else "session.config"
+    assert events == [{"type": "error", "message": f"no {what} for 2 s; the session is closed"}], events
+    assert code == 1008
+
+
+def test_their_multipart_voice_upload_is_pointed_to_post_v1_voices(daemon, tmp_path):
+    """vllm-omni's clients upload a voice as multipart form data to POST /v1/audio/voices (audio_sample, consent,
+    name, ref_text); here voices are added by POST /v1/voices: a one-line JSON error (400, as their server
+    answers a bad upload) names it, not a bare 405. Sent by aiohttp's client, nothing saved."""
+    import aiohttp
+
+    async def upload():
+        form = aiohttp.FormData()
+        form.add_field("audio_sample", b"RIFF" + bytes(4000), filename="ref.wav", content_type="audio/wav")
+        for key, value in (("consent", "consent-1"), ("name", "alice"), ("ref_text", "Hello there.")):
+            form.add_field(key, value)
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=daemon.socket)) as s:
+            async with s.post("http://localhost/v1/audio/voices", data=form) as r:
+                return r.status, r.headers["Content-Type"], await r.json()
+
+    status, ctype, body = asyncio.run(upload())
+    assert status == 400 and ctype.startswith("application/json"), (status, ctype, body)
+    message = body["error"]["message"]
+    assert "POST /v1/voices" in message and '"ref_audio"' in message and "\n" not in message, message
+    assert body["error"]["code"] == 400 and "alice" not in daemon.get("/v1/audio/voices")[1]["voices"]

@@ -20,6 +20,7 @@ import pytest
 
 from jobs.document import SegmentText
 from jobs.queue import MIGRATIONS, Queue, QueueError
+from jobs.queue.outage import Outage
 from jobs.guard import GuardSettings, check_audio
 from jobs.heartbeat import Heartbeat
 from jobs.worker import Worker
@@ -111,17 +112,38 @@ def test_workers_unseen_for_a_lease_holding_nothing_are_forgotten(q):
     assert "idle" in {r["id"] for r in q._rows("SELECT id FROM workers")}
 
 
+def _lease_ends(q, rows) -> list[float]:
+    ids = [r["id"] for r in rows]
+    return [r["lease_expires"] for r in q.segments(rows[0]["job_id"]) if r["id"] in ids]
+
+
+def _until(cond, what: str, limit: float = 300.0) -> None:
+    """Wait for `cond()`; `limit` is a failure guard, not a time the test relies on."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
 def test_heartbeat_keeps_lease_alive(q):
+    """Past the end of the lease its claim gave, the heartbeat's renewals hold the segments; once it stops
+    they run out. Each step waits for what the renewals wrote, not for the heartbeat to keep time."""
     q.add_job(JobSpec(), _chapters(1, 2))
-    rows = q.claim("w1", 2, lease_s=0.4)
-    hb = Heartbeat(q.path, "w1", lease_s=0.4, interval_s=0.1)
+    rows = q.claim("w1", 2, lease_s=0.5)
+    claimed_until = max(_lease_ends(q, rows))
+    hb = Heartbeat(q.path, "w1", lease_s=3600, interval_s=0.05)
     hb.hold([r["id"] for r in rows])
     hb.start()
-    time.sleep(1.0)
+    _until(lambda: min(_lease_ends(q, rows)) > claimed_until + 1000, "the heartbeat renewed the leases")
+    _until(lambda: time.time() > claimed_until + 0.1, "the claim's lease over")
     assert q.claim("w2", 2, lease_s=60) == []  # still held thanks to the heartbeat
+    hb.lease_s = 0.2  # its next renewals end soon after them
+    _until(lambda: max(_lease_ends(q, rows)) < time.time() + 1000, "a short renewal")
     hb.stop()
-    hb.join(2)
-    time.sleep(0.6)
+    hb.join(300)
+    assert not hb.is_alive()
+    ended = max(_lease_ends(q, rows))  # the last renewal's: nothing renews them any more
+    _until(lambda: time.time() > ended + 0.05, "the last lease over")
     assert len(q.claim("w2", 2, lease_s=60)) == 2
 
 
@@ -269,14 +291,18 @@ def test_cancel_retry_redo(q):
         q.redo(job, 99)
 
 
-def _drain(db, worker, out, go):
+def _drain(db, worker, out, go, both=None):
+    """Claim and complete segments until none is left; `both` (a barrier of the two drainers): wait after the
+    first claim until the other has one too, so that both work however late either process starts."""
     q = Queue(db)
-    go.wait(30)
+    go.wait(300)
     mine = []
     while True:
         rows = q.claim(worker, 3, lease_s=60)
         if not rows:
             break
+        if both is not None and not mine:
+            both.wait(300)
         for r in rows:
             mine.append(r["id"])
             time.sleep(0.002)  # "synthesis"
@@ -292,15 +318,14 @@ def test_two_processes_drain_one_queue_without_double_work(location):
         q.add_job(JobSpec(priority=j % 2), _chapters(5, 10, f"job{j}"))
     total = len(q._rows("SELECT id FROM segments"))
     ctx = mp.get_context("spawn")
-    out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_drain, args=(str(db), f"w{i}", out, go)) for i in range(2)]
+    out, go, both = ctx.Queue(), ctx.Event(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_drain, args=(str(db), f"w{i}", out, go, both)) for i in range(2)]
     for p in procs:
         p.start()
-    time.sleep(1.0)  # both open the database, then start together
     go.set()
-    results = dict(out.get(timeout=60) for _ in procs)
+    results = dict(out.get(timeout=600) for _ in procs)  # (a failure guard)
     for p in procs:
-        p.join(10)
+        p.join(60)
     a, b = results["w0"], results["w1"]
     assert not set(a) & set(b), "a segment was claimed by both workers"
     assert len(a) + len(b) == total and a and b
@@ -423,10 +448,10 @@ def test_racing_workers_with_one_sigkilled_mid_lease(location):
         p.start()
     go.set()
     doomed.send_signal(signal.SIGKILL)
-    doomed.wait(10)
-    results = dict(out.get(timeout=60) for _ in procs)
+    doomed.wait(60)
+    results = dict(out.get(timeout=600) for _ in procs)  # (a failure guard)
     for p in procs:
-        p.join(10)
+        p.join(60)
     a, b = results["w0"], results["w1"]
     if len(a) + len(b) < total:  # the kill landed after both had finished: one more pass takes the 5 back
         rest = [r["id"] for r in q.claim("last", total, lease_s=60)]
@@ -451,7 +476,7 @@ def test_postgresql_start_up_errors_are_one_line(pg):
     assert "\n" not in msg and "password authentication failed" in msg and "wrong" not in msg
 
 
-def test_workers_back_off_while_postgresql_is_away_and_resume(pg, tmp_path):
+def test_workers_back_off_while_postgresql_is_away_and_resume(pg, tmp_path, monkeypatch):
     import threading
 
     url = pg.url(f"t{uuid.uuid4().hex[:12]}")
@@ -459,25 +484,25 @@ def test_workers_back_off_while_postgresql_is_away_and_resume(pg, tmp_path):
     q = Queue(url)
     job = q.add_job(JobSpec(format="wav"), _chapters(2, 4))
     q.close()
+    outage = Outage()
+    monkeypatch.setattr("jobs.worker.OUTAGE", outage)
     worker = Worker(Queue(url), ToneEngine(), paths, batch_size=2, heartbeat_s=0.2)
     pg.halt()  # the database goes away under a running worker
     stop = threading.Event()
     t = threading.Thread(target=worker.run_forever, args=(stop, 0.1), daemon=True)
     t.start()
-    time.sleep(1.5)
+    _until(lambda: outage._failing, "the worker met the outage")  # (this test's Outage: no other source)
     assert t.is_alive()  # backing off, not dead
     pg.start()
     q = Queue(url)
-    deadline = time.time() + 60
-    while q.job(job)["state"] != "done" and time.time() < deadline:
-        time.sleep(0.2)
+    _until(lambda: q.job(job)["state"] == "done", "the job done after the outage")
     stop.set()
-    t.join(10)
+    t.join(60)
     assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
     q.close()
 
 
-def test_workers_back_off_while_sqlite_is_locked_and_resume(tmp_path):
+def test_workers_back_off_while_sqlite_is_locked_and_resume(tmp_path, monkeypatch):
     """Another process holding the SQLite write lock past the busy timeout is an outage the worker waits out
     (as with PostgreSQL), not an error that ends its thread."""
     import sqlite3
@@ -488,21 +513,21 @@ def test_workers_back_off_while_sqlite_is_locked_and_resume(tmp_path):
     q = Queue(db)
     job = q.add_job(JobSpec(format="wav"), _chapters(2, 4))
     q.close()
+    outage = Outage()
+    monkeypatch.setattr("jobs.worker.OUTAGE", outage)
     worker = Worker(Queue(db, busy_timeout_s=0.2), ToneEngine(), paths, batch_size=2, heartbeat_s=0.2)
     locker = sqlite3.connect(str(db), isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")  # e.g. a backup or an admin's shell holding the file
     stop = threading.Event()
     t = threading.Thread(target=worker.run_forever, args=(stop, 0.1), daemon=True)
     t.start()
-    time.sleep(1.5)
+    _until(lambda: outage._failing, "the worker met the outage")  # (this test's Outage: no other source)
     assert t.is_alive()  # backing off, not dead
     locker.execute("ROLLBACK")
     locker.close()
     q = Queue(db)
-    deadline = time.time() + 60
-    while q.job(job)["state"] != "done" and time.time() < deadline:
-        time.sleep(0.2)
+    _until(lambda: q.job(job)["state"] == "done", "the job done after the outage")
     stop.set()
-    t.join(10)
+    t.join(60)
     assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
     q.close()

@@ -132,7 +132,7 @@ def test_two_daemons_with_their_own_homes_on_one_postgresql_queue(pg, tmp_path):
             cfg = base_config(tmp_path / name, runtime={"engine_process": False, "max_slots": 2},
                               model={"warmup": False}, jobs={"queue": url, "watch": False, "enabled": False})
             (tmp_path / name).mkdir()
-            daemons.append(Daemon(tmp_path / name, cfg).start(timeout=120))
+            daemons.append(Daemon(tmp_path / name, cfg).start())
         home_a, home_b = (str(d.home.resolve()) for d in daemons)
         [line] = [ln for ln in daemons[1].log_text().splitlines() if " WARNING " in ln and "shares this queue" in ln]
         assert f"(jobs.home) {home_a}" in line and f"is {home_b}" in line and "docs/SCALE.md" in line, line

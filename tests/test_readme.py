@@ -8,6 +8,7 @@ systemd test; the clients' examples in tests/test_openai_clients.py and tests/te
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -22,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-INSTALL_FLAGS = {"--dev", "--model", "--dry-run", "--uninstall", "--systemd", "--no-systemd"}
+INSTALL_FLAGS = {"--dev", "--model", "--dry-run", "--uninstall", "--systemd", "--no-systemd", "--no-restart"}
 SYSTEMCTL_FLAGS = {"--now"}
 
 
@@ -94,6 +95,14 @@ def test_the_book_commands_work_on_a_document(tmp_path):
     assert "done" in run_cli(["--config", str(cfg), "list"], tmp_path).stdout
     r = run_cli(["--config", str(cfg), "info"], tmp_path)
     assert r.returncode == 0 and "engines" in r.stdout and "error" not in r.stdout.split("engines", 1)[1][:200], r.stdout
+    assert "jobs.keep_work_days" in r.stdout.split("\ndisk\n", 1)[1], r.stdout  # the spool folder's disk
+    r = run_cli(["--config", str(cfg), "prune", "--json"], tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["jobs"] == [], r.stdout + r.stderr  # ended just now: kept
+    assert (home / "output" / job).is_dir()
+    r = run_cli(["--config", str(cfg), "delete", job, "--json"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["id"] == job and out["deleted"] is True and out["freed_bytes"] > 0 and not (home / "output" / job).exists()
 
 
 def test_the_service_commands_say_what_they_would_do(tmp_path):

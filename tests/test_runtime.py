@@ -505,19 +505,21 @@ def test_the_loop_takes_the_codec_s_cores_while_no_codec_call_runs():
     saved = torch.get_num_threads()
     runner = EngineRunner(eng, max_slots=3, max_context=256, cpu_codec_threads=1, cpu_idle_threads=saved + 1)
     seen = []  # (a codec call running, the loop's torch threads then) at each pick (the state held throughout)
-    pick = runner._pick_threads
+    pick, met = runner._pick_threads, threading.Event()
 
     def watched():
         before = any(ln.running for ln in runner.lanes.values())
         pick()
         if before == any(ln.running for ln in runner.lanes.values()):  # (else a call ended meanwhile)
             seen.append((before, torch.get_num_threads()))
+            if before:
+                met.set()
     runner._pick_threads = watched
-    for ln in runner.lanes.values():  # slow codec calls: the steps after a launch meet a call running
+    for ln in runner.lanes.values():  # the first codec call lasts until a step has met it running
         push = ln.codec.push
 
         def slow(*a, _push=push):
-            time.sleep(0.3)
+            met.wait(60)  # (a guard: however slow the machine, the loop picks while the call is held)
             return _push(*a)
         ln.codec.push = slow
     runner.start()
@@ -561,7 +563,7 @@ def test_a_codec_call_that_ends_mid_step_hands_its_cores_to_the_rest_of_the_step
         before = torch.get_num_threads()  # a call runs: the step began (or went on) on the loop's own count
         poll()
         release.set()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # (a failure guard)
         while any(ln.running for ln in runner.lanes.values()) and time.monotonic() < deadline:
             time.sleep(0.005)
         poll()  # the same step, the call over

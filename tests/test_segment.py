@@ -105,9 +105,9 @@ def test_5000_char_unpunctuated_line_never_splits_words():
     words = [vocab[i % len(vocab)] + ("s" * (i % 3)) for i in range(800)]
     line = " ".join(words)
     assert len(line) > 5000
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU time: a loaded machine does not stretch it, a slow splitter does
     segs = segment_document(_doc(line), "en", SegmentOptions(max_chars=300, speak_chapter_titles=False))[0]
-    assert time.perf_counter() - start < 10
+    assert time.thread_time() - start < 10
     assert all(0 < len(s.text) <= 300 for s in segs)
     assert [w for s in segs for w in words_of(s.original)] == words  # nothing lost, no word split
     assert [w for s in segs for w in words_of(s.text)] == words

@@ -7,19 +7,16 @@ import math
 import subprocess
 import sys
 
-import pytest
-
 from daemon_util import CV, ROOT, needs_daemon
 
 pytestmark = needs_daemon
 
 
-@pytest.mark.timeout(30)
 def test_socket_ttfa_on_the_tiny_model(tmp_path):
     out, md = tmp_path / "ttfa.json", tmp_path / "ttfa.md"
     p = subprocess.run([sys.executable, "-m", "benchmarks.socket_ttfa", "--model", str(CV), "--device", "cpu",
                         "--threads", "1", "--concurrency", "1,2", "--frames", "6", "--requests", "2",
-                        "--json", str(out), "--md", str(md)], cwd=ROOT, capture_output=True, text=True, timeout=28)
+                        "--json", str(out), "--md", str(md)], cwd=ROOT, capture_output=True, text=True, timeout=600)  # (a guard: two imports of torch on a loaded machine)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert {"device", "device_type", "model", "dtype", "frames", "slots", "results"} <= set(r)

@@ -103,22 +103,29 @@ def test_concurrent_submits_make_one_job(spool, tmp_path):
     q.close()
 
 
-def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path):
+def test_second_submit_waits_for_the_first_still_ingesting(spool, tmp_path, monkeypatch):
     paths, q = spool
     src, spec = book(tmp_path), JobSpec(voice="ryan")
     first_id, mine = q.claim_submission(submit_key(src, spec))  # the first submit, mid-ingest
     assert mine
+    waiting, wait_for_job = threading.Event(), Queue.wait_for_job
+
+    def noted(self, *a, **k):
+        waiting.set()
+        return wait_for_job(self, *a, **k)
+
+    monkeypatch.setattr(Queue, "wait_for_job", noted)
     got = []
-    t = threading.Thread(target=lambda: got.append(submit_file(Queue(paths.db), paths, src, spec, wait_s=30)))
+    t = threading.Thread(target=lambda: got.append(submit_file(Queue(paths.db), paths, src, spec, wait_s=3600)))
     t.start()
-    time.sleep(0.5)
+    assert waiting.wait(300), "the second submit never waited"  # (a failure guard)
     assert t.is_alive() and not q.jobs(), "the second submit must wait, not queue a job of its own"
     from jobs.submit import document_chapters
     from jobs.ingest import load_document
 
     q.add_job(spec, document_chapters(load_document(src), spec), [str(src)], job_id=first_id)
-    t.join(10)
-    assert got == [(first_id, None)] and len(q.jobs()) == 1
+    t.join(300)  # it ends once the job is there (its own limit is an hour)
+    assert not t.is_alive() and got == [(first_id, None)] and len(q.jobs()) == 1
 
 
 def test_claim_of_a_dead_submitter_is_taken_over(spool, tmp_path):
@@ -296,7 +303,7 @@ def daemon(tmp_path_factory):
 
 def test_inbox_file_without_sidecar_becomes_audio_on_a_custom_voice_model(daemon):
     (daemon.home / "inbox" / "plain.txt").write_text("Alpha is read aloud.\n")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # (a failure guard)
     while time.monotonic() < deadline and not list((daemon.home / "done").glob("*/plain.txt")):
         assert not (daemon.home / "failed" / "plain.txt.reason.txt").exists(), \
             (daemon.home / "failed" / "plain.txt.reason.txt").read_text()
@@ -377,3 +384,114 @@ def test_submit_wait_follows_the_daemon_and_synthesizes_nothing_here(daemon, tmp
     assert len(workers) == total and all(f"-{daemon.proc.pid}-" in w for (w,) in workers), (daemon.proc.pid, workers)
     assert "100%" in r.stderr and f"{total}/{total}" in r.stderr, r.stderr
     assert f"{job_id}  done" in r.stdout and "no daemon is configured" not in r.stderr
+
+
+def test_submit_json_prints_the_jobs_real_state(daemon, tmp_path):
+    """A submit of what is already a finished job answers with that job: --json says it is done, not queued."""
+    src = book(tmp_path, "again.txt", "Golf is read once and submitted twice.\n")
+    args, env = ["submit", str(src), "--voice", "ryan", "--max-new-tokens", "4", "--json"], {"TTS_APPLIANCE_SOCKET": daemon.socket}
+    first = cli(args, env=env)
+    assert first.exit_code == 0 and json.loads(first.stdout)[0]["state"] == "queued", first.output
+    job_id = json.loads(first.stdout)[0]["job_id"]
+    assert daemon.wait_job(job_id)["state"] == "done"
+    again = cli(args, env=env)
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)[0] == {"job_id": job_id, "file": str(src), "state": "done", "error": None}
+
+
+def test_a_resubmit_while_the_first_is_still_read_prints_the_id_once_its_job_exists(daemon, tmp_path):
+    """The daemon still reads the same content with the same options for an earlier submit (its claim, held
+    by a live process, has no job yet): the CLI says so and waits; the id it prints is of a job that exists."""
+    from appliance.client import DaemonClient
+    from jobs.queue.submissions import holder
+    from jobs.submit import document_chapters
+    from jobs.ingest import load_document
+
+    src = book(tmp_path, "pending.txt", "India is read while another submit reads it.\n")
+    spec = {"voice": "ryan", "sampling": {"max_new_tokens": 4}}
+    first, _ = DaemonClient(daemon.socket).submit_file(src, spec)
+    q = Queue(daemon.home / "queue.db")
+    try:
+        with q.tx() as c:  # the claim as an earlier submit that is still reading holds it: no job yet
+            c.execute("UPDATE submissions SET job_id = 'pending00001', holder = ?, claimed_at = ? WHERE job_id = ?",
+                      (holder(), time.time(), first))
+        env = {**os.environ, "TTS_APPLIANCE_SOCKET": daemon.socket, "PYTHONPATH": str(Path(__file__).parents[1])}
+        env.pop("TTS_APPLIANCE_NO_DAEMON", None)
+        proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "submit", str(src), "--voice", "ryan",
+                                 "--max-new-tokens", "4", "--json"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            said = []  # the daemon answers after its own wait for the earlier submit
+            while not said or "still reading" not in said[-1] and said[-1]:
+                said.append(proc.stderr.readline())
+            assert "still reading the same content with the same options" in said[-1] and "waiting" in said[-1], said
+            assert proc.poll() is None, "the CLI must wait for the job, not end with its id"
+            spec_ = JobSpec.from_dict(json.loads(q.job(first)["spec"]))
+            q.add_job(spec_, document_chapters(load_document(src), spec_), [str(src)], job_id="pending00001")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        [row] = json.loads(out)
+        assert row["job_id"] == "pending00001" and row["state"] in ("queued", "running", "done"), row
+    finally:
+        q.close()
+
+
+class _SilentDaemon:
+    """A daemon's socket that answers /health (with jobs.ingest_wall_s) and reads a submit but never answers
+    it: a daemon still reading a large document."""
+
+    def __init__(self, path: Path, wall_s: float):
+        import http.server
+        import socketserver
+
+        outer = self
+        self.release = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"status": "ok", "limits": {"ingest_wall_s": wall_s}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.release.wait(120)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_submit_the_daemon_is_still_reading_says_what_happens_and_what_to_do(tmp_path, monkeypatch):
+    """No bare "timed out": the CLI waits as long as the daemon's own ingest limit (jobs.ingest_wall_s, from
+    /health) and a margin allow, says while it waits that the daemon is reading the file, and at the end what
+    to do (the margin and the note's delay made short here)."""
+    import appliance.client
+
+    monkeypatch.setattr(appliance.client, "SUBMIT_MARGIN_S", 2.0, raising=False)  # (the code before had none)
+    monkeypatch.setattr(appliance.client, "READING_NOTE_S", 0.0, raising=False)
+    path = short_dir() / "api.sock"
+    fake = _SilentDaemon(path, wall_s=1.0)
+    try:
+        r = cli(["submit", str(book(tmp_path, "slow.txt")), "--home", str(tmp_path / "home")],
+                env={"TTS_APPLIANCE_SOCKET": str(path)})
+    finally:
+        fake.close()
+    assert r.exit_code == 1, r.output
+    assert "note: the daemon is reading slow.txt (a document may take up to 1 s: jobs.ingest_wall_s)" in r.stderr
+    assert "has not answered the submit of slow.txt in 3 s: it may still be reading it" in r.stderr, r.stderr
+    assert "submit the same file again later" in r.stderr and not r.stdout.strip()

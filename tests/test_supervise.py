@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 
+import pytest
+
 from appliance.supervise import RESTART_DELAYS_S, STABLE_S, Part, Supervisor
 
 
@@ -21,12 +23,12 @@ class Flaky:
             self.runs += 1
             if self.runs <= self.deaths:
                 raise MemoryError("no room for the chapter")
-            self.release.wait(30)
+            self.release.wait(3600)  # (set by the test; a slow machine must not end it first)
         return run
 
 
 def _dead(part) -> None:
-    part.thread.join(5)
+    part.thread.join(300)  # (a failure guard)
     assert not part.thread.is_alive()
 
 
@@ -73,7 +75,7 @@ def test_a_start_that_fails_is_retried():
         calls.append(1)
         if len(calls) == 1:
             raise FileExistsError("inbox is a file")
-        return lambda: threading.Event().wait(30)
+        return lambda: threading.Event().wait(3600)  # runs on (a daemon thread) for the rest of the test
 
     sup = Supervisor()
     part = sup.thread("inbox", make)
@@ -120,3 +122,84 @@ def test_the_daemon_stops_with_status_1_when_an_engine_loop_is_down(tmp_path):
 
     asyncio.run(go())
     assert d.exit_code == 1
+
+
+class SlowStart:
+    """An engine process as the supervisor sees it: it dies, and a restart takes a while to come up."""
+
+    def __init__(self):
+        self.up, self.loading, self.starts = True, False, 0
+
+    def restart(self):  # (EngineProcess.restart_async: returns at once, the start goes on in a thread)
+        self.loading, self.starts = True, self.starts + 1
+
+    def came_up(self, ok: bool = True):
+        self.loading, self.up = False, ok
+
+
+def test_one_crash_is_one_restart_however_long_the_start_takes(caplog):
+    caplog.set_level(logging.INFO, "appliance.supervise")
+    e = SlowStart()
+    sup = Supervisor()
+    part = sup.add(Part("engine cpu", alive=lambda: e.up, restart=e.restart, starting=lambda: e.loading))
+    t = part.started + STABLE_S + 100  # it ran a long time, then its process died
+    e.up = False
+    for second in range(40):  # checked every second while its start-up (loading the model) takes 40 s
+        sup.check(now=t + second)
+    assert e.starts == 1 and part.restarts == 1
+    assert caplog.text.count("restarting engine cpu") == 1 and caplog.text.count("engine cpu is down") == 1
+    assert not sup.health()["engine cpu"]["ok"]  # down (503) while it starts
+    e.came_up()
+    sup.check(now=t + 40)
+    assert sup.health()["engine cpu"] == {"ok": True, "restarts": 1}
+
+    # a start that fails soon after the restart: the next one waits twice as long
+    e.up = False
+    sup.check(now=t + 50)
+    assert part.delay == 2 * RESTART_DELAYS_S[0] and e.starts == 1
+    sup.check(now=t + 50 + 2 * RESTART_DELAYS_S[0])
+    assert e.starts == 2 and part.restarts == 2
+
+
+def test_idle_time_is_not_counted_as_time_without_progress(tmp_path, monkeypatch):
+    """The watchdog ping is withheld only while the engine has work and makes no progress: a request after an hour
+    of idling gets its ping (the time without progress counts from when there was work), a stuck one does not."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import appliance.daemon as daemon
+    from appliance.config import Config
+    from appliance.settings import settings
+
+    clock = [1000.0]
+    monkeypatch.setattr(daemon, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    cfg = Config()
+    cfg.jobs.home, cfg.service.status_interval_s = str(tmp_path / "home"), 0.001
+    d = daemon.Daemon(settings(cfg))
+    pings = []
+    d.notifier = SimpleNamespace(watchdog_s=3.0, watchdog=lambda: pings.append(clock[0]), status=lambda text: None)
+    d.status_line = lambda: "status"
+    # (seconds since the last tick, the engine's figures): an hour idle, a request (no frame yet), frames coming,
+    # then the same frame count while it has work: stuck
+    idle = {"active_slots": 0, "queued": 0, "frames": 0}
+    script = [(600, idle)] * 6 + [(0.5, {"active_slots": 0, "queued": 1, "frames": 0}),
+                                  (0.5, {"active_slots": 1, "queued": 0, "frames": 4}),
+                                  (0.5, {"active_slots": 1, "queued": 0, "frames": 9})] + \
+        [(1.0, {"active_slots": 1, "queued": 0, "frames": 9})] * 4
+
+    class Done(Exception):
+        pass
+
+    def stats():
+        if not script:
+            raise Done
+        step, figures = script.pop(0)
+        clock[0] += step
+        return figures
+
+    d.host = SimpleNamespace(stats=stats, progress=0)
+    ticks = [clock[0] + sum(s for s, _ in script[: i + 1]) for i in range(len(script))]
+    with pytest.raises(Done):
+        asyncio.run(d._tick())
+    assert pings[:9] == ticks[:9], "a ping was withheld while the engine idled or made progress"
+    assert ticks[-1] not in pings, "a stuck engine still got its ping"  # 3 s without progress > 0.8 * WatchdogSec

@@ -129,6 +129,8 @@ def test_notifier_sends_datagrams_and_is_a_noop_without_socket(tmp_path):
     assert rx.recv(100) == b"STATUS=a"
     assert n.watchdog() and rx.recv(100) == b"WATCHDOG=1"
     assert n.stopping() and rx.recv(100) == b"STOPPING=1"
+    # the config's stop timeout stretches the unit's TimeoutStopSec (the unit no longer overrides the config)
+    assert n.stopping(90.5) and rx.recv(100) == b"STOPPING=1\nEXTEND_TIMEOUT_USEC=90500000"
     n.close()
     assert Notifier({"WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}).watchdog_s is None
     assert not Notifier({}).ready()
@@ -188,16 +190,21 @@ def test_setup_script_installs_and_uninstalls_keeping_user_data(tmp_path):
     from appliance.config import load_config
 
     cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
-    assert Path(cfg.model.path).resolve() == (ROOT / "tests/data/tiny/cv_small").resolve()
-    assert cfg.http.socket == "/run/tts-appliance/api.sock"  # the CLI of every user finds the daemon
+    # paths as the service sees them, not under the build root
+    assert cfg.model.path == "/var/lib/tts-appliance/models/tiny-test-RANDOM-WEIGHTS", cfg.model.path
+    assert (root / cfg.model.path.lstrip("/")).resolve() == (ROOT / "tests/data/tiny/cv_small").resolve()
+    # the CLI of every user finds the daemon, and `info` names the service's sockets and runtime folder
+    assert (cfg.runtime_dir(), cfg.http_socket(), cfg.wyoming_socket()) == (
+        Path("/run/tts-appliance"), Path("/run/tts-appliance/api.sock"), Path("/run/tts-appliance/wyoming.sock"))
     assert cfg.jobs.home == "/var/lib/tts-appliance"  # and info, preview, logs read the service's queue
+    assert cfg.runtime.engine_cache == "/var/lib/tts-appliance/engines"  # build-engines builds where it looks
     conf = root / "etc/tts-appliance/config.yaml"
     assert oct(conf.stat().st_mode & 0o777) == "0o640"  # it may hold jobs.queue's password
     conf.chmod(0o644)  # as an earlier version left it: a re-install tightens it
     r = subprocess.run([setup, "install", str(venv), str(ROOT / "tests/data/tiny/base_small")], env=env,
                        capture_output=True, text=True)
-    assert r.returncode == 0 and load_config(root / "etc/tts-appliance/config.yaml", environ={}).model.path.endswith(
-        "base_small")
+    assert r.returncode == 0 and load_config(root / "etc/tts-appliance/config.yaml", environ={}).model.path == \
+        "/var/lib/tts-appliance/models/base_small"
     assert oct(conf.stat().st_mode & 0o777) == "0o640"
     r = subprocess.run([setup, "install", str(venv), "nobody/no-such-model"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "--model /path/to/folder" in r.stderr
@@ -227,3 +234,39 @@ def test_setup_script_user_units(tmp_path):
     sock = (tmp_path / ".config/systemd/user/tts-appliance.socket").read_text()
     assert "ListenStream=%t/tts-appliance/api.sock" in sock and "SocketUser" not in sock
     assert oct((tmp_path / ".config/tts-appliance/config.yaml").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_units_override_no_key_of_the_admins_config():
+    """An `Environment=TTS_APPLIANCE_<SECTION>__<KEY>=` in a unit beats the config files (the environment comes
+    after them): the service unit sets none, so service.stop_timeout_s and the rest are the admin's. The template
+    names only its instance's own sockets."""
+    from appliance.config import env_overrides
+
+    def overrides(name):
+        env = dict(line[len("Environment="):].split("=", 1) for line in (ROOT / "systemd" / name).read_text().splitlines()
+                   if line.startswith("Environment="))
+        return env_overrides(env)
+
+    assert overrides("tts-appliance.service") == {}
+    assert overrides("tts-appliance@.service") == {"wyoming": {"socket": "/run/tts-appliance/%i/wyoming.sock"},
+                                                   "http": {"socket": "/run/tts-appliance/%i/api.sock"}}
+
+
+def test_setup_script_builds_the_codec_engines_where_the_service_looks(tmp_path):
+    """`sudo ./install.sh --model DIR`: the codec engines land in the service's engine cache (runtime.engine_cache of
+    the config it writes: the service's HOME is not root's), and the service's settings look there."""
+    from appliance.config import load_config
+    from engines.codec.manifest import default_cache_dir
+
+    root, home, model = tmp_path / "root", tmp_path / "home", ROOT / "tests/data/tiny/cv_small"
+    env = {**os.environ, "TTS_APPLIANCE_SYSROOT": str(root), "TTS_APPLIANCE_INSTALL_MODE": "system",
+           "SETUP_BUILD": "1", "SETUP_SYSTEMD": "0", "HOME": str(home), "XDG_CACHE_HOME": ""}
+    env.pop("TTS_APPLIANCE_ENGINE_CACHE", None)
+    r = subprocess.run([str(ROOT / "systemd" / "setup.sh"), "install", sys.prefix, str(model)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (root / "var/lib/tts-appliance/engines/cv_small/manifest.json").is_file(), r.stdout + r.stderr
+    assert not (home / ".cache/tts-appliance").exists()
+    assert not (root / "etc/systemd/system/tts-appliance.service").exists()  # --no-systemd: the model part only
+    cfg = load_config(root / "etc/tts-appliance/config.yaml", environ={})
+    assert default_cache_dir(model, cfg.runtime.engine_cache) == Path("/var/lib/tts-appliance/engines/cv_small")

@@ -50,7 +50,7 @@ def _feed_slowly(feed: TextFeed, text: str, runner: EngineRunner, every: int = 3
     words = text.split(" ")
 
     def wait_for_a_hold():
-        seen, deadline = runner.holds, time.monotonic() + 20
+        seen, deadline = runner.holds, time.monotonic() + 300  # (a guard: a loaded machine holds later, not never)
         while runner.holds == seen and time.monotonic() < deadline:
             time.sleep(0.005)
 
@@ -134,8 +134,9 @@ def test_a_runner_waiting_only_for_text_sleeps():
         feed = TextFeed("Hello there ")
         h = runner.submit(SynthesisRequest(text="", voice="vivian", language="english",
                                            sampling=SamplingParams.greedy(max_new_tokens=30), text_feed=feed))
-        deadline = time.monotonic() + 30
-        while runner.holds == 0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 300  # (a failure guard)
+        while runner.holds == 0:
+            assert time.monotonic() < deadline, "the row never waited for words"
             time.sleep(0.01)
         time.sleep(0.2)
         steps = runner.steps

@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 
 from daemon_util import ROOT, Daemon, base_config, book_text, free_port, needs_daemon
+from library_util import pandoc_epub, png
 
 BASE = ROOT / "tests" / "data" / "tiny" / "base_small"
 REF = ROOT / "tests" / "data" / "tiny" / "audio"
@@ -166,6 +167,83 @@ def test_nothing_outside_a_jobs_folder_is_served(cv, book, tmp_path):
             (out / name).unlink()
 
 
+# -- a listener's library: covers, authors, lengths, the place in a book ---------------------------
+@needs_daemon
+def test_a_books_cover_author_and_length(cv, book, tmp_path):
+    cover = png(40, 60, (200, 30, 30))
+    epub = pandoc_epub(tmp_path, "# One\n\n" + book_text(2) + "\n# Two\n\n" + book_text(1), "Covered", "Ann Author", cover)
+    body, headers = multipart("covered.epub", epub.read_bytes(), {"format": "flac"})
+    status, job, _ = cv.request("POST", "/v1/jobs", body, headers)
+    assert status == 201, job
+    assert job["author"] == "Ann Author" and job["cover"] is True, job
+    assert job["length"]["measured"] is False and job["length"]["seconds"] > 0  # the estimate, until it is made
+    status, data, headers = cv.get(f"/v1/jobs/{job['id']}/cover")
+    assert status == 200 and data == cover and headers["Content-Type"] == "image/png"
+    assert "sandbox" in headers["Content-Security-Policy"]  # an image, never a document of this origin
+    status, data, _ = tcp(cv.port, "GET", f"/v1/jobs/{job['id']}/cover")  # as the page gets it
+    assert status == 200 and data == cover
+    cv.wait_job(job["id"], timeout=180)
+    listed = {j["id"]: j for j in cv.get("/v1/jobs")[1]}
+    made = listed[job["id"]]
+    manifest = cv.get(f"/v1/jobs/{job['id']}/files/manifest.json")[1]
+    audio, sr = sf.read(manifest["output"]["book"])
+    assert made["length"]["measured"] and made["length"]["seconds"] == pytest.approx(len(audio) / sr, abs=0.3)
+    assert made["author"] == "Ann Author" and made["cover"] is True
+    # a Markdown book has neither
+    assert listed[book["id"]]["cover"] is False and listed[book["id"]]["author"] is None
+    status, err, _ = cv.get(f"/v1/jobs/{book['id']}/cover")
+    assert status == 404 and "no cover" in err["error"]["message"]
+    assert cv.get("/v1/jobs/nojob/cover")[0] == 404
+
+
+@needs_daemon
+def test_the_place_in_a_book_is_kept_by_the_daemon(cv, book):
+    where = f"/v1/jobs/{book['id']}/position"
+    assert cv.get(where)[1] == {"id": book["id"], "position_s": 0.0, "chapter": None, "updated_at": None}
+    before = time.time()
+    status, saved, _ = cv.request("PUT", where, {"position_s": 3.5, "chapter": 1})
+    assert status == 200 and saved["position_s"] == 3.5 and saved["chapter"] == 1 and saved["updated_at"] >= before - 1
+    assert cv.get(where)[1] == saved
+    status, seen, _ = tcp(cv.port, "GET", where)  # another client, over TCP: the same place
+    assert status == 200 and seen == saved
+    status, moved, _ = tcp(cv.port, "PUT", where, {"position_s": 1.25})
+    assert status == 200 and cv.get(where)[1] == moved and moved["chapter"] is None
+    for bad in ({"position_s": -1}, {"position_s": "3"}, {}, {"position_s": 1, "chapter": -1},
+                {"position_s": 1, "chapter": 1.5}, {"position_s": 1, "at": 2}, {"position_s": 1e12}, b'{"position_s": NaN}'):
+        status, err, _ = cv.request("PUT", where, bad, {"Content-Type": "application/json"})
+        assert status == 400 and "error" in err, (bad, err)
+    assert cv.get(where)[1] == moved  # nothing bad was kept
+    assert cv.get("/v1/jobs/nojob/position")[0] == 404
+    assert cv.request("PUT", "/v1/jobs/nojob/position", {"position_s": 1})[0] == 404
+
+
+@needs_daemon
+def test_cancel_keeps_the_job_for_a_retry(cv):
+    body, headers = multipart("long.md", ("# Long\n\n" + book_text(60)).encode())
+    status, job, _ = cv.request("POST", "/v1/jobs", body, headers)
+    assert status == 201, job
+    status, answer, _ = cv.post(f"/v1/jobs/{job['id']}/cancel", {})
+    assert status == 200 and answer == {"id": job["id"], "state": "cancelled"}, answer
+    assert cv.get(f"/v1/jobs/{job['id']}")[1]["state"] == "cancelled"
+    status, err, _ = cv.post(f"/v1/jobs/{job['id']}/cancel", {})
+    assert status == 409 and "already cancelled" in err["error"]["message"], err
+    assert cv.post("/v1/jobs/nojob/cancel", {})[0] == 404
+
+
+@needs_daemon
+def test_a_test_checkpoint_says_so(cv):
+    """The tiny checkpoints are random weights: the daemon says so where clients look (the page shows it)."""
+    assert "random weights" in cv.get("/health")[1]["test_model"]
+    assert "random weights" in cv.get("/v1/voices")[1]["test_model"]
+
+
+@needs_daemon
+def test_a_preview_of_nothing_to_read_says_so(cv):
+    body, headers = multipart("marks.md", "!!! ... ??? --- *** ;;; …\n".encode())
+    status, err, _ = cv.request("POST", "/v1/jobs/preview", body, headers)
+    assert status == 422 and "nothing in it can be read aloud" in err["error"]["message"], err
+
+
 # -- voice samples ------------------------------------------------------------------------------
 def made(d: Daemon, name: str) -> int:
     return d.log_text().count(f"voice sample of {name} made")
@@ -258,6 +336,9 @@ def test_a_browsers_cross_site_requests_are_refused(cv):
     status, err, _ = tcp(cv.port, "GET", "/v1/jobs", None, {"Host": f"evil.example:{cv.port}",
                                                             "Sec-Fetch-Site": "same-origin"})
     assert status == 403 and "not loopback" in err["error"]["message"], err
+    for path in ("/v1/jobs", "/v1/voices", "/health", "/metrics", "/"):  # no Origin, no Sec-Fetch-*: Chrome's GET
+        status, err, _ = tcp(cv.port, "GET", path, None, {"Host": f"attacker.test:{cv.port}"})
+        assert status == 403 and "not loopback" in err["error"]["message"], (path, err)
     # the page's own requests, a typed address, and clients that are not browsers pass
     for ok in ({"Origin": here, "Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}, {},
                {"Host": f"localhost:{cv.port}", "Origin": f"http://localhost:{cv.port}"},
@@ -269,6 +350,7 @@ def test_a_browsers_cross_site_requests_are_refused(cv):
     assert "frame-ancestors 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
     # the Unix socket is as it was
     assert cv.request("GET", "/v1/formats", headers={"Origin": "http://evil.example"})[0] == 200
+    assert cv.request("GET", "/v1/jobs", headers={"Host": "attacker.test"})[0] == 200
 
 
 @needs_daemon
@@ -332,6 +414,75 @@ def test_beyond_loopback_without_a_key_the_page_is_not_served():
     assert "set http.api_key" in asyncio.run(text())
     with_key = asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame")))
     assert with_key["GET /"] == 200 and with_key["GET /v1/models"] == 401
+
+
+REBOUND = ("attacker.test:8080", "attacker.test", "ATTACKER.TEST.", "127.0.0.1.attacker.test:8080",
+           "localhost.attacker.test", "[::ffff:7f00:1]:8080", "myhost:8080")
+LOOPBACK = ("127.0.0.1:8080", "127.0.0.1", "127.1.2.3:80", "localhost:8080", "LOCALHOST.", "app.localhost:8080",
+            "[::1]:8080", "[::1]")
+
+
+def test_on_loopback_without_a_key_a_name_that_is_not_loopback_is_refused_on_every_route():
+    """DNS rebinding: a page of another site whose name resolves here is same-origin to the browser, which then
+    sends no Origin on a GET and no Sec-Fetch-* to a plain-http name that is not localhost. Every route (GET and
+    the others, the WebSockets, the page's files) refuses a Host that is not a loopback name or address,
+    whatever the other headers; loopback names and addresses pass."""
+    for host in REBOUND:
+        for extra in ({}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}):
+            statuses = asyncio.run(_each_route(_app(), {"Host": host, **extra}))
+            assert len(statuses) > 20 and all(v == 403 for v in statuses.values()), (host, extra, statuses)
+    for host in LOOPBACK:
+        statuses = asyncio.run(_each_route(_app(), {"Host": host}))
+        assert not [k for k, v in statuses.items() if v == 403], (host, statuses)
+        assert statuses["GET /"] == 200, host
+
+
+def test_the_refusal_of_a_name_that_is_not_loopback_says_what_to_open():
+    async def get():
+        from aiohttp import ClientSession
+        from aiohttp.test_utils import TestServer
+
+        async with TestServer(_app(), host="127.0.0.1") as server, ClientSession() as s:
+            async with s.get(server.make_url("/v1/jobs"), headers={"Host": "attacker.test"}) as r:
+                return r.status, await r.json(), server.port
+
+    status, err, port = asyncio.run(get())
+    assert status == 403 and err["error"]["type"] == "cross_site", err
+    assert "'attacker.test'" in err["error"]["message"] and f"http://127.0.0.1:{port}/" in err["error"]["message"]
+    assert "\n" not in err["error"]["message"]
+
+
+def test_a_websocket_under_a_name_that_is_not_loopback_is_refused(cv):
+    """A real upgrade (aiohttp's client) to each WebSocket route of the real daemon: refused under another
+    name, opened under a loopback one."""
+    import aiohttp
+
+    async def handshake(path: str, host: str):
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.ws_connect(f"http://127.0.0.1:{cv.port}{path}", headers={"Host": host}) as ws:
+                    await ws.close()
+                    return 101
+            except aiohttp.WSServerHandshakeError as exc:
+                return exc.status
+
+    for path in ("/v1/audio/speech/live", "/v1/audio/speech/ws", "/v1/audio/speech/stream"):
+        assert asyncio.run(handshake(path, f"attacker.test:{cv.port}")) == 403, path
+        assert asyncio.run(handshake(path, f"localhost:{cv.port}")) == 101, path
+
+
+def test_the_rebinding_rule_is_for_a_loopback_listener_without_a_key():
+    """A key (on loopback or beyond) guards the routes as before; a listener beyond loopback without a key is as
+    it was (open, warned, no page); the Unix socket has no Host rule (test_a_browsers_cross_site_requests_...)."""
+    rebound = {"Host": "attacker.test:8080"}
+    keyed = asyncio.run(_each_route(_app(api_key="sesame"), {**rebound, "Authorization": "Bearer sesame"}))
+    assert not [k for k, v in keyed.items() if v in (401, 403)], keyed
+    beyond = asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame"), {**rebound,
+                                                                                  "Authorization": "Bearer sesame"}))
+    assert not [k for k, v in beyond.items() if v in (401, 403)], beyond
+    assert asyncio.run(_each_route(_app(tcp_host="0.0.0.0", api_key="sesame"), rebound))["GET /v1/jobs"] == 401
+    open_beyond = asyncio.run(_each_route(_app(tcp_host="0.0.0.0"), rebound))
+    assert open_beyond["GET /"] == 403 and open_beyond["GET /v1/jobs"] != 403
 
 
 def test_cross_site_refusals_come_before_any_work():

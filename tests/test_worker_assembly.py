@@ -25,10 +25,10 @@ def _wait(cond, timeout: float) -> bool:
 
 
 @contextmanager
-def _running(q, paths):
+def _running(q, paths, lease_s: float = 120.0):
     """A worker on the tone double running (run_forever) on a thread for the block, on a queue connection of
     its own (`q` stays the test's) -> the worker; the thread is stopped and must end after it."""
-    worker = Worker(Queue(q.path), ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)
+    worker = Worker(Queue(q.path), ToneEngine(), paths, batch_size=4, lease_s=lease_s, heartbeat_s=0.2)
     stop = threading.Event()
     t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
     t.start()
@@ -50,15 +50,15 @@ def test_a_book_being_written_does_not_hold_up_other_jobs(tmp_path, monkeypatch)
     def slow_finish(writer):  # the big book's file takes long to close (a long m4b, a slow disk)
         if writer.out_dir.name == big:
             writing.set()
-            release.wait(120)
+            release.wait(3600)  # (set by the test once it has seen the small job done)
         return finish(writer)
 
     monkeypatch.setattr(BookWriter, "finish", slow_finish)
     with _running(q, paths) as worker:
         try:
-            assert writing.wait(60), "the big book's assembly never began"
+            assert writing.wait(300), "the big book's assembly never began"
             small = q.add_job(JobSpec(format="wav", title="Small"), _chapters(1, 2, prefix="Short"))
-            assert _wait(lambda: q.job(small)["state"] == "done", 60), (
+            assert _wait(lambda: q.job(small)["state"] == "done", 300), (
                 f"a 2-segment job was not finished while another book was written: {q.counts(small)}, "
                 f"{q.job(small)['state']}")
             assert q.job(big)["state"] == "running"  # not done before its book is written
@@ -85,8 +85,8 @@ def test_an_assembly_that_stopped_on_an_error_is_taken_again_by_its_worker(tmp_p
         return finish_job(self, *a, **k)
 
     monkeypatch.setattr(Queue, "finish_job", flaky)
-    with _running(q, paths):
-        assert _wait(lambda: q.job(job)["state"] == "done", 30), q.job(job)  # (its lease would last 120 s)
+    with _running(q, paths, lease_s=3600):  # (an hour: longer than the wait, a failure guard, allows)
+        assert _wait(lambda: q.job(job)["state"] == "done", 300), q.job(job)
     assert len(calls) == 2
     q.close()
 
@@ -99,7 +99,7 @@ def test_a_worker_that_dies_does_not_wait_for_its_books_and_they_are_still_finis
     job = q.add_job(JobSpec(format="wav", title="Long"), _chapters(1, 2))
     writing, release = threading.Event(), threading.Event()
     finish = BookWriter.finish
-    monkeypatch.setattr(BookWriter, "finish", lambda w: (writing.set(), release.wait(120), finish(w))[2])
+    monkeypatch.setattr(BookWriter, "finish", lambda w: (writing.set(), release.wait(3600), finish(w))[2])
     worker = Worker(Queue(q.path), ToneEngine(), paths, batch_size=4, heartbeat_s=0.2)  # (a connection per thread)
 
     def work():
@@ -111,12 +111,12 @@ def test_a_worker_that_dies_does_not_wait_for_its_books_and_they_are_still_finis
     t = threading.Thread(target=work, daemon=True)
     t.start()
     try:
-        assert writing.wait(60)
+        assert writing.wait(300)
         worker.run_once = lambda *a: 1 / 0  # the worker's thread dies of a bug
-        t.join(30)
+        t.join(300)  # (the book waits for `release`, set only after this: a thread that waited would be alive)
         assert not t.is_alive(), "the dead worker's thread waited for the book being finished"
         assert q.job(job)["state"] == "running"
     finally:
         release.set()
-    assert _wait(lambda: q.job(job)["state"] == "done", 60)
+    assert _wait(lambda: q.job(job)["state"] == "done", 300)
     q.close()

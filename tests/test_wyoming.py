@@ -293,9 +293,8 @@ def test_a_client_closing_mid_event_is_one_info_line(daemon):
     s.connect(daemon.wyoming)
     s.sendall(json.dumps({"type": "synthesize", "data_length": len(data)}).encode() + b"\n" + data[:5])
     s.close()  # gone before the event's data
-    for _ in range(100):
-        if "closed the connection mid-event" in daemon.log_text():
-            break
+    deadline = time.monotonic() + 300  # (a failure guard)
+    while "closed the connection mid-event" not in daemon.log_text() and time.monotonic() < deadline:
         time.sleep(0.05)
     log = daemon.log_text()
     assert "INFO appliance.wyoming_server: wyoming client closed the connection mid-event (5 of" in log, log[-2000:]
@@ -338,3 +337,74 @@ def test_listeners_open_to_the_network_are_warned_about(tmp_path):
         assert d.stop() == 0
     assert "HTTP API on http://0.0.0.0:" in log and "without an API key" in log, log[-2000:]
     assert "Wyoming on tcp://0.0.0.0:" in log and "no authentication" in log, log[-2000:]
+
+
+def test_an_idle_connection_is_closed_after_wyoming_idle_timeout_s(tmp_path):
+    """With the `wyoming` package's own client: a connection that sends nothing more, between requests or in an
+    open text stream, gets an `error` event (code timeout, naming the key) and its end; one that keeps sending
+    is served (wyoming.idle_timeout_s 1 s here; the default is 60 s)."""
+    from wyoming.client import AsyncUnixClient
+    from wyoming.info import Describe
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeVoice
+
+    d = Daemon(tmp_path, base_config(tmp_path, model={"max_frames": 4}, jobs={"enabled": False, "watch": False},
+                                     wyoming={"idle_timeout_s": 1.0})).start()
+    try:
+        async def idle_after(first_events, until):
+            async with AsyncUnixClient(d.wyoming) as c:
+                for ev in first_events:
+                    await c.write_event(ev.event())
+                served = await collect(c, until)
+                return served, *await until_end(c, "never", timeout=30)
+
+        served, events, ended = run(idle_after([Describe()], "info"))
+        err = assert_error_then_end(events, ended, "timeout")
+        assert "no event for 1 s" in err.text and "wyoming.idle_timeout_s" in err.text, err
+        assert served[-1].type == "info"
+
+        stream = [SynthesizeStart(voice=SynthesizeVoice(name="ryan")), SynthesizeChunk(text="Hello there. ")]
+        served, events, ended = run(idle_after(stream, "audio-start"))
+        assert_error_then_end(events, ended, "timeout")
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_client_that_stops_reading_is_closed_after_wyoming_write_timeout_s(tmp_path):
+    """A client that asks for speech and then reads nothing (a stalled Home Assistant, a dead network path that
+    still holds the socket): once the daemon's buffers are full its write waits, and after wyoming.write_timeout_s
+    (1 s here; 60 by default) the connection is closed and the request cancelled, not held for ever. The test
+    waits for the close itself (the socket's hang-up, seen without reading), not for a time."""
+    import json
+    import select
+    import socket
+
+    d = Daemon(tmp_path, base_config(tmp_path, model={"max_frames": 2000}, jobs={"enabled": False, "watch": False},
+                                     wyoming={"write_timeout_s": 1.0})).start()
+    try:
+        data = json.dumps({"text": "A long text to read. " * 5, "voice": {"name": "ryan"}}).encode()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(d.wyoming)
+            s.sendall(json.dumps({"type": "synthesize", "data_length": len(data)}).encode() + b"\n" + data)
+            hangup = select.poll()
+            hangup.register(s, select.POLLRDHUP | select.POLLHUP)  # not POLLIN: what came stays unread
+            assert hangup.poll(300_000), f"a client that stopped reading was never closed:\n{d.log_text()[-3000:]}"
+        deadline = time.monotonic() + 300  # (a failure guard)
+        while (engine := d.get("/health")[1]["engine"])["active_slots"] or engine["streams"]:
+            assert time.monotonic() < deadline, engine
+            time.sleep(0.05)
+        assert engine["frames"] < 2000, "the request must be cancelled, not run to its 2000-frame end"
+        log = d.log_text()
+        assert "wyoming client read nothing for 1 s (wyoming.write_timeout_s)" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+        assert 'tts_requests_total{api="wyoming",outcome="slow_client"} 1.0' in d.get("/metrics")[1].decode()
+        from wyoming.client import AsyncUnixClient
+        from wyoming.info import Describe
+
+        async def describe():
+            async with AsyncUnixClient(d.wyoming) as c:
+                await c.write_event(Describe().event())
+                return (await collect(c, "info"))[-1].type
+
+        assert run(describe()) == "info"  # the server goes on
+    finally:
+        assert d.stop() == 0

@@ -19,22 +19,43 @@ let unauthorized = () => {};
 /** Call `fn(message)` whenever the daemon answers 401 (no key, or a wrong one). */
 export const onUnauthorized = (fn) => { unauthorized = fn; };
 
+export const UNREACHABLE = "The daemon does not answer: it may be stopped or restarting (start it with " +
+  "`systemctl start tts-appliance`, or `tts-appliance daemon`). The page tries again every few seconds.";
+let reachable = () => {};
+/** Call `fn(true | false)` after every call: whether the daemon answered at all (any status) or not. */
+export const onReachable = (fn) => { reachable = fn; };
+
+let offset = 0; // the daemon's clock minus this browser's, in seconds (from its answers' Date header)
+/** The daemon's time now, in seconds since the epoch (times in its answers, such as a job's ETA, use it). */
+export const serverNow = () => Date.now() / 1000 + offset;
+
 function headers(extra = {}) {
   const h = { ...extra };
   if (key()) h.Authorization = `Bearer ${key()}`;
   return h;
 }
 
-/** Call a route. `json`: a body sent as JSON; `body`: FormData or bytes as they are. Answers the parsed
- * JSON, or the Response itself with `raw`. A failure throws ApiError with the daemon's message, but for
- * the statuses in `allow` (GET /health answers 503 with its report while a part is down). */
-export async function api(path, { method = "GET", json, body, raw = false, signal, allow = [] } = {}) {
+/** Call a route. `json`: a body sent as JSON; `body`: FormData or bytes as they are; `keepalive`: the
+ * request outlives the page (a place saved as the tab closes). Answers the parsed JSON, or the Response
+ * itself with `raw`. A failure throws ApiError with the daemon's message (status 0: no answer at all), but
+ * for the statuses in `allow` (GET /health answers 503 with its report while a part is down). */
+export async function api(path, { method = "GET", json, body, raw = false, signal, allow = [], keepalive = false } = {}) {
   const extra = {};
   if (json !== undefined) {
     extra["Content-Type"] = "application/json";
     body = JSON.stringify(json);
   }
-  const r = await fetch(path, { method, headers: headers(extra), body, signal });
+  let r;
+  try {
+    r = await fetch(path, { method, headers: headers(extra), body, signal, keepalive });
+  } catch (e) { // no answer at all: the browser's own words ("Failed to fetch") would say nothing
+    if (e.name === "AbortError") throw e;
+    reachable(false);
+    throw new ApiError(0, UNREACHABLE, "unreachable");
+  }
+  reachable(true);
+  const date = Date.parse(r.headers.get("Date") || "");
+  if (!Number.isNaN(date)) offset = date / 1000 - Date.now() / 1000;
   if (!r.ok && !allow.includes(r.status)) {
     let message = `${r.status} ${r.statusText}`, type;
     try {

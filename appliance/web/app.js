@@ -1,7 +1,10 @@
 // The page: one screen at a time, chosen by the address's #fragment; sign-in where the daemon asks for
-// its API key (a 401 from any route), kept in this tab's sessionStorage.
-import { key, setKey, onUnauthorized, ApiError } from "./api.js";
-import { info, refresh } from "./model.js";
+// its API key (a 401 from any route), kept in this tab's sessionStorage; the player (player.js) stays
+// below every screen. While the daemon does not answer at all, a banner says so and the page asks again
+// every few seconds; once it answers, the screen is read again.
+import { key, setKey, onUnauthorized, onReachable, api, ApiError, UNREACHABLE } from "./api.js";
+import { info, refresh, showTestModel, onChange } from "./model.js";
+import * as player from "./player.js";
 import * as library from "./library.js";
 import * as newbook from "./newbook.js";
 import * as voices from "./voices.js";
@@ -9,7 +12,8 @@ import * as tryit from "./tryit.js";
 import * as status from "./status.js";
 
 const screens = { library, new: newbook, voices, try: tryit, status };
-let current = null, started = false;
+const PROBE_MS = 3000;
+let current = null, started = false, probe = null;
 
 const $ = (id) => document.getElementById(id);
 
@@ -31,7 +35,7 @@ async function go() {
     await screens[name].show();
     notice("");
   } catch (e) {
-    if (!(e instanceof ApiError && e.status === 401)) notice(e.message);
+    if (!(e instanceof ApiError && (e.status === 401 || e.status === 0))) notice(e.message);
   }
 }
 
@@ -46,20 +50,36 @@ function signIn() {
   $("signin-form").elements.key.focus();
 }
 
+/** The daemon answered (`up`) or did not: the banner, and asking again until it answers. */
+function reachable(up) {
+  const was = $("offline").hidden;
+  $("offline").hidden = up;
+  if (!up && was) $("offline").textContent = UNREACHABLE;
+  if (!up && !probe) {
+    probe = setInterval(() => api("/v1/formats").catch(() => {}), PROBE_MS);
+  } else if (up && probe) {
+    clearInterval(probe);
+    probe = null;
+    if (started) go(); else start();
+  }
+}
+
 async function start() {
   try {
     await refresh();
   } catch (e) {
-    if (e instanceof ApiError && e.status === 401) return; // the sign-in form is up
+    if (e instanceof ApiError && (e.status === 401 || e.status === 0)) return; // sign-in form, or the banner
     notice(`The daemon does not answer: ${e.message}`);
     return;
   }
   $("signin").hidden = true;
   $("signout").hidden = !key();
-  $("model").textContent = `${info.name} · ${info.type.replace("_", " ")}`;
+  $("model").textContent = `${info.name} · ${info.type.replace("_", " ")}${info.testModel ? " · test model" : ""}`;
   if (!started) {
     started = true;
+    player.init($("player"));
     Object.entries(screens).forEach(([name, screen]) => screen.init($(name)));
+    onChange(() => showTestModel(document));
     addEventListener("hashchange", go);
   }
   await refresh(); // the screens fill their fields from it
@@ -67,6 +87,7 @@ async function start() {
 }
 
 onUnauthorized(signIn);
+onReachable(reachable);
 $("signin-form").addEventListener("submit", (e) => {
   e.preventDefault();
   $("signin-error").textContent = "";

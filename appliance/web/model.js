@@ -2,7 +2,7 @@
 // shared by the screens; the page adapts to it (CustomVoice speakers, Base clones, VoiceDesign descriptions).
 import { api, fill } from "./api.js";
 
-export const info = { name: "", type: null, voices: [], languages: [], formats: null };
+export const info = { name: "", type: null, voices: [], languages: [], formats: null, testModel: "" };
 const listeners = new Set();
 
 /** Call `fn(info)` after every refresh (a voice cloned, renamed or deleted). */
@@ -13,7 +13,8 @@ export async function refresh() {
     api("/v1/voices"), info.formats ? null : api("/v1/formats"), info.name ? null : api("/v1/models")]);
   info.type = voices.model_type;
   info.voices = voices.voices.map((v) => v.name);
-  info.languages = voices.languages;
+  info.languages = voices.languages.filter((l) => l !== "auto"); // offered once, as the first choice
+  info.testModel = voices.test_model || "";
   if (formats) info.formats = formats;
   if (models) info.name = models.data[0]?.id || "";
   listeners.forEach((fn) => fn(info));
@@ -28,6 +29,15 @@ export function fillVoiceFields(form) {
   fill(form.elements.voice, info.voices);
   form.elements.voice.disabled = design || info.voices.length === 0;
   fill(form.elements.language, [["auto", "auto (from the text)"], ...info.languages]);
+}
+
+/** Show, in every `.test-model` paragraph of `root`, that the checkpoint is a test model and makes no speech. */
+export function showTestModel(root) {
+  for (const p of root.querySelectorAll(".test-model")) {
+    p.textContent = info.testModel ? `${info.name} is a test model: ${info.testModel}. Point the daemon at a real ` +
+      "Qwen3-TTS checkpoint (model.path) to make audiobooks." : "";
+    p.hidden = !info.testModel;
+  }
 }
 
 /** Why nothing can be spoken yet, or "". */

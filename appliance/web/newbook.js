@@ -3,6 +3,7 @@
 // voice, language, format and speed; submitted as POST /v1/jobs.
 import { api, el, duration, fill } from "./api.js";
 import { info, fillVoiceFields, missingVoice, onChange } from "./model.js";
+import { focusOn } from "./library.js";
 
 let form, box, plan = null, timer, asked = 0;
 
@@ -96,10 +97,11 @@ async function previewNow() {
   if (!documentFile()) { plan = null; box.replaceChildren(); ready(); return; }
   const mine = ++asked; // a slower earlier answer must not replace a newer one
   const before = plan && { file: plan.file, keep: new Set(checked()) }; // the chapters chosen so far stay chosen
-  if (plan) box.classList.add("busy"); else box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
+  if (plan) box.setAttribute("aria-busy", "true"); else box.replaceChildren(el("p", { class: "busy" }, "Reading the document…"));
   try {
     const got = await api("/v1/jobs/preview", { method: "POST", body: body(false) });
     if (mine !== asked) return;
+    if (!got.chapters.length) throw new Error("Nothing in this text can be read aloud: give some words.");
     plan = got;
     showPlan(before && before.file === got.file ? before.keep : null);
   } catch (e) {
@@ -108,7 +110,7 @@ async function previewNow() {
     box.replaceChildren();
     error.textContent = e.message;
   } finally {
-    if (mine === asked) box.classList.remove("busy");
+    if (mine === asked) box.removeAttribute("aria-busy");
   }
   ready();
 }
@@ -150,7 +152,8 @@ function ready() {
 async function submit(e) {
   e.preventDefault();
   const button = form.querySelector("button[type=submit]"), error = form.querySelector(".error");
-  button.disabled = true;
+  if (button.getAttribute("aria-disabled") === "true") return;
+  button.setAttribute("aria-disabled", "true"); // not disabled: the keyboard's focus stays on it meanwhile
   error.textContent = "";
   try {
     if (!plan || !checked().length) throw new Error("Choose a document (or paste text) and at least one chapter.");
@@ -160,9 +163,11 @@ async function submit(e) {
     form.elements.speed.value = 1;
     plan = null;
     box.replaceChildren();
+    focusOn(job.id); // the keyboard goes on at the new book in the library
     location.hash = "#library";
   } catch (err) {
     error.textContent = err.message;
   }
+  button.removeAttribute("aria-disabled");
   ready();
 }

@@ -1,15 +1,31 @@
 // Status: the daemon's health (GET /health): its engines and their devices, slots and streams, the job
-// queue, and each part (engine loops, queue workers, the inbox watcher) with what is wrong with it.
+// queue, and each part (engine loops, queue workers, the inbox watcher) with what is wrong with it; a daemon
+// that stops answering is shown as not answering (since when), not as the last "ok" it gave.
 import { api, el } from "./api.js";
 
 const EVERY_MS = 2000;
-let root, timer;
+let root, timer, answered = null, silent = null;
 
 export function init(section) { root = section.querySelector(".health"); }
 
 export async function show() {
-  await update();
-  timer = setInterval(() => update().catch(() => {}), EVERY_MS);
+  await check();
+  timer = setInterval(() => check().catch(() => {}), EVERY_MS);
+}
+
+async function check() {
+  try {
+    await update();
+    answered = new Date();
+    silent = null;
+  } catch (e) {
+    if (e.status !== 0) throw e; // an answer that is an error: the page's notice says it
+    silent = silent || new Date();
+    root.replaceChildren(el("dl", { class: "figures" },
+      el("dt", {}, "Daemon"), el("dd", { class: "state down" }, el("span", { class: "bad" }, "not answering"),
+        ` since ${silent.toLocaleTimeString()}${answered ? ` (last answer ${answered.toLocaleTimeString()})` : ""}`),
+      el("dt", {}, "Why"), el("dd", {}, e.message)));
+  }
 }
 
 export function hide() { clearInterval(timer); }
@@ -39,7 +55,8 @@ async function update() {
   root.replaceChildren(
     el("dl", { class: "figures" },
       el("dt", {}, "Daemon"), el("dd", { class: `state ${h.status}` }, h.status),
-      el("dt", {}, "Model"), el("dd", {}, `${h.model} (${h.model_type}, ${h.sample_rate} Hz)`),
+      el("dt", {}, "Model"), el("dd", { class: "path" }, `${h.model} (${h.model_type}, ${h.sample_rate} Hz)`,
+        h.test_model ? el("strong", { class: "bad" }, " test model") : null),
       el("dt", {}, "Streams now"), el("dd", {}, String(e.streams ?? 0)),
       el("dt", {}, "Job queue"), el("dd", {}, h.queue.ok ? `reachable; ${Object.entries(states).map(([s, n]) => `${n} ${s}`).join(", ") || "no jobs"}; ${waiting} segments to make` : `unreachable: ${h.queue.error}`),
       el("dt", {}, "Limits"), el("dd", {}, `body ${mib(limits.max_body_bytes)}, document ${mib(limits.max_file_bytes)}, ${limits.max_text_chars} characters a stream`)),

@@ -56,7 +56,8 @@ function item(voice, cloned) {
 }
 
 async function sample(name, button, audio) {
-  button.disabled = true;
+  if (button.getAttribute("aria-disabled") === "true") return;
+  button.setAttribute("aria-disabled", "true"); // not disabled: the keyboard's focus stays on it
   button.textContent = "Making the sample…"; // the first time only: the daemon keeps it
   try {
     audio.src = await mediaUrl(`/v1/voices/${encodeURIComponent(name)}/sample`);
@@ -67,7 +68,7 @@ async function sample(name, button, audio) {
     button.textContent = "Play sample";
     button.closest("li").querySelector(".error").textContent = e.message;
   }
-  button.disabled = false;
+  button.removeAttribute("aria-disabled");
 }
 
 function renaming(li, name) {
@@ -142,25 +143,46 @@ async function useTake(blob, what) {
   }
 }
 
-async function clone(e) {
+function clone(e) {
   e.preventDefault();
-  const error = form.querySelector(".error"), button = form.querySelector("button[type=submit]");
+  const error = form.querySelector(".error");
   error.textContent = "";
+  form.querySelector(".conflict")?.remove();
   if (!take) { error.textContent = "Record something or choose a file first."; return; }
-  button.disabled = true;
+  send(false);
+}
+
+/** POST /v1/voices; a name already saved (409) asks whether to replace that voice or choose another name. */
+async function send(overwrite) {
+  const error = form.querySelector(".error"), button = form.querySelector("button[type=submit]");
+  if (button.getAttribute("aria-disabled") === "true") return;
+  button.setAttribute("aria-disabled", "true"); // not disabled: the keyboard's focus stays where it is
   button.textContent = "Cloning…";
+  const body = { name: form.elements.name.value.trim(), ref_audio: base64(take) };
+  if (form.elements.ref_text.value.trim()) body.ref_text = form.elements.ref_text.value.trim();
+  if (overwrite) body.overwrite = true;
   try {
-    const body = { name: form.elements.name.value.trim(), ref_audio: base64(take) };
-    if (form.elements.ref_text.value.trim()) body.ref_text = form.elements.ref_text.value.trim();
-    await api("/v1/voices", { method: "POST", json: body });
+    const saved = await api("/v1/voices", { method: "POST", json: body });
     form.reset();
     take = null;
-    form.querySelector(".rec-state").textContent = `Saved ${body.name}.`;
+    form.querySelector(".rec-state").textContent = `${saved.replaced ? "Replaced" : "Saved"} ${body.name}.`;
     form.querySelector("audio.take").hidden = true;
+    button.focus();
     await refresh();
   } catch (err) {
-    error.textContent = err.message;
+    if (err.status === 409 && !overwrite) conflict(body.name); else error.textContent = err.message;
   }
-  button.disabled = false;
+  button.removeAttribute("aria-disabled");
   button.textContent = "Clone";
+}
+
+function conflict(name) {
+  const box = el("div", { class: "inline conflict", role: "group", "aria-label": `A voice ${name} is already saved` },
+    `A voice named ${name} is already saved. `,
+    el("button", { type: "button", onclick: () => { form.querySelector("button[type=submit]").focus(); box.remove(); send(true); } },
+      `Replace ${name}`),
+    el("button", { type: "button", onclick: () => { box.remove(); form.elements.name.focus(); form.elements.name.select(); } },
+      "Choose another name"));
+  form.querySelector("button[type=submit]").before(box);
+  box.querySelector("button").focus();
 }

@@ -154,6 +154,6 @@ class BookLoad:
         job = self.current
         if job and job["state"] not in TERMINAL:
             try:
-                await http_request(self.target, "DELETE", f"/v1/jobs/{job['id']}", timeout=30.0)
+                await http_request(self.target, "POST", f"/v1/jobs/{job['id']}/cancel", timeout=30.0)
             except (OSError, asyncio.TimeoutError) as exc:
                 self.errors.append(f"cancel {job['id']}: {exc}")

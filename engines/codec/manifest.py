@@ -24,10 +24,12 @@ def codec_dir(path: str | Path) -> Path:
     return path / "speech_tokenizer" if (path / "speech_tokenizer").is_dir() else path
 
 
-def default_cache_dir(model_dir: str | Path) -> Path:
-    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+def default_cache_dir(model_dir: str | Path, root: str | Path | None = None) -> Path:
+    """The engine cache folder of a checkpoint: a folder named after it in `root` (runtime.engine_cache), else in
+    $TTS_APPLIANCE_ENGINE_CACHE, else in ~/.cache/tts-appliance/engines ($XDG_CACHE_HOME)."""
+    root = root or os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
         / "tts-appliance" / "engines"
-    return Path(root) / Path(model_dir).resolve().name
+    return Path(root).expanduser() / Path(model_dir).resolve().name
 
 
 def model_identity(model_dir: str | Path) -> dict:

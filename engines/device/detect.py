@@ -55,6 +55,30 @@ def resolve_devices(device: str | None = "auto") -> list[str]:
     return [resolve_device(spec)]
 
 
+def device_missing(device: str) -> str | None:
+    """Why `device` (cpu, cuda[:N], npu[:N], as resolve_devices gives them) is not on this machine, in words for
+    an admin; None when it is there. A device that is not there is a setting to change, not a failure to retry."""
+    kind, _, index = str(device).partition(":")
+    if kind == "cpu":
+        return None
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            return f"no CUDA GPU is visible here (torch {torch.__version__} is {build}; nvidia-smi lists the GPUs)"
+        count = torch.cuda.device_count()
+    elif kind == "npu":
+        from engines.device.npu import import_torch_npu, npu_available
+
+        if not npu_available():
+            return "no Ascend NPU is visible here (torch_npu is not installed, or no NPU answers; npu-smi info lists them)"
+        count = import_torch_npu().npu.device_count()
+    else:
+        return f"{kind!r} is not a device kind this appliance runs on (cpu, cuda, npu)"
+    if index.isdigit() and int(index) >= count:
+        return f"{device} does not exist: this machine has {count} ({kind}:0 to {kind}:{count - 1})"
+    return None
+
+
 def _version(module: str) -> str | None:
     try:
         mod = __import__(module)

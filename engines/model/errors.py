@@ -10,6 +10,10 @@ class CheckpointError(TTSError):
     """A checkpoint file is missing, corrupt or does not match the expected layout."""
 
 
+class DeviceNotFound(TTSError):
+    """The device an engine is configured for (model.device, --device) is not on this machine."""
+
+
 class VoiceNotFound(TTSError):
     def __init__(self, name: str, available):
         avail = ", ".join(sorted(available)) or "(none)"

@@ -11,6 +11,11 @@ so the vector's largest element lands on 448 and the relative error of each elem
 mantissa bits) above e4m3's subnormal range. The math is done in fp32 on the value the model-dtype cache would
 have stored. The Triton decode kernel (engines.runtime.attention) quantizes the same way where it writes and
 folds the scales into its scores and weights where it reads; here is the torch form: `write` and `read`.
+
+An allocated fp8 cache stores its values with the positions of each (row, head, element) contiguous (the
+storage is `[.., D, S]`, the tensors are its transposed views `[.., S, D]`, so every caller indexes them as
+the keys): the tensor cores take the weighted sum's float8 operand in whole words only along the positions
+(the keys' dot runs along the vector, which they keep contiguous).
 """
 from __future__ import annotations
 
@@ -118,9 +123,13 @@ class KVCache:
         if lazy and not fp8 and torch.device(device).type == "cpu":
             (k, mk), (v, mv) = _mapped_zeros(shape, dtype), _mapped_zeros(shape, dtype)
             return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v, maps=[mk, mv])
-        k, v = torch.zeros(shape, device=device, dtype=kind), torch.zeros(shape, device=device, dtype=kind)
+        k = torch.zeros(shape, device=device, dtype=kind)
         if not fp8:
+            v = torch.zeros(shape, device=device, dtype=kind)
             return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v)
+        # the values' storage is [L, B, KV, D, S] (each vector's elements a position apart), seen as [L, B, KV, S, D]:
+        # the attention kernels read a block of positions of one element as whole words (module doc)
+        v = torch.zeros(shape[:3] + shape[:2:-1], device=device, dtype=kind).transpose(3, 4)
         ks, vs = (torch.zeros(shape[:-1], device=device, dtype=SCALE_DTYPE) for _ in range(2))  # [L, B, KV, S]
         return KVCache(list(k.unbind(0)), list(v.unbind(0)), k, v, list(ks.unbind(0)), list(vs.unbind(0)), ks, vs)
 

@@ -2,7 +2,8 @@
 
 It reads its `EngineSpec` (and an optional start-up hook, e.g. the daemon's logging set-up) from the
 socket FD, loads the runner, captures its graphs and speaks the warm-up request, answers `ready` (or
-`start_failed` with a one-line reason), then serves until told to stop or until the front goes away
+`start_failed` with a one-line reason and whether a new start could succeed), then serves until told
+to stop or until the front goes away
 (end of file on the socket: the process never outlives the daemon).
 
 Threads: the runner's loop (the busy one), this main thread reading requests, and one relay thread
@@ -215,10 +216,12 @@ def main(argv: list[str]) -> int:
     try:
         runner = load_runner(spec)
         ready(runner, spec)
-    except BaseException as exc:  # noqa: BLE001 - told to the front in one line, which ends its start
-        log.error("engine on %s cannot start: %s", spec.device, one_line(exc))
-        log.debug("start-up failure", exc_info=True)
-        conn.send_bytes(wire.pack("start_failed", one_line(exc)))
+    except BaseException as exc:  # noqa: BLE001 - told to the front in one line, which logs it and ends its start
+        from engines.model.errors import CheckpointError, DeviceNotFound
+
+        log.debug("engine on %s cannot start", spec.device, exc_info=True)
+        # permanent: no new start of this spec can succeed (the front does not try again; the daemon exits 78)
+        conn.send_bytes(wire.pack("start_failed", one_line(exc), isinstance(exc, (CheckpointError, DeviceNotFound))))
         return 1
     gc.freeze()  # what start-up made (modules, graphs, weights' wrappers) is never scanned again: no long GC pauses
     conn.send_bytes(wire.pack("ready", {"settings": runner.settings, "sample_rate": runner.sample_rate,

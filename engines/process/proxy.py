@@ -39,7 +39,12 @@ STALE_STATS_S = 30.0  # no figures from a live engine for this long: its loop (o
 
 
 class EngineStartError(TTSError):
-    """An engine process could not start (out of memory, a bad device, a broken checkpoint)."""
+    """An engine process could not start (out of memory, a bad device, a broken checkpoint); `permanent`: no new
+    start can succeed (a checkpoint that does not load, a device that is not there)."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class RemoteHandle(StreamHandle):
@@ -114,7 +119,7 @@ class EngineProcess:
                                    f"({_exit_reason(code)}); see the log above") from None
         if msg[0] == "start_failed":
             self.proc.wait()
-            raise EngineStartError(f"engine on {self.device} cannot start: {msg[1]}")
+            raise EngineStartError(f"engine on {self.device} cannot start: {msg[1]}", permanent=msg[2])
         info = msg[1]
         self.sample_rate, self.model_id = info["sample_rate"], info["model_id"]
         self.settings, self.max_slots, self.max_queue = info["settings"], info["max_slots"], info["max_queue"]
@@ -146,6 +151,11 @@ class EngineProcess:
     def running(self) -> bool:
         """Serving requests now (false while (re)starting or after it stopped)."""
         return self._up.is_set()
+
+    @property
+    def starting(self) -> bool:
+        """A start asked for by `restart_async` is under way (loading, warming up)."""
+        return self._starting
 
     @property
     def alive(self) -> bool:

@@ -18,7 +18,11 @@ computation in torch (the compiled layer's form), used by the tests and as the p
 An fp8 cache (engines.model.kv_cache; scales ks, vs `[B, KV, S]` given): the new keys and values are
 quantized where they are written (amax / 448 scale per vector), and read without a dequantized copy: the
 float8 tiles are widened in registers, each slot's key scale multiplies its scores and each slot's value
-scale its softmax weights before the weighted sum. The torch form dequantizes the cache explicitly.
+scale its softmax weights before the weighted sum. The torch form dequantizes the cache explicitly. An fp8
+cache keeps its values with their positions contiguous (`v_layout`); the kernels read either layout.
+
+Long contexts split over several programs per (row, key/value head): engines.runtime.attention_split
+(`runtime.attn_split`).
 """
 from __future__ import annotations
 
@@ -125,25 +129,34 @@ if triton is not None:
         tl.store(scale_ptr, s)
 
     @triton.jit
+    def _v_offsets(slot, d, s_vs, s_vd, VT: tl.constexpr):
+        """Offsets of values (slot, d) in a value cache of either layout (`v_layout`)."""
+        if VT:
+            return slot + d * s_vd
+        return slot * s_vs + d
+
+    @triton.jit
     def _decode_attention_kernel(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, ks, vs, out,
-                                 s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_sb, s_sh, s_ob, s_ot,
+                                 s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_vd, s_sb, s_sh, s_ob, s_ot,
                                  eps: tl.constexpr, scale: tl.constexpr,
                                  T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
                                  D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-                                 INTERPRET: tl.constexpr, FP8: tl.constexpr):
+                                 INTERPRET: tl.constexpr, FP8: tl.constexpr, VT: tl.constexpr):
         attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, tl.program_id(0), tl.program_id(1),
                s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot, eps, scale, T, H, KV, G, D, M,
-               BLOCK_S, PREC, INTERPRET, ks, vs, s_sb, s_sh, FP8)
+               BLOCK_S, PREC, INTERPRET, ks, vs, s_sb, s_sh, FP8, s_vd, VT)
 
     @triton.jit
     def attend(qkv, qn_w, kn_w, cos_tab, sin_tab, pos, kc, vc, out, b, h,
                s_qb, s_qt, s_pb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_ot,
                eps: tl.constexpr, scale: tl.constexpr, T: tl.constexpr, H: tl.constexpr, KV: tl.constexpr,
                G: tl.constexpr, D: tl.constexpr, M: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-               INTERPRET: tl.constexpr, ks, vs, s_sb, s_sh, FP8: tl.constexpr):
+               INTERPRET: tl.constexpr, ks, vs, s_sb, s_sh, FP8: tl.constexpr, s_vd=1, VT: tl.constexpr = False):
         """Row b, key/value head h of the decode attention (the kernel's one program; the layer kernel of
         engines.runtime.layer_kernel calls it from its attention phase). FP8: kc, vc hold float8 e4m3 and
-        ks, vs their scales (strides s_sb, s_sh; positions contiguous); otherwise ks, vs are unused."""
+        ks, vs their scales (strides s_sb, s_sh; positions contiguous); otherwise ks, vs are unused. VT: the
+        values' positions are contiguous (an fp8 cache's layout, `v_layout`), s_vd their dimension's stride;
+        otherwise the dimension is contiguous and s_vs the positions' stride."""
         d = tl.arange(0, D)
         rot = tl.where(d < D // 2, d + D // 2, d - D // 2)
         sign = tl.where(d < D // 2, -1.0, 1.0)
@@ -162,10 +175,11 @@ if triton is not None:
             v = tl.load(row + (H + KV + h) * D + d)
             if FP8:
                 _store_fp8(kc + b * s_kb + h * s_kh + p * s_ks + d, ks + b * s_sb + h * s_sh + p, k, INTERPRET)
-                _store_fp8(vc + b * s_vb + h * s_vh + p * s_vs + d, vs + b * s_sb + h * s_sh + p, v, INTERPRET)
+                _store_fp8(vc + b * s_vb + h * s_vh + _v_offsets(p, d, s_vs, s_vd, VT), vs + b * s_sb + h * s_sh + p, v,
+                           INTERPRET)
             else:
                 tl.store(kc + b * s_kb + h * s_kh + p * s_ks + d, k)
-                tl.store(vc + b * s_vb + h * s_vh + p * s_vs + d, v)
+                tl.store(vc + b * s_vb + h * s_vh + _v_offsets(p, d, s_vs, s_vd, VT), v)
         tl.debug_barrier()  # the writes above are read below by other threads of this program
         # every query of the group (T tokens x G heads) is one row of an M-row tile for the tensor cores
         i = tl.arange(0, M)
@@ -183,11 +197,14 @@ if triton is not None:
         s = tl.arange(0, BLOCK_S)
         for start in range(0, last + 1, BLOCK_S):  # slots 0..p of each query: its past and itself
             slot = start + s
-            inside = slot <= last
+            if VT:  # whole 16-slot groups (a mask constant over them: 16-byte loads of the position-contiguous
+                inside = slot < tl.minimum(tl.cdiv(last + 1, 16) * 16, s_vd)  # values); past `last`: masked below
+            else:
+                inside = slot <= last
             kblk = tl.load(kc + b * s_kb + h * s_kh + slot[:, None] * s_ks + d[None, :], mask=inside[:, None],
                            other=0.0)  # [S, D]
-            vblk = tl.load(vc + b * s_vb + h * s_vh + slot[:, None] * s_vs + d[None, :], mask=inside[:, None],
-                           other=0.0)
+            vblk = tl.load(vc + b * s_vb + h * s_vh + _v_offsets(slot[:, None], d[None, :], s_vs, s_vd, VT),
+                           mask=inside[:, None], other=0.0)
             if FP8:  # float8 tiles widened in registers (exact); the scales of their slots [S]
                 kblk, vblk = kblk.to(dt), vblk.to(dt)
                 k_sc = tl.load(ks + b * s_sb + h * s_sh + slot, mask=inside, other=0.0)
@@ -210,6 +227,17 @@ if triton is not None:
         o = acc / l[:, None]
         tl.store(out + b * s_ob + ti[:, None] * s_ot + (h * G + gi[:, None]) * D + d[None, :], o.to(dt),
                  mask=real[:, None])
+
+
+def v_layout(vc) -> tuple[int, int, bool]:
+    """(position stride, dimension stride, positions contiguous) of a value cache `[B, KV, S, D]`: the model-dtype
+    cache keeps each vector contiguous; an fp8 cache keeps each (row, head)'s positions contiguous (its storage
+    is `[.., D, S]`, engines.model.kv_cache), so the float8 values reach the tensor cores' operand loads in
+    whole words (docs/PERFORMANCE.md)."""
+    if vc.stride(3) == 1:
+        return vc.stride(2), 1, False
+    assert vc.stride(2) == 1, "a value cache with neither its positions nor its dimension contiguous"
+    return 1, vc.stride(3), True
 
 
 def scale_strides(kc, ks, vs) -> tuple:
@@ -238,19 +266,21 @@ def decode_attention(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, n_heads: int, n
                      ks=None, vs=None, launch: dict | None = None):
     """`reference_attention` as one kernel launch (see the module doc). qkv `[B, T, (H + 2 KV) D]` with a
     contiguous last dimension, pos `[B, T]` int64, kc/vc `[B, KV, S, D]` views with a contiguous last
-    dimension (row slices of the slot cache), cos/sin tables `[P, D]` fp32 contiguous; an fp8 cache's scales
+    dimension (row slices of the slot cache; vc may instead have its positions contiguous, `v_layout`), cos/sin
+    tables `[P, D]` fp32 contiguous; an fp8 cache's scales
     ks, vs `[B, KV, S]` (row slices too). `launch`: BLOCK_S / num_warps / num_stages in place of `launch_for`'s
     (benchmarks.attention_tune sweeps them)."""
     b, t, _ = qkv.shape
     d = kc.shape[-1]
     out = torch.empty(b, t, n_heads * d, device=qkv.device, dtype=qkv.dtype)
     k_sc, v_sc, s_sb, s_sh = scale_strides(kc, ks, vs)
+    s_vs, s_vd, vt = v_layout(vc)
     _decode_attention_kernel[(b, n_kv)](
         qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, k_sc, v_sc, out,
         qkv.stride(0), qkv.stride(1), pos.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2), s_sb, s_sh, out.stride(0), out.stride(1),
+        vc.stride(0), vc.stride(1), s_vs, s_vd, s_sb, s_sh, out.stride(0), out.stride(1),
         eps, d ** -0.5, T=t, H=n_heads, KV=n_kv, G=n_heads // n_kv, D=d, M=max(16, triton.next_power_of_2(t * n_heads // n_kv)),
         PREC="ieee" if qkv.dtype == torch.float32 else "tf32", INTERPRET=qkv.device.type != "cuda",
-        FP8=ks is not None, **(launch or launch_for(kc.shape[2])))
+        FP8=ks is not None, VT=vt, **(launch or launch_for(kc.shape[2])))
     return out
 

@@ -34,6 +34,7 @@ class EngineConfig:
     linear: str = "model"
     codec_dtype: str = "model"  # the codec lanes' dtype: model or bfloat16 (engines.codec.dtype; the loader decides auto)
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
+    attn_split: Optional[bool] = None  # the talker's decode attention split over programs per row (None: AUTO_SPLIT)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)
     topk_cap: int = 64  # steps whose every row samples with 0 < top-k <= this sort only that many ids (0: never)
     topk_min_batch: int = 16  # ... from this batch bucket up (measured: below it the full sort is faster)
@@ -48,4 +49,4 @@ class EngineConfig:
     codec_streams: bool = True  # codec lanes on their own device streams, overlapping the decode steps
     codec_backend: str = "torch"  # torch | torch-compiled | built | auto (engines.codec.build.runtime_codec)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling stack (None: on CUDA)
-    engine_cache: Optional[str] = None  # build-engines cache folder (None: next to the model)
+    engine_cache: Optional[str] = None  # build-engines cache folder of the model (None: default_cache_dir)

@@ -29,6 +29,8 @@ from engines.model.layers import DecoderStack, rope_cos_sin
 from engines.model.sampling import SamplingTensors, draw, draw_topk
 from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
+from engines.runtime import attention_split
+from engines.runtime.attention_split import split_attention
 from engines.runtime.linears import linear, pack
 from engines.runtime.layer_kernel import decoder_layer, new_counter
 from engines.runtime.rowproj import project
@@ -111,15 +113,18 @@ def _gemv_or_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = N
 
 
 def make_layer(n_heads: int, n_kv: int, head_dim: int, eps: float, gemv: bool = False, kernel: bool = False,
-               row_kernel: bool = False):
+               row_kernel: bool = False, split: bool = False):
     """A decoder layer over a static cache: x `[B, T, H]` at positions `pos` `[B, T]` (also the cache
     slots written) attends to cache slots <= its position (an fp8 cache: its scales ks, vs given). Returns the
     layer's output (residual form).
     `gemv`: one-row calls (B*T == 1) use `_gemv` instead of matmul kernels (device path only).
     `kernel`: decode calls (T <= 2) run their attention as one Triton kernel (engines.runtime.attention).
     `row_kernel`: one-row calls run their projections as Triton kernels with the norms, the SiLU product and
-    the residuals fused in (engines.runtime.rowproj)."""
-    attend = decode_attention if kernel else reference_attention
+    the residuals fused in (engines.runtime.rowproj).
+    `split`: with `kernel`, the attention split over programs per row (engines.runtime.attention_split)."""
+    attend = (split_attention if split else decode_attention) if kernel else reference_attention
+    if kernel and attention_split.OPAQUE:  # A/B: the kernel as one opaque call inside the compiled regions
+        attend = attention_split.opaque(attend)
 
     def layer(x, w, kc, vc, pos, cos_tab, sin_tab, ks=None, vs=None):
         ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown = w
@@ -161,10 +166,10 @@ def _attention_fits(stack: DecoderStack) -> bool:
         and _pow2(c.num_attention_heads // c.num_key_value_heads)
 
 
-def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool, row_kernel: bool):
+def _stack_layer(stack: DecoderStack, gemv: bool, kernel: bool, row_kernel: bool, split: bool = False):
     c = stack.cfg
     return make_layer(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, gemv,
-                      kernel and _attention_fits(stack), row_kernel)
+                      kernel and _attention_fits(stack), row_kernel, split)
 
 
 LAYER_KERNEL_MAX_HIDDEN = 1024  # wider stacks keep the compiled layer (the 1.7B talker: 94.7 vs 67.3 us a layer, H100)
@@ -195,8 +200,10 @@ class FastStep:
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
                  kernel: bool = False, sample_kernel: bool = False, row_kernel: bool = False,
-                 layer_kernel: bool = False, linear: str = "model"):
-        """`linear`: the decoder layers' projections' format (engines.runtime.linears; packed ones: CPU, eager)."""
+                 layer_kernel: bool = False, linear: str = "model", attn_split: bool = False):
+        """`linear`: the decoder layers' projections' format (engines.runtime.linears; packed ones: CPU, eager).
+        `attn_split`: the talker's decode attention split over programs per row (the predictor's 17 positions
+        keep the one-program kernel's small launch)."""
         if linear != "model" and (compile or kernel or row_kernel or layer_kernel):
             raise ValueError(f"{linear} linears run eagerly on the CPU: not with compiled regions or Triton kernels")
         self.talker = talker
@@ -223,7 +230,7 @@ class FastStep:
         gemv = gemv and compile
         self.lin = _gemv_or_linear if gemv else F.linear
         self.fuse = fuse
-        self._t_layer = _stack_layer(talker.model, gemv, kernel, row_kernel)
+        self._t_layer = _stack_layer(talker.model, gemv, kernel, row_kernel, attn_split)
         self._p_layer = _stack_layer(cp.model, gemv, kernel, row_kernel)
         # layer_kernel: a one-row layer call (one stream's step) is one persistent kernel, not compiled
         counter = new_counter(dev) if layer_kernel else None

@@ -41,7 +41,7 @@ except ImportError:  # CPU builds: the layer keeps its torch form
 
 if triton is not None:
     # the jit helpers exist only where Triton does (a plain install has none)
-    from engines.runtime.attention import attend, scale_strides
+    from engines.runtime.attention import attend, scale_strides, v_layout
     from engines.runtime.rowproj import rows
 
     @triton.jit
@@ -64,14 +64,14 @@ if triton is not None:
 
     @triton.jit
     def _layer_kernel(x, ln1, wqkv, bqkv, qn, kn, wo, bo, ln2, wgu, wdown, cos_tab, sin_tab, pos, kc, vc, ks, vs,
-                      qkv, att, h1, act, out, bar, s_kh, s_ks, s_vh, s_vs, s_sh, eps: tl.constexpr, SCALE: tl.constexpr,
+                      qkv, att, h1, act, out, bar, s_kh, s_ks, s_vh, s_vs, s_vd, s_sh, eps: tl.constexpr, SCALE: tl.constexpr,
                       HID: tl.constexpr, INTER: tl.constexpr, H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
                       M: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
                       R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr,
                       BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
                       BK_QKV: tl.constexpr, BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_D: tl.constexpr,
                       QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
-                      SYNC: tl.constexpr, PRELOAD: tl.constexpr, FP8: tl.constexpr):
+                      SYNC: tl.constexpr, PRELOAD: tl.constexpr, FP8: tl.constexpr, VT: tl.constexpr):
         pid = tl.program_id(0)
         P = tl.num_programs(0)
         NQKV: tl.constexpr = (H + 2 * KV) * D
@@ -89,7 +89,8 @@ if triton is not None:
         if FIRST <= 1 and LAST >= 1:
             for h in range(pid, KV, P):  # one key/value head per program (more heads than programs: in turn)
                 attend(qkv, qn, kn, cos_tab, sin_tab, pos, kc, vc, att, 0, h, 0, 0, 0, 0, s_kh, s_ks, 0, s_vh,
-                       s_vs, 0, 0, eps, SCALE, 1, H, KV, H // KV, D, M, 64, PREC, INTERPRET, ks, vs, 0, s_sh, FP8)
+                       s_vs, 0, 0, eps, SCALE, 1, H, KV, H // KV, D, M, 64, PREC, INTERPRET, ks, vs, 0, s_sh, FP8,
+                       s_vd, VT)
             if PRELOAD and LAST >= 2:
                 pre_o = _tile(wo, n_o, in_o, H * D, BK_O)
             if SYNC:
@@ -162,16 +163,17 @@ def decoder_layer(x, w, kc, vc, pos, cos_tab, sin_tab, n_heads: int, n_kv: int, 
     _, bk_d = _block(r_o, inter)
     new = lambda n: torch.empty(n, device=x.device, dtype=x.dtype)  # noqa: E731
     qkv, att, h1, act, out = new(wqkv.shape[0]), new(n_heads * d), new(hid), new(inter), new(hid)
+    s_vs, s_vd, vt = v_layout(vc)
     meta = dict(eps=eps, SCALE=d ** -0.5, HID=hid, INTER=inter, H=n_heads, KV=n_kv, D=d,
                 M=max(16, triton.next_power_of_2(n_heads // n_kv)), INTERPRET=x.device.type != "cuda",
                 PREC="ieee" if x.dtype == torch.float32 else "tf32",
                 R_QKV=r_qkv, R_O=r_o, R_GU=r_gu, BN_QKV=bn_qkv, BN_O=bn_o, BN_GU=bn_gu, BK_QKV=bk_qkv, BK_O=bk_o,
                 BK_GU=bk_gu, BK_D=bk_d, QKV_BIAS=bqkv is not None, O_BIAS=bo is not None, PRELOAD=PRELOAD,
-                FP8=ks is not None, num_warps=NUM_WARPS)
+                FP8=ks is not None, VT=vt, num_warps=NUM_WARPS)
     k_sc, v_sc, _, s_sh = scale_strides(kc, ks, vs)
     args = (x, ln1, wqkv, bqkv if bqkv is not None else ln1, qn, kn, wo, bo if bo is not None else ln1, ln2, wgu,
             wdown, cos_tab, sin_tab, pos, kc, vc, k_sc, v_sc, qkv, att, h1, act, out, counter,
-            kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2), s_sh)
+            kc.stride(1), kc.stride(2), vc.stride(1), s_vs, s_vd, s_sh)
     if split:
         for phase in range(5):
             _layer_kernel[(p,)](*args, FIRST=phase, LAST=phase, SYNC=False, **meta)

@@ -27,7 +27,7 @@ from engines.device.graphs import distinct_streams, make_graph
 from engines.model import kv_cache
 from engines.model.generate import control_mask
 from engines.names import KV_CACHES
-from engines.runtime import attention
+from engines.runtime import attention, attention_split
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
 from engines.runtime.linears import linear_setting
@@ -60,11 +60,17 @@ def kernel_choice(setting: str, wanted: Optional[bool], device: torch.device) ->
     return can if wanted is None else bool(wanted)
 
 
+AUTO_FP8 = False  # runtime.kv_cache: auto -> fp8 where it can run (flip once measured on a GPU: docs/PERFORMANCE.md)
+
+
 def kv_cache_choice(setting: str, device: torch.device) -> bool:
-    """Whether the talker's key/value cache is fp8 (`runtime.kv_cache`): auto and model keep the model's dtype
-    (auto: until fp8 is measured on a GPU, docs/PERFORMANCE.md); fp8 where it cannot run is a clear error."""
+    """Whether the talker's key/value cache is fp8 (`runtime.kv_cache`): model keeps the model's dtype, auto too
+    until fp8 is measured on a GPU (AUTO_FP8; then fp8 where it can run); fp8 where it cannot run is a clear
+    error. The loader's memory plan and `info` take the same answer (engines.load.settings)."""
     if setting not in KV_CACHES:
         raise ValueError(f"runtime.kv_cache: {setting!r} is not one of {', '.join(KV_CACHES)}")
+    if setting == "auto":
+        return AUTO_FP8 and kv_cache.fp8_available(device)
     if setting != "fp8":
         return False
     if not kv_cache.fp8_available(device):
@@ -72,6 +78,19 @@ def kv_cache_choice(setting: str, device: torch.device) -> bool:
                          "a GPU, an NVIDIA GPU of compute capability 8.9 or later with the triton package); set it "
                          "to auto or model")
     return True
+
+
+AUTO_SPLIT = False  # runtime.attn_split unset -> the split kernel where the attention kernel runs (flip once measured)
+
+
+def attn_split_choice(wanted: Optional[bool], kernel: bool) -> bool:
+    """Whether the talker's decode attention runs split over programs per row (engines.runtime.attention_split;
+    `runtime.attn_split`): unset (None) is AUTO_SPLIT where the attention kernel runs; true without the kernel is a
+    clear error."""
+    if wanted and not kernel:
+        raise ValueError("runtime.attn_split: the split attention needs the attention kernel (runtime.attn_kernel: "
+                         "an NVIDIA GPU of compute capability 8.0 or later with the triton package); leave it unset")
+    return kernel and (AUTO_SPLIT if wanted is None else bool(wanted))
 
 
 class ModelRunner:
@@ -110,9 +129,12 @@ class ModelRunner:
         self.linear, why = linear_setting(cfg.linear, self.device, dtype)
         if self.linear != "model":
             log.info("decoder layers: %s weights (%s)", self.linear, why)
+        self.split = attn_split_choice(cfg.attn_split, kernel)
+        if self.split and self.device.type == "cuda":
+            attention_split.multiprocessors(self.device.index or 0)  # asked now, outside the compiled step
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
                              sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
-                             linear=self.linear)
+                             linear=self.linear, attn_split=self.split)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")

@@ -2,7 +2,7 @@
 
 Entry point: :func:`load_document`. Supported inputs: plain text (any common
 encoding), Markdown, HTML, EPUB, DOCX, PDF (text layer, via ``pypdf``), MOBI/AZW3
-(Kindle, without DRM), ODT, RTF and FB2 (also .fb2.zip).
+(Kindle, without DRM), ODT, RTF, FB2 (also .fb2.zip) and calibre's HTMLZ and TXTZ.
 Anything else is sniffed: text is read as plain text, binaries are refused.
 The user's file is only ever opened for reading.
 
@@ -18,8 +18,9 @@ from typing import Optional, Union
 
 from jobs.document import Document
 from jobs.errors import IngestError
-from jobs.ingest.blocks import build_chapters
-from jobs.ingest.decode import decode_bytes, sniff_binary
+from jobs.ingest.decode import sniff_binary
+from jobs.ingest.textfile import read_text_file
+from jobs.ingest.titlepage import take_title_page
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,9 @@ MD_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
 HTML_EXT = {".html", ".htm", ".xhtml", ".xht"}
 MOBI_EXT = {".mobi", ".azw", ".azw3", ".prc"}  # Kindle / Mobipocket (PalmDB); KF8 inside for AZW3
 FB2_EXT = {".fb2", ".fb2.zip"}
-FORMATS = ("txt", "md", "html", "epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2")
-READ_SUFFIXES = (TEXT_EXT - {""}) | MD_EXT | HTML_EXT | MOBI_EXT | FB2_EXT | {
+ZIPPED_EXT = {".htmlz": "htmlz", ".txtz": "txtz"}  # calibre's zip of one HTML or text file and its metadata.opf
+FORMATS = ("txt", "md", "html", "epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2", "htmlz", "txtz")
+READ_SUFFIXES = (TEXT_EXT - {""}) | MD_EXT | HTML_EXT | MOBI_EXT | FB2_EXT | set(ZIPPED_EXT) | {
     ".epub", ".docx", ".pdf", ".odt", ".rtf"}  # names read by their ending
 MAX_FILE_MB = 50  # default of the config's jobs.max_file_mb
 
@@ -45,7 +47,7 @@ class IngestOptions:
     path must lie under one of these directories.  The zip limits guard EPUB, DOCX,
     ODT and .fb2.zip against zip bombs (max_uncompressed_bytes also caps a MOBI's
     decompressed text).  format: force one of FORMATS ("txt", "md", "html", "epub",
-    "docx", "pdf", "mobi" (also AZW3), "odt", "rtf", "fb2") instead of guessing.
+    "docx", "pdf", "mobi" (also AZW3), "odt", "rtf", "fb2", "htmlz", "txtz") instead of guessing.
     encoding: force a text encoding.
     """
 
@@ -107,7 +109,8 @@ def guess_format(path: Path, data: bytes) -> str:
     """The document format of `path` (one of FORMATS) from its extension, else from `data` (its bytes, or
     its head and tail); an unsupported kind raises IngestError."""
     ext = path.suffix.lower()
-    by_ending = {".epub": "epub", ".docx": "docx", ".pdf": "pdf", ".odt": "odt", ".rtf": "rtf", ".fb2": "fb2"}
+    by_ending = {".epub": "epub", ".docx": "docx", ".pdf": "pdf", ".odt": "odt", ".rtf": "rtf", ".fb2": "fb2",
+                 **ZIPPED_EXT}
     if ext in by_ending:
         return by_ending[ext]
     if path.name.lower().endswith(".fb2.zip"):
@@ -138,6 +141,8 @@ def _sniff(data: bytes) -> str:
         name_len = int.from_bytes(data[26:28], "little")
         if data[30:30 + name_len].lower().endswith(b".fb2"):
             return "fb2"
+        if b"metadata.opf" in data[-65536:]:  # calibre's HTMLZ / TXTZ (the central directory names the members)
+            return "htmlz" if b"index.html" in data[-65536:] else "txtz"
     if data.startswith(b"%PDF-"):
         return "pdf"
     if data[60:68] in (b"BOOKMOBI", b"TEXtREAd"):
@@ -155,7 +160,7 @@ def _sniff(data: bytes) -> str:
     return "txt"
 
 
-BINARY_READERS = ("epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2")  # formats read by a module of their own
+BINARY_READERS = ("epub", "docx", "pdf", "mobi", "odt", "rtf", "fb2", "htmlz", "txtz")  # read by a module of their own
 
 
 def _binary_reader(fmt: str):
@@ -172,6 +177,10 @@ def _binary_reader(fmt: str):
         from jobs.ingest.odt import load_odt as reader
     elif fmt == "rtf":
         from jobs.ingest.rtf import load_rtf as reader
+    elif fmt == "htmlz":
+        from jobs.ingest.htmlz import load_htmlz as reader
+    elif fmt == "txtz":
+        from jobs.ingest.htmlz import load_txtz as reader
     else:
         from jobs.ingest.fb2 import load_fb2 as reader
     return reader
@@ -188,27 +197,11 @@ def load_document(path: Union[str, Path], options: Optional[IngestOptions] = Non
     log.info("reading %s as %s (%d bytes)", resolved.name, fmt, len(data))
     if fmt in BINARY_READERS:
         doc = _binary_reader(fmt)(data, options)
-    elif fmt == "html":
-        from jobs.ingest.html import load_html_bytes
-
-        blocks, meta = load_html_bytes(data, options)
-        title, chapters = build_chapters(blocks, options)
-        doc = Document(chapters, title=meta["title"] or title, author=meta["author"],
-                       language=meta["language"], source_format="html")
     else:
-        from jobs.ingest.markdown import markdown_to_plain
-        from jobs.ingest.text import parse_plain_text, take_title_line
-        from text.normalize.cleanup import strip_ansi
-
-        text, title_line = strip_ansi(decode_bytes(data, options.encoding)), None
-        if fmt == "md":
-            text = markdown_to_plain(text, options.skip_footnotes)
-        else:
-            title_line, text = take_title_line(text)
-        title, chapters = build_chapters(parse_plain_text(text, markdown=fmt == "md"), options)
-        doc = Document(chapters, title=title_line or title, source_format=fmt)
+        doc = read_text_file(data, fmt, options)
     if not doc.chapters or not any(c.paragraphs for c in doc.chapters):
         raise IngestError("The document contains no readable text.")
+    take_title_page(doc)
     if doc.title is None and fmt in ("txt", "md"):
         doc.title = resolved.stem
     return doc

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from jobs.document import Chapter, TextSource
+from jobs.ingest.notes import is_backlinked_note, strip_glued_references, without_backlink
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +189,17 @@ def build_chapters(blocks: list[Block], options, promote_title: bool = True) -> 
         if text:
             current.paragraphs.append(text)
             current.sources.append(b.source)
+    backlinked = sum(is_backlinked_note(p) for ch in chapters for p in ch.paragraphs)
     for ch in chapters:
         if options.skip_footnotes:
             end = _footnotes_start(ch.paragraphs)
-            kept = [(p, s) for p, s in ((strip_footnote_markers(p).strip(), s)
-                                        for p, s in zip(ch.paragraphs[:end], ch.sources[:end])) if p]
+            kept = [(p, s) for p, s in ((strip_glued_references(strip_footnote_markers(p), backlinked).strip(), s)
+                                        for p, s in zip(ch.paragraphs[:end], ch.sources[:end])
+                                        if not is_backlinked_note(p)) if p]
             ch.paragraphs, ch.sources = [p for p, _ in kept], [s for _, s in kept]
             ch.title = strip_footnote_markers(ch.title).strip()
+        elif backlinked:
+            ch.paragraphs = [without_backlink(p) for p in ch.paragraphs]
         if not any(ch.sources):
             ch.sources = None  # a format without positions
     chapters = [c for c in chapters if c.paragraphs]

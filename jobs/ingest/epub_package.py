@@ -5,6 +5,7 @@ XML again outside the sandbox."""
 from __future__ import annotations
 
 import hashlib
+import html
 import posixpath
 from typing import Iterable, Optional
 
@@ -12,6 +13,8 @@ from jobs.document import EpubPackage
 from jobs.ingest.xmlscan import byte_offsets, decode_utf8, scan
 
 PREFIX = "tts-narration"
+ACCESSIBILITY = ("schema:accessMode", "schema:accessModeSufficient", "schema:accessibilityFeature",
+                 "schema:accessibilityHazard", "schema:accessibilitySummary")  # what the narration may add to
 
 
 def package_map(data: bytes, opf_path: str, opf: bytes, docs: dict[str, str], heads: dict[str, int],
@@ -47,8 +50,30 @@ def package_map(data: bytes, opf_path: str, opf: bytes, docs: dict[str, str], he
     out.manifest_end, out.metadata_end = offsets[manifest_end] + bom, offsets[metadata_end] + bom
     out.items = {path: offsets[at] + bom for path, at in item_ends.items()}
     out.heads = dict(heads)
+    out.accessibility = _accessibility(text, tags)
+    out.images = any((t.attrs.get("media-type") or "").startswith("image/") for t in items)
     taken = ids | {t.attrs.get("id") or "" for t in tags}
     out.prefix = free_prefix(taken, names, posixpath.dirname(opf_path))
+    return out
+
+
+def _accessibility(text: str, tags) -> dict:
+    """{property: [values]} of the package's own accessibility metadata (ACCESSIBILITY; EPUB 3's
+    `<meta property=...>value</meta>` and the older `<meta name=... content=.../>`; none that refines another)."""
+    out: dict[str, list[str]] = {}
+    for k, tag in enumerate(tags):
+        if tag.end or tag.local != "meta" or "refines" in tag.attrs:
+            continue
+        prop = tag.attrs.get("property") or tag.attrs.get("name")
+        if prop not in ACCESSIBILITY:
+            continue
+        if "property" in tag.attrs:
+            close = None if tag.empty else next((t for t in tags[k + 1:] if t.end and t.local == "meta"), None)
+            value = html.unescape(text[tag.stop:close.start]) if close is not None else ""
+        else:
+            value = tag.attrs.get("content") or ""
+        if value.split():
+            out.setdefault(prop, []).append(" ".join(value.split()))
     return out
 
 

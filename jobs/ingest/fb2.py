@@ -2,7 +2,8 @@
 
 Chapters are the book's <section>s, titled by their <title>: every section title starts a chapter, and
 the title of a section that holds only sections (a part) is joined to its first chapter's ("Part One.
-Chapter 1"). <description><title-info> gives title, authors and language; <coverpage> the cover (a
+Chapter 1"). A section without a <title> that opens with a paragraph all in <strong> (calibre's FB2) is titled
+by that paragraph. <description><title-info> gives title, authors and language; <coverpage> the cover (a
 <binary>). A second <body> (notes, comments) is footnotes. The XML is parsed by `jobs.ingest.safexml`
 (no entity is ever expanded) and walked without recursion, however deep its sections nest.
 """
@@ -65,31 +66,57 @@ def _title_text(title: Element, skip_notes: bool) -> str:
     return out
 
 
+def _lead_title(children: list[Element], skip_notes: bool) -> Optional[str]:
+    """The title of a section that has no <title>: its first paragraph, when that is short and all in one
+    <strong> (calibre writes a chapter's heading so), else None."""
+    if not children or local(children[0].tag) != "p" or any(local(c.tag) == "title" for c in children):
+        return None
+    first = children[0]
+    inner = list(first)
+    if len(inner) != 1 or local(inner[0].tag) != "strong" or (first.text or "").strip() or \
+            (inner[0].tail or "").strip():
+        return None
+    text = _inline(first, skip_notes)
+    return text if 0 < len(text) <= 150 else None
+
+
 def _body_blocks(body: Element, notes: bool, skip_notes: bool) -> tuple[list[Block], Optional[str]]:
-    """Blocks of one <body> in reading order, and the body's own <title> (the book's title page)."""
+    """Blocks of one <body> in reading order, and the body's own <title> (the book's title page). A section
+    inside a section that has text of its own before it (not counting an epigraph) is a subsection: its title
+    is read as a paragraph."""
     blocks: list[Block] = []
     body_title = None
-    stack = [iter(body)]
+    stack: list[list] = [[iter(body), "body", False]]  # [children, body/section/sub/container/aside, has text]
     while stack:
-        el = next(stack[-1], None)
+        el = next(stack[-1][0], None)
         if el is None:
             stack.pop()
             continue
         name = local(el.tag)
+        section = next(level for level in reversed(stack) if level[1] in ("body", "section", "sub"))
+        heading = "footnote" if notes else "para" if section[1] == "sub" else "heading"
         if name == "section":
-            stack.append(iter(el))
+            children = list(el)
+            sub = section[1] == "sub" or (section[1] == "section" and section[2])
+            lead = _lead_title(children, skip_notes)
+            if lead:  # a section without a <title> whose first paragraph is all bold (calibre's FB2)
+                blocks.append(Block("para" if sub and not notes else heading, lead, PATTERN_LEVEL))
+                children = children[1:]
+            stack.append([iter(children), "sub" if sub else "section", False])
         elif name == "title":
             text = _title_text(el, skip_notes)
             if len(stack) == 1:
                 body_title = body_title or text  # the body's title: the book's title page, not a chapter
             elif text:
-                blocks.append(Block("footnote" if notes else "heading", text, PATTERN_LEVEL))
+                blocks.append(Block(heading, text, PATTERN_LEVEL))
         elif name in PARAGRAPHS:
             text = _inline(el, skip_notes)
             if text:
                 blocks.append(Block("footnote" if notes else "para", text))
+                if not any(level[1] == "aside" for level in stack):
+                    section[2] = True
         elif name in CONTAINERS:
-            stack.append(iter(el))
+            stack.append([iter(el), "aside" if name in ("epigraph", "annotation") else "container", False])
     return blocks, body_title
 
 

@@ -23,6 +23,9 @@ BLOCK_TAGS = {
 } | set(HEADINGS)
 NOTE_TYPES = {"footnote", "footnotes", "endnote", "endnotes", "rearnote", "rearnotes", "note", "doc-footnote",
               "doc-endnote", "doc-endnotes", "doc-footnotes"}
+NOTE_CLASSES = {"footnotes", "footnote", "endnotes", "endnote", "footnote-body"}  # pandoc's EPUB 2 and HTML 4 notes
+SKIP_TYPES = {"landmarks", "page-list", "loi", "lot", "doc-backlink", "doc-pagelist"}  # navigation, not text
+BACKLINK_CLASSES = {"footnote-back", "footnote-backref", "fn-back", "backlink"}
 MARKER_CHUNKS = 16  # a footnote marker is a few text pieces at most; longer link texts are kept as they are
 MARKER_RE = re.compile(r"^\s*(\[?\(?\d{1,3}\)?\]?|[*†‡§]+)\s*$")
 CHARSET_RE = re.compile(rb"""(?:<meta[^>]+charset\s*=\s*["']?|<\?xml[^>]+encoding\s*=\s*["'])([A-Za-z0-9_.:-]+)""", re.I)
@@ -126,19 +129,22 @@ class _Parser(HTMLParser):
             if closers:
                 self._close_to(min(closers))
             self._flush()
-        types = set((a.get("epub:type", "") + " " + a.get("role", "")).lower().split())
-        classes = set(a.get("class", "").lower().split())
+        # KF8 (azw3) keeps an EPUB's epub:type as a plain `type`
+        types = set(" ".join((a.get("epub:type", ""), a.get("role", ""), a.get("type", ""))).lower().split())
+        classes = {c.rstrip("0123456789") for c in a.get("class", "").lower().split()}  # calibre: footnote1
         flags: set = set()
-        if tag in SKIP_TAGS:
+        if tag in SKIP_TAGS or "hidden" in a or types & SKIP_TYPES or classes & BACKLINK_CLASSES:
             flags.add("skip")
         if tag == "title":
             self._in_title = True
-        if types & NOTE_TYPES or (tag == "aside" and classes & {"footnote", "endnote", "note"}):
+        if types & NOTE_TYPES or classes & NOTE_CLASSES or (tag == "aside" and classes & {"note"}):
             flags.add("note")
         if tag == "nav" and types & {"toc", "doc-toc"}:
             flags.add("toc")
-        if tag in ("a", "sup") and ("noteref" in types or "doc-noteref" in types or "#" in a.get("href", "")):
-            flags.add("ref")
+        href = a.get("href", "")
+        if tag in ("a", "sup") and ("noteref" in types or "doc-noteref" in types or "#" in href
+                                    or href.startswith("kindle:pos:") or "filepos" in a):
+            flags.add("ref")  # old MOBI links by `filepos`, KF8 by kindle:pos
         self._push(tag, frozenset(flags))
 
     def handle_startendtag(self, tag, attrs):

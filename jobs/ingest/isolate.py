@@ -1,8 +1,9 @@
 """Ingestion in a child process under CPU-time, memory and wall-clock limits.
 
-A user's file is parsed by ``python -m jobs.ingest.isolate``: the parent sends the path and the
-options as JSON on stdin, the child limits itself (RLIMIT_CPU, RLIMIT_AS, no core files, lower
-priority), reads the file and answers with the document as JSON on stdout. The calling thread only
+A user's file is parsed by ``python -m jobs.ingest.isolate``: the parent writes the path and the
+options as JSON to a temporary file, the child's stdin, before it starts; the child limits itself
+(RLIMIT_CPU, RLIMIT_AS, no core files, lower priority), reads the file and answers with the document
+as JSON on stdout. The calling thread only
 waits on the child, so a pathological file can neither stall the daemon's other threads nor take its
 memory; a file over a limit fails with a reason that names the setting to raise. The daemon calls
 :func:`cancel_all` when it stops, so no ingest outlives (or delays) it.
@@ -17,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -111,12 +113,15 @@ def load_document_isolated(path: str | Path, options=None, limits: Optional[Inge
                           "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb}).encode("utf-8")
     cmd, env = _child_command()
     cancelled = threading.Event()
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            close_fds=True)
+    with tempfile.TemporaryFile() as stdin:  # the whole request is there before the child starts
+        stdin.write(request)
+        stdin.seek(0)
+        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                close_fds=True)
     with _live_lock:
         _live[proc] = cancelled
     try:
-        out, err, timed_out = _wait(proc, request, limits.wall_s, cancel, cancelled)
+        out, err, timed_out = _wait(proc, limits.wall_s, cancel, cancelled)
     finally:
         with _live_lock:
             _live.pop(proc, None)
@@ -130,17 +135,17 @@ def load_document_isolated(path: str | Path, options=None, limits: Optional[Inge
     return _answer(path, proc.returncode, out, limits)
 
 
-def _wait(proc, request: bytes, wall_s: float, cancel, cancelled) -> tuple[bytes, bytes, bool]:
-    """Feed the request and collect (stdout, stderr, timed out), polling for cancellation and the
-    wall-clock limit (the child is killed on either)."""
+def _wait(proc, wall_s: float, cancel, cancelled) -> tuple[bytes, bytes, bool]:
+    """Collect (stdout, stderr, timed out), polling for cancellation and the wall-clock limit (the child is
+    killed on either). The child's request is not written here: it reads it from a file (a poll that wakes
+    late, past its timeout, must not keep it from the child)."""
     deadline = time.monotonic() + wall_s
-    first = True
     while True:
         try:
-            out, err = proc.communicate(request if first else None, timeout=POLL_S)
+            out, err = proc.communicate(timeout=POLL_S)
             return out or b"", err or b"", False
         except subprocess.TimeoutExpired:
-            first = False
+            pass
         stop = (cancel is not None and cancel.is_set()) or cancelled.is_set()
         if stop or time.monotonic() >= deadline:
             _kill(proc)

@@ -21,9 +21,10 @@ from typing import Optional
 
 from jobs.document import Document
 from jobs.errors import IngestError
-from jobs.ingest.blocks import PATTERN_LEVEL, Block, build_chapters
+from jobs.ingest.blocks import PATTERN_LEVEL, Block, _key, build_chapters
 from jobs.ingest.html import html_to_blocks
 from jobs.ingest.mobi_compress import HuffCdic, damaged, palmdoc, strip_trailing
+from jobs.ingest.mobi_links import CHAPTER_RE, drop_link_lists, old_mobi_markup
 from jobs.ingest.text import chapter_heading
 
 log = logging.getLogger(__name__)
@@ -183,9 +184,22 @@ def _kf8_part(records: list[bytes], h: _Header) -> _Header:
     return h
 
 
-def _blocks(html: str, skip_footnotes: bool) -> list[Block]:
-    """The book's blocks (old MOBI's sections between page breaks one after another); in a book without
-    any heading, a short paragraph of chapter words ("Chapter 3", "Epilogue") starts a chapter."""
+def _blocks(html: str, skip_footnotes: bool, titles: list[str]) -> list[Block]:
+    """The book's blocks (old MOBI's sections between page breaks one after another). Where the book's table
+    of contents said a chapter starts (a `CHAPTER_RE` marker, its title in `titles`), it starts, its first
+    paragraph taken as its heading when it says the title. In a book without either, a short paragraph of
+    chapter words ("Chapter 3", "Epilogue") starts a chapter."""
+    if titles:
+        pieces = CHAPTER_RE.split(html)  # text, chapter number, text, ...
+        out = _blocks(pieces[0], skip_footnotes, []) if pieces[0].strip() else []
+        for number, part in zip(pieces[1::2], pieces[2::2]):
+            found = _blocks(part, skip_footnotes, [])
+            title = titles[int(number)]
+            if found and found[0].kind in ("para", "heading") and _key(found[0].text) == _key(title):
+                found = found[1:]
+            out += [Block("heading", title, PATTERN_LEVEL)] + [b if b.kind != "heading" else
+                                                               Block("para", b.text) for b in found]
+        return out
     sections = [html_to_blocks(part, skip_footnotes)[0] for part in PAGEBREAK.split(html)]
     if any(b.kind == "heading" for s in sections for b in s):
         return [b for s in sections for b in s]
@@ -229,10 +243,15 @@ def load_mobi(data: bytes, options) -> Document:
     kf8 = h.version >= 8
     if kf8:
         text = _first_flow(records, h, text)
+    titles: list[str] = []
+    if not kf8 and data[60:68] != b"TEXtREAd":
+        text, titles = old_mobi_markup(text, _codec(h.encoding))
     markup = text.decode(_codec(h.encoding), "replace")
     if data[60:68] == b"TEXtREAd":  # plain PalmDOC: text, not markup
         markup = "".join(f"<p>{escape(part)}</p>" for part in re.split(r"\n\s*\n", markup))
-    _, chapters = build_chapters(_blocks(markup, options.skip_footnotes), options, promote_title=False)
+    if kf8:
+        markup = drop_link_lists(markup)
+    _, chapters = build_chapters(_blocks(markup, options.skip_footnotes, titles), options, promote_title=False)
     if not chapters:
         raise IngestError("The MOBI/AZW3 book contains no readable text.")
     meta = _meta(h, records)

@@ -22,6 +22,7 @@ from jobs.ingest.text import styled_block
 log = logging.getLogger(__name__)
 
 OFFICE = "{urn:oasis:names:tc:opendocument:xmlns:office:1.0}"
+SVG = "{urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0}"
 TEXT_TYPES = ("application/vnd.oasis.opendocument.text", "application/vnd.oasis.opendocument.text-template",
               "application/vnd.oasis.opendocument.text-master")
 CONTAINERS = {"list", "list-item", "list-header", "section", "table", "table-row", "table-rows", "table-cell",
@@ -99,6 +100,8 @@ def _inline(el: Element, notes: list[str], skip_notes: bool) -> str:
             if body is not None and not skip_notes:
                 notes.extend(t for t in (_inline(p, notes, skip_notes) for p in body.iter()
                                          if local(p.tag) in ("p", "h")) if t)
+            return ""
+        if name in ("desc", "title") and child.tag.startswith(SVG):  # an image's description, not text
             return ""
         return "" if name in SKIPPED or name == "ruby-text" else None
 

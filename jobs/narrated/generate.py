@@ -84,7 +84,7 @@ def generate_epub(doc: Document, chapters: Sequence[tuple[str, list]], language:
               f'<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops" '
               f'xml:lang="{lang}" lang="{lang}">\n<head>\n<meta charset="utf-8"/>\n<title>{name}</title>\n')
         heads[path] = f.add("</head>\n")
-        f.add(f'<body>\n<section epub:type="chapter" id="c{n:03d}">\n')
+        f.add(f'<body>\n<section epub:type="chapter" role="doc-chapter" id="c{n:03d}">\n')
         title_source = f.run("h1", name, path)
         if ci is not None and title_source is not None:
             sources[(ci, None)] = title_source
@@ -112,7 +112,8 @@ def _nav(toc: list[tuple[str, str]], lang: str) -> bytes:
     return ('<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE html>\n'
             '<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops" '
             f'xml:lang="{lang}" lang="{lang}">\n<head>\n<meta charset="utf-8"/>\n<title>Contents</title>\n</head>\n'
-            f'<body>\n<nav epub:type="toc" id="toc">\n<h1>Contents</h1>\n<ol>\n{items}</ol>\n</nav>\n</body>\n</html>\n'
+            '<body>\n<nav epub:type="toc" role="doc-toc" id="toc">\n'
+            f'<h1>Contents</h1>\n<ol>\n{items}</ol>\n</nav>\n</body>\n</html>\n'
             ).encode("utf-8")
 
 
@@ -128,7 +129,7 @@ def _opf(toc: list[tuple[str, str]], lang: str, title: str, author: str,
             f'    <meta property="dcterms:modified">{modified}</meta>\n')
     out = io.StringIO()
     out.write(head)
-    package = EpubPackage(opf=OPF, prefix=PREFIX)
+    package = EpubPackage(opf=OPF, prefix=PREFIX, accessibility={})  # it declares none: the narration adds them
     marks = {"metadata_end": out.tell()}
     out.write("  </metadata>\n  <manifest>\n"
               '    <item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>\n')

@@ -22,6 +22,7 @@ from jobs.document import Document, TextSource
 from jobs.errors import IngestError
 from jobs.narrated.align import Locator
 from jobs.narrated.generate import generate_epub
+from text.language import guess_language
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, list]], source: Optional[Path],
                       language: str, title: str, author: Optional[str]) -> dict:
     """Store the book the narration goes into and give each segment of `chapters` its source; returns the
-    job meta's `narration` entry. `source`: the input file (an EPUB 3 input is narrated in place)."""
+    job meta's `narration` entry. `source`: the input file (an EPUB 3 input is narrated in place); `language`:
+    the job's (its own, else the document's; "" for auto: the text's language is then guessed, `book_language`)."""
     package, generated, total = doc.package, False, sum(len(segs) for _, segs in chapters)
     problem = package.problem if package is not None else None
     if package is not None and problem is None and (source is None or not Path(source).is_file()):
@@ -51,7 +53,7 @@ def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, l
     if package is None or problem is not None:
         if package is not None:
             log.info("the narrated EPUB is a new EPUB of the book's text: %s", problem)
-        data, package, made = generate_epub(doc, chapters, language, title, author)
+        data, package, made = generate_epub(doc, chapters, book_language(language, chapters), title, author)
         generated = True
         missing = bind(chapters, lambda ci, pi: made.get((ci, pi)))
     if missing:
@@ -61,6 +63,15 @@ def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, l
     if not path.is_file():
         write_bytes_atomic(path, data)
     return {"package": str(path), "map": package.to_dict(), "generated": generated}
+
+
+def book_language(language: str, chapters: Sequence[tuple[str, list]]) -> str:
+    """The BCP-47 tag a simple EPUB of the text declares: the job's language where it names one (`language`, a
+    short code), else the language of what was spoken, guessed from the segments' text (`text.language`);
+    `und` where neither tells."""
+    if len(language) in (2, 3) and language.isalpha():
+        return language.lower()
+    return guess_language(s.original for _, segs in chapters for s in segs) or "und"
 
 
 def bind(chapters: Sequence[tuple[str, list]], source_of) -> int:

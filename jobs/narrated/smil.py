@@ -1,14 +1,18 @@
 """Media Overlay documents (SMIL 3.0 as EPUB 3 uses it): one per narrated XHTML file, a `par` per segment that
 pairs the text (a fragment: the id of its span) with its clip of the chapter's audio.
 
-Clip times are the subtitles' times (`jobs.subtitles.milliseconds`, `clock`: the same spans, the same
-rounding), so a clip and its cue agree to the millisecond; a document's duration is the sum of its clips.
+A clip is its sentence and the pause after it: the clips of one chapter's audio tile it (`tile`): each ends
+where the next begins, the first begins at 0 and the last ends where the audio does, so a reading system
+plays every moment of the audio and never runs two sentences together. A clip begins where its cue in the
+subtitles begins (`jobs.subtitles.milliseconds`, `clock`: the same spans, the same rounding); a segment that
+is not highlighted (its text not found) is heard within the clip before it. A document's duration is the sum
+of its clips, so the book's is its narrated audio's.
 """
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 from urllib.parse import quote
 
 from jobs.subtitles import clock
@@ -33,6 +37,22 @@ class Par:
 def href(target: str, frm: str) -> str:
     """The relative URL of zip member `target` from a file in zip member `frm`."""
     return quote(posixpath.relpath(target, posixpath.dirname(frm) or "."), safe="/")
+
+
+def tile(pars: Sequence[Par], ends: Mapping[str, int]) -> list[Par]:
+    """`pars` (each clip its segment's own span) with their clips made to tile their audio: in each audio
+    member's order of time, a clip runs from the end of the one before (0 for the first) to the begin of the
+    next (`ends[audio]`, the audio's length in ms, for the last). Returned in the order given."""
+    by_audio: dict[str, list[int]] = {}
+    for k, p in enumerate(pars):
+        by_audio.setdefault(p.audio, []).append(k)
+    out = list(pars)
+    for audio, ks in by_audio.items():
+        ks.sort(key=lambda k: pars[k].begin_ms)
+        bounds = [0] + [pars[k].begin_ms for k in ks[1:]] + [ends[audio]]
+        for n, k in enumerate(ks):
+            out[k] = replace(pars[k], begin_ms=bounds[n], end_ms=bounds[n + 1])
+    return out
 
 
 def duration_ms(pars: Sequence[Par]) -> int:

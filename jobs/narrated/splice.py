@@ -4,8 +4,8 @@ is removed or rewritten, so taking the inserted tags out again gives the origina
 
 An XHTML file gets a `<span id="...">`/`</span>` pair around each piece of each segment (pieces that nest:
 `jobs.narrated.align`) and a stylesheet link before `</head>` (the highlight's colour). The package document
-gets the new manifest items, a `media-overlay` attribute on each narrated file's item and the overlay
-metadata (`media:duration` per overlay and in all, `media:active-class`).
+gets the new manifest items, a `media-overlay` attribute on each narrated file's item, the overlay
+metadata (`media:duration` per overlay and in all, `media:active-class`) and the accessibility metadata.
 """
 from __future__ import annotations
 
@@ -55,15 +55,18 @@ def span_inserts(size: int, spans: Sequence[tuple[str, Sequence[Sequence[int]]]]
 
 
 def opf_inserts(package, items: Sequence[tuple[str, str, str]], overlays: dict[str, str],
-                durations: Sequence[tuple[str, str]], total: str, narrator: str = "") -> list[tuple[int, int, str]]:
+                durations: Sequence[tuple[str, str]], total: str, narrator: str = "",
+                accessibility: Sequence[tuple[str, str]] = ()) -> list[tuple[int, int, str]]:
     """The package document's new text: manifest `items` (id, href, media type), `overlays` (narrated file ->
-    its overlay's id) as media-overlay attributes, `durations` ((overlay id, clock value)) and the `total`."""
+    its overlay's id) as media-overlay attributes, `durations` ((overlay id, clock value)), the `total` and
+    the `accessibility` metadata ((property, value), `jobs.narrated.accessibility`)."""
     manifest = "".join(f'    <item id="{i}" href="{html.escape(h)}" media-type="{t}"/>\n' for i, h, t in items)
     metadata = "".join(f'    <meta property="media:duration" refines="#{i}">{d}</meta>\n' for i, d in durations)
     metadata += f'    <meta property="media:duration">{total}</meta>\n'
     metadata += f'    <meta property="media:active-class">{ACTIVE_CLASS}</meta>\n'
     if narrator:
         metadata += f'    <meta property="media:narrator">{html.escape(narrator)}</meta>\n'
+    metadata += "".join(f'    <meta property="{p}">{html.escape(v, quote=False)}</meta>\n' for p, v in accessibility)
     out = [(package.manifest_end, 0, manifest), (package.metadata_end, 0, metadata)]
     out += [(package.items[doc], 0, f' media-overlay="{overlay}"') for doc, overlay in overlays.items()]
     return out

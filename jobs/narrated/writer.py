@@ -3,7 +3,8 @@ simple EPUB of its text) with the chapter audio, a Media Overlay per narrated fi
 in id'd spans, written beside the job's other outputs as `<title>.epub`.
 
 Clips come from the same spans as the subtitles (`ChapterOut.spans`: each segment's place in its chapter's
-audio). The book's members are copied through as they are (`mimetype` first and stored, as OCF asks); only
+audio), made to tile the chapter's audio (`jobs.narrated.smil.tile`: a clip is its sentence and the pause
+after it). The book's members are copied through as they are (`mimetype` first and stored, as OCF asks); only
 the narrated XHTML files and the package document change, by insertions (`jobs.narrated.splice`). The book
 is opened with the zip guards of ingestion (`jobs.ingest.safezip`), and nothing in it is run or fetched.
 """
@@ -20,7 +21,8 @@ from jobs.assemble import AssemblyError, ChapterOut, atomic_path, safe_name
 from jobs.document import EpubPackage
 from jobs.errors import IngestError
 from jobs.ingest.safezip import SafeZip
-from jobs.narrated.smil import Par, duration_ms, href, smil_document
+from jobs.narrated.accessibility import accessibility_metadata
+from jobs.narrated.smil import Par, duration_ms, href, smil_document, tile
 from jobs.narrated.splice import CSS, insert, opf_inserts, span_inserts
 from jobs.subtitles import clock, milliseconds
 
@@ -54,9 +56,9 @@ def write_narrated_epub(job: dict, chapters: Sequence[dict], segments: Sequence[
         raise AssemblyError(f"the book to narrate cannot be opened: {exc}") from None
     base = posixpath.dirname(package.opf)
     folder = posixpath.join(base, package.prefix) if base else package.prefix
-    pars, audio = _pars(package, folder, chapters, segments, outputs)
+    pars, audio, ends = _pars(package, folder, chapters, segments, outputs)
     try:
-        changed, added = _files(book, package, folder, pars, audio, job)
+        changed, added = _files(book, package, folder, pars, audio, ends, job, bool(narration.get("generated")))
         path = out_dir / f"{safe_name(job.get('title') or 'book')}.epub"
         with atomic_path(path) as tmp:
             _write_zip(tmp, book, changed, added)
@@ -67,13 +69,15 @@ def write_narrated_epub(job: dict, chapters: Sequence[dict], segments: Sequence[
     return path
 
 
-def _pars(package: EpubPackage, folder: str, chapters, segments, outputs) -> tuple[dict, dict]:
-    """({narrated file: [Par, ...] in reading order}, {audio member: chapter file}) of the job's segments."""
+def _pars(package: EpubPackage, folder: str, chapters, segments, outputs) -> tuple[dict, dict, dict]:
+    """({narrated file: [Par, ...] in reading order, each clip its segment's own span}, {audio member: chapter
+    file}, {audio member: its length in ms}) of the job's segments."""
     by_chapter: dict[int, list[dict]] = {}
     for s in segments:
         by_chapter.setdefault(s["chapter_idx"], []).append(s)
     pars: dict[str, list[Par]] = {}
     audio: dict[str, Path] = {}
+    ends: dict[str, int] = {}
     for ch, out in zip(chapters, outputs):
         if out.path is None:
             continue
@@ -89,44 +93,53 @@ def _pars(package: EpubPackage, folder: str, chapters, segments, outputs) -> tup
                 ranges = tuple(tuple(r) for r in source["ranges"])
                 span_id = f"{package.prefix}-s{row['idx']}"
                 pars.setdefault(source["doc"], []).append(Par(source["doc"], span_id, member, begin, end, ranges))
-                audio[member] = out.path
+                audio[member], ends[member] = out.path, milliseconds(out.end_s - out.start_s)
     order = list(package.items)  # files in spine order, a file's pars in the order of its text
-    return {doc: sorted(pars[doc], key=lambda p: p.ranges[0][0]) for doc in sorted(pars, key=order.index)}, audio
+    return ({doc: sorted(pars[doc], key=lambda p: p.ranges[0][0]) for doc in sorted(pars, key=order.index)},
+            audio, ends)
 
 
-def _files(book: SafeZip, package: EpubPackage, folder: str, pars: dict, audio: dict, job: dict):
-    """The changed members ({name: bytes}) and the added ones ([(name, bytes or a file)])."""
+def _files(book: SafeZip, package: EpubPackage, folder: str, pars: dict, audio: dict, ends: dict, job: dict,
+           generated: bool):
+    """The changed members ({name: bytes}) and the added ones ([(name, bytes or a file)]); `generated`: the
+    book is a simple EPUB of the text."""
     css = f"{folder}/narration.css"
     changed: dict[str, bytes] = {}
-    added: list[tuple[str, object]] = [(css, CSS.encode("utf-8"))]
-    items = [(f"{package.prefix}-css", href(css, package.opf), "text/css")]
-    overlays, durations = {}, []
-    for n, member in enumerate(sorted(audio), 1):
-        added.append((member, audio[member]))
-        items.append((f"{package.prefix}-audio{n:03d}", href(member, package.opf), "audio/mpeg"))
-    for n, (doc, doc_pars) in enumerate(pars.items(), 1):
+    spans: dict[str, list] = {}  # narrated file -> its pars whose text was wrapped
+    for doc, doc_pars in pars.items():
         data = book.read(doc)
         inserts, wrapped = span_inserts(len(data), [(p.span_id, p.ranges) for p in doc_pars])
-        doc_pars = [p for p in doc_pars if p.span_id in wrapped]
-        if not doc_pars:
+        if not wrapped:
             continue
         head = package.heads.get(doc, -1)
         if head >= 0:
             inserts.append((head, 0, f'<link rel="stylesheet" type="text/css" href="{href(css, doc)}"/>\n'))
         changed[doc] = insert(data, inserts)
+        spans[doc] = [p for p in doc_pars if p.span_id in wrapped]
+    if not spans:
+        raise AssemblyError("no segment of the job was found in the book's text, so nothing can be narrated "
+                            "(see the job's log); choose an audio format for this document")
+    tiled = iter(tile([p for doc_pars in spans.values() for p in doc_pars], ends))
+    spans = {doc: [next(tiled) for _ in doc_pars] for doc, doc_pars in spans.items()}
+    heard = sorted({p.audio for doc_pars in spans.values() for p in doc_pars})  # audio with a clip, no other
+    added: list[tuple[str, object]] = [(css, CSS.encode("utf-8"))]
+    items = [(f"{package.prefix}-css", href(css, package.opf), "text/css")]
+    for n, member in enumerate(heard, 1):
+        added.append((member, audio[member]))
+        items.append((f"{package.prefix}-audio{n:03d}", href(member, package.opf), "audio/mpeg"))
+    overlays, durations = {}, []
+    for n, (doc, doc_pars) in enumerate(spans.items(), 1):
         smil, overlay = f"{folder}/smil/{n:03d}.smil", f"{package.prefix}-mo{n:03d}"
         added.append((smil, smil_document(smil, doc, doc_pars)))
         items.append((overlay, href(smil, package.opf), "application/smil+xml"))
         overlays[doc] = overlay
         durations.append((overlay, duration_ms(doc_pars)))
-    if not overlays:
-        raise AssemblyError("no segment of the job was found in the book's text, so nothing can be narrated "
-                            "(see the job's log); choose an audio format for this document")
     total = clock(sum(d for _, d in durations))
     voice = json.loads(job.get("spec") or "{}").get("voice") or ""
     narrator = Path(voice).stem if voice.endswith(".voice") else voice  # a saved voice by its name, not its path
+    metadata = accessibility_metadata(package, generated)
     changed[package.opf] = insert(book.read(package.opf), opf_inserts(
-        package, items, overlays, [(i, clock(d)) for i, d in durations], total, narrator))
+        package, items, overlays, [(i, clock(d)) for i, d in durations], total, narrator, metadata))
     return changed, added
 
 

@@ -24,6 +24,14 @@ class Assemblies:
             row = c.execute("SELECT assembly_attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return int(row[0]) if row else 0
 
+    def assembly_paused(self, job_id: str, worker_id: str) -> None:
+        """The assembly of `job_id` stopped for want of room on the disk (jobs.disk): the attempt does not
+        count, and its assembly lease goes, so the job is assembled again once there is room."""
+        with self.tx() as c:
+            c.execute("""UPDATE jobs SET assembly_attempts = CASE WHEN assembly_attempts > 0 THEN assembly_attempts - 1
+                         ELSE 0 END, assembly_worker = NULL, assembly_expires = NULL
+                         WHERE id = ? AND assembly_worker = ?""", (job_id, worker_id))
+
     def assembly_finished(self, job_id: str) -> None:
         """The job's assembly ended with its files written: a later one (after a redo) starts the count again."""
         with self.tx() as c:
@@ -36,6 +44,7 @@ class Assemblies:
         with self.tx() as c:
             ids = [r[0] for r in c.execute(
                 """SELECT j.id FROM jobs j WHERE j.state = 'failed' AND j.assembly_attempts BETWEEN 1 AND ?
+                   AND j.work_removed_at IS NULL
                    AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.job_id = j.id AND s.state IN ('queued', 'leased'))""",
                 (ASSEMBLY_TRIES - 1,)).fetchall()]
             for job_id in ids:

@@ -9,7 +9,10 @@ retries, a `dead` end state (`failed`) with the last error, each segment's audio
 once. Several processes may share one queue: each opens its own `Queue`. Only this package touches
 the tables: claims and leases are in `leases.Leases`, results and the job log in `records.Records`,
 assembly attempts in `assembly.Assemblies`, the inbox's files in `inbox.InboxFiles`, idempotent
-submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`.
+submits in `submissions.Submissions`, the daemons sharing the queue in `daemons.Daemons`, what goes
+when a job's working files are removed or the job is deleted in `removal.Removal`, what a job's
+progress and length are read from in `progress.Progress`, where the listener stopped in each book in
+`positions.Positions`.
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ from jobs.queue.assembly import Assemblies
 from jobs.queue.daemons import Daemons
 from jobs.queue.inbox import InboxFiles
 from jobs.queue.leases import Leases
+from jobs.queue.positions import Positions
+from jobs.queue.progress import Progress
 from jobs.queue.records import ACTIVE, TERMINAL, NoQueue, QueueError, Records
+from jobs.queue.removal import Removal
 from jobs.queue.schema import SchemaTooNew, migrate, pending
 from jobs.queue.location import is_url, parse_location, redact
 from jobs.queue.store import QueueUnavailable, open_store
@@ -54,7 +60,7 @@ class JobSettings(Protocol):
     def to_json(self) -> str: ...
 
 
-class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
+class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons, Removal, Progress, Positions):
     """One connection to the queue database. Not thread-safe: one per thread/process.
 
     `location` is a SQLite file path or a `postgresql://` URL, parsed strictly (`location.parse_location`:
@@ -233,12 +239,22 @@ class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons):
         return {int(c): int(n) for c, n in rows}
 
     def counts(self, job_id: Optional[str] = None) -> dict:
-        """Segment counts by state, for one job or all."""
+        """Segment counts by state, for one job (its rows removed with its working files included:
+        `removed_counts`) or of the rows there are."""
         where, args = ("WHERE job_id = ?", [job_id]) if job_id else ("", [])
         rows = self.store.execute(f"SELECT state, COUNT(*) FROM segments {where} GROUP BY state", args)
         out = {"queued": 0, "leased": 0, "done": 0, "failed": 0, "cancelled": 0}
         out.update(dict(rows.fetchall()))
+        for state, n in (self.removed_counts(job_id) if job_id else {}).items():
+            out[state] = out.get(state, 0) + n
         return out
+
+    def job_audio(self, job_id: str) -> tuple[float, float]:
+        """(seconds of audio the job's segments have, those of its longest chapter): what its book holds."""
+        rows = self.store.execute("""SELECT SUM(duration_s) FROM segments WHERE job_id = ? AND state = 'done'
+                                     GROUP BY chapter_idx""", [job_id]).fetchall()
+        seconds = [float(r[0] or 0.0) for r in rows]
+        return sum(seconds), max(seconds, default=0.0)
 
     def job_counts(self) -> dict:
         """Job counts by state (states without jobs are left out)."""

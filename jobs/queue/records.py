@@ -22,6 +22,16 @@ def _now() -> float:
     return time.time()
 
 
+def _work_kept(job: dict, what: str) -> None:
+    """QueueError when the job's working files (its segments' audio) were removed (jobs.retention): a retry
+    or a redo assembles the book again from every segment's audio."""
+    if job.get("work_removed_at"):
+        when = time.strftime("%Y-%m-%d", time.localtime(job["work_removed_at"]))
+        raise QueueError(f"job {job['id']} cannot be {what}: its segments' audio was removed on {when}, "
+                         "jobs.keep_work_days after it ended (its outputs stay); submit the document again "
+                         "for a new take, and raise jobs.keep_work_days to keep the audio longer")
+
+
 class Records:
     """Needs `tx()`, `_rows()`, `job()`, `store` and `max_attempts` of the Queue."""
 
@@ -34,26 +44,47 @@ class Records:
 
     def complete(self, seg_id: int, key: str, path: str, sample_rate: int, samples: int, seed_used: int,
                  log_id: Optional[int] = None) -> bool:
-        """Record finished audio (already durable on disk) and mark the segment done; with `log_id`,
-        its synthesis log entry ends in the same transaction (only when this call recorded the audio).
+        """Record finished audio (already durable on disk) and mark the segment done; the audio becomes the
+        cache entry of `key` only then; with `log_id`, its synthesis log entry ends in the same transaction
+        (only when this call recorded the audio).
 
-        Returns False when the segment is no longer waiting for audio (cancelled, or done by another).
+        Returns False when the segment is no longer waiting for audio (cancelled, deleted, or done by
+        another): then nothing names `path` (the caller may remove it).
         """
         now = _now()
         with self.tx() as c:
-            c.execute("""INSERT INTO audio_cache (key, path, sample_rate, samples, seed_used, created_at)
-                         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET path = excluded.path,
-                         sample_rate = excluded.sample_rate, samples = excluded.samples,
-                         seed_used = excluded.seed_used, created_at = excluded.created_at""",
-                      (key, str(path), sample_rate, samples, seed_used, now))
             cur = c.execute("""UPDATE segments SET state = 'done', key = ?, audio_path = ?, duration_s = ?,
                                seed_used = ?, worker_id = NULL, lease_expires = NULL, last_error = NULL,
                                updated_at = ? WHERE id = ? AND state IN ('leased', 'queued')""",
                             (key, str(path), samples / float(sample_rate), seed_used, now, seg_id))
             recorded = cur.rowcount == 1
+            if recorded:
+                c.execute("""INSERT INTO audio_cache (key, path, sample_rate, samples, seed_used, created_at)
+                             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET path = excluded.path,
+                             sample_rate = excluded.sample_rate, samples = excluded.samples,
+                             seed_used = excluded.seed_used, created_at = excluded.created_at""",
+                          (key, str(path), sample_rate, samples, seed_used, now))
             if recorded and log_id is not None:
                 c.execute("UPDATE synth_log SET finished_at = ? WHERE id = ?", (now, log_id))
         return recorded
+
+    def complete_cached(self, seg_id: int, key: str) -> Optional[bool]:
+        """Record the cached audio of `key` for segment `seg_id` -> True; None when there is no cache entry
+        whose file is there (synthesize it), False when the segment no longer waits for audio. The entry is
+        locked while it is recorded, so removing it (jobs.queue.removal) either waits for this or is seen."""
+        if self.cached(key) is None:  # a miss costs no write transaction
+            return None
+        with self.tx() as c:
+            row = c.execute("SELECT path, sample_rate, samples, seed_used FROM audio_cache WHERE key = ?"
+                            + self.store.for_update, (key,)).fetchone()
+            if row is None or not Path(row[0]).is_file():
+                return None
+            path, sample_rate, samples, seed_used = row
+            cur = c.execute("""UPDATE segments SET state = 'done', key = ?, audio_path = ?, duration_s = ?,
+                               seed_used = ?, worker_id = NULL, lease_expires = NULL, last_error = NULL,
+                               updated_at = ? WHERE id = ? AND state IN ('leased', 'queued')""",
+                            (key, path, samples / float(sample_rate), seed_used, _now(), seg_id))
+        return cur.rowcount == 1
 
     def fail(self, seg_id: int, error: str, retry: bool = True, guard: bool = False) -> str:
         """Record a failed attempt: back to the queue, or `failed` when out of attempts / not retryable.
@@ -146,6 +177,7 @@ class Records:
         job = self.job(job_id)
         if job["state"] in ACTIVE:
             raise QueueError(f"job {job_id} is still {job['state']}; retry applies to failed/partial/cancelled jobs")
+        _work_kept(job, "retried")
         with self.tx() as c:
             n = c.execute("""UPDATE segments SET state = 'queued', attempts = 0, guard_failures = 0, lost = 0,
                              updated_at = ? WHERE job_id = ? AND state IN ('failed', 'cancelled')""",
@@ -157,7 +189,7 @@ class Records:
 
     def redo(self, job_id: str, index: int, seed: Optional[int] = None) -> int:
         """Re-render segment `index` (0-based, as in the manifest) with `seed` (random if None)."""
-        self.job(job_id)
+        _work_kept(self.job(job_id), "redone")
         seed = random.randrange(1, 2**31 - 1) if seed is None else int(seed)
         with self.tx() as c:
             n = c.execute("""UPDATE segments SET state = 'queued', seed = ?, seed_used = NULL, attempts = 0,

@@ -5,7 +5,10 @@ job log), `synth_log` (one row per synthesis of a key, for audits), `inbox_files
 `workers` (who holds leases: host, pid, process start, for taking back a dead worker's leases
 at once), `submissions` (idempotency keys of submits: jobs.queue.submissions) and `daemons` (the daemons
 sharing the queue and their spool folders: jobs.queue.daemons). `jobs.assembly_attempts`:
-jobs.queue.assembly. DDL says `{id}` and `{real}` where the two databases spell a type differently.
+jobs.queue.assembly; `jobs.work_removed_at`, `jobs.removed_counts`: jobs.queue.removal. `positions`: where the
+listener stopped in each book (jobs.queue.positions); the index `segments_progress` serves a job's totals and
+finishes (jobs.queue.progress) without reading its text. DDL says `{id}` and `{real}` where the two databases
+spell a type differently.
 """
 from __future__ import annotations
 
@@ -61,6 +64,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (7, "daemons sharing the queue and their spool folders (jobs.queue.daemons)", [
         """CREATE TABLE daemons (id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started TEXT,
             home TEXT NOT NULL, spool TEXT, instance TEXT, started_at {real}, seen_at {real})""",
+    ]),
+    (8, "finished jobs' working files removed (jobs.queue.removal): when, and the segment rows that went", [
+        "ALTER TABLE jobs ADD COLUMN work_removed_at {real}",
+        "ALTER TABLE jobs ADD COLUMN removed_counts TEXT",
+        "CREATE INDEX segments_audio ON segments (audio_path)",
+        "CREATE INDEX audio_cache_path ON audio_cache (path)",
+    ]),
+    (9, "where the listener stopped in each book (jobs.queue.positions); a job's totals and finishes by index", [
+        """CREATE TABLE positions (job_id TEXT PRIMARY KEY, position_s {real} NOT NULL, chapter INTEGER,
+            updated_at {real} NOT NULL)""",
+        "CREATE INDEX segments_progress ON segments (job_id, state, updated_at, duration_s, pause_after_ms)",
     ]),
 ]
 
