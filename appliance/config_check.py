@@ -21,10 +21,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @functools.lru_cache(maxsize=1)
 def choices() -> dict:
     """Keys with a fixed set of values; dtype and codec names come from the engine's tables."""
-    from engines.names import AUTO, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
+    from engines.names import AUTO, CODEC_DTYPES, DTYPE_NAMES, KV_CACHES, LINEARS, RUNTIME_CODECS
 
     return {("model", "dtype"): (AUTO, *DTYPE_NAMES), ("service", "log_level"): LOG_LEVELS,
-            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS}
+            ("runtime", "codec"): RUNTIME_CODECS, ("runtime", "kv_cache"): KV_CACHES, ("runtime", "linear"): LINEARS,
+            ("runtime", "codec_dtype"): CODEC_DTYPES}
 
 
 def coerce(value, typ, where: str):

@@ -49,7 +49,8 @@ class RuntimeSection:
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)
     kv_cache: str = "auto"            # the talker's key/value cache: auto (= model until fp8 is measured), model, fp8
     attn_split: Optional[bool] = None  # the talker's attention split over programs per row (None: off until measured)
-    linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.int8.linear_setting), model, int8
+    linear: str = "auto"              # the decoder layers' weights: auto (engines.runtime.linears.linear_setting), model, fp16, int8
+    codec_dtype: str = "auto"         # the codec lanes' dtype: auto (engines.codec.dtype.codec_dtype_setting), model, bfloat16
     engine_process: bool = True       # the daemon runs each engine in a process of its own (false: in its own)
     engine_cache: Optional[str] = None  # where build-engines puts the codec engines, a folder per checkpoint
                                         # (None: $TTS_APPLIANCE_ENGINE_CACHE, else ~/.cache/tts-appliance/engines)

@@ -222,6 +222,14 @@ def _join(items, limit: int = 12) -> str:
     return (", ".join(str(x) for x in items[:limit]) or "-") + more
 
 
+def _linear_words(e: dict) -> str:
+    """An engine's decoder-layer weight format, where it is not the model's dtype (runtime.linear)."""
+    fmt = e.get("linear")
+    if fmt in (None, "model"):
+        return ""
+    return f"{fmt} decoder-layer weights ({'lossy; ' if fmt == 'int8' else ''}{e.get('linear_reason', '')}), "
+
+
 def _device_lines(d: dict) -> list[str]:
     if "error" in d:
         return [f"  error: {d['error']}"]
@@ -289,9 +297,9 @@ def render(r: dict) -> str:
     section("engines", r["engines"], lambda es: [
         f"  {e['error']}" if "error" in e else
         f"  {e['device']}: {e['dtype']}{', fp8 key/value cache' if e.get('kv_cache') == 'fp8' else ''}, "
-        f"{'int8 decoder-layer weights (lossy; ' + e.get('linear_reason', '') + '), ' if e.get('linear') == 'int8' else ''}"
+        f"{_linear_words(e)}"
         f"{e['max_slots']} slots of {e['max_context']} positions ({e['slots_reason']}), "
-        f"codec {e['codec']}, {e['threads']} CPU threads"
+        f"codec {e['codec']}{' in bf16' if e.get('codec_dtype') == 'bfloat16' else ''}, {e['threads']} CPU threads"
         f"{' (' + str(e['idle_threads']) + ' while the codec idles)' if e.get('idle_threads', 0) > e['threads'] else ''}"
         f"{' + ' + str(e['codec_threads']) + ' for the codec' if e.get('codec_threads') else ''}" for e in es])
     section("jobs", r["settings"], lambda j: _jobs_lines(j, r["engines"]))

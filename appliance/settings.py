@@ -188,7 +188,8 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, cache), engine_cache=str(cache), codec_fast=r.codec_fast,
                       attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,
-                      kv_cache=r.kv_cache, attn_split=r.attn_split, linear=r.linear, prefill_graphs=r.prefill_graphs,
+                      kv_cache=r.kv_cache, attn_split=r.attn_split, linear=r.linear, codec_dtype=r.codec_dtype,
+                      prefill_graphs=r.prefill_graphs,
                       warmup=warmup)
 
 

@@ -1,16 +1,19 @@
 """Quality guard of the narrower numbers: how often bf16 picks the same codes as fp32, and how often the fp8
 key/value cache (bf16 weights, `runtime.kv_cache: fp8`) picks the same codes as bf16, on the same weights and
-inputs. fp8 is adopted only where its agreement with bf16 is as good as bf16's with fp32; int8 decoder-layer
-weights (`runtime.linear: int8`, CPU) are measured against fp32 the same way and compared with bf16's figure.
+inputs. fp8 is adopted only where its agreement with bf16 is as good as bf16's with fp32; the CPU's packed
+decoder-layer weights (`runtime.linear`: fp16, int8) are measured against fp32 the same way and compared with
+bf16's figure (`runtime.linear: auto` takes a format only where it holds: engines.runtime.linears).
 
     python -m benchmarks.bf16_agreement --model tests/data/tiny/cv_small --device cpu
     python -m benchmarks.bf16_agreement --dummy 0.6b --device cuda
-    python -m benchmarks.bf16_agreement --dummy 0.6b --device cpu --pairs bf16_vs_fp32,int8_vs_fp32
+    python -m benchmarks.bf16_agreement --dummy 0.6b --device cpu --frames 20 \
+        --pairs bf16_vs_fp32,fp16_vs_fp32,int8_vs_fp32
 
 Pairs (test against reference): bf16_vs_fp32 (bf16 weights and cache against fp32), fp8_vs_bf16 (bf16 weights
-with the fp8 cache against bf16 with its bf16 cache), fp8_vs_fp32, int8_vs_fp32 (fp32 with int8 decoder-layer
-weights: the reference modules' linears replaced by their int8 form for the teacher-forced measure, the runner
-with runtime.linear int8 for the free-running one). Two measures each, both greedy:
+with the fp8 cache against bf16 with its bf16 cache), fp8_vs_fp32, fp16_vs_fp32 / int8_vs_fp32 (fp32 with the
+decoder layers' weights in that format: the reference modules' linears replaced by their packed form for the
+teacher-forced measure, the runner with that runtime.linear for the free-running one). Two measures each,
+both greedy:
 - teacher-forced: the reference's own greedy codes (eager loop) are fed back to both, and at every frame and
   codebook we compare the argmax each would pick (independent of earlier disagreements: the per-decision
   agreement);
@@ -74,17 +77,20 @@ def load(args, dtype):
     return dummy_engine(args.dummy, args.device, dtype)
 
 
-def int8_engine(args):
-    """The fp32 engine with its decoder layers' linears in int8 (the reference form of runtime.linear: int8)."""
-    from engines.runtime.int8 import quantize_modules
+PACKED = ("fp16", "int8")  # runtime.linear formats measured against fp32
+
+
+def packed_engine(args, fmt: str):
+    """The fp32 engine with its decoder layers' linears in `fmt` (the reference form of runtime.linear: fmt)."""
+    from engines.runtime.linears import pack_modules
 
     eng = load(args, "float32")
-    quantize_modules(eng.talker.model)
-    quantize_modules(eng.talker.code_predictor.model)
+    pack_modules(eng.talker.model, fmt)
+    pack_modules(eng.talker.code_predictor.model, fmt)
     return eng
 
 
-def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list, runner_eng=None, linear: str = "auto",
+def pair(ref_eng, ref_fp8: bool, test_eng, test_fp8: bool, reqs: list, runner_eng=None, linear: str = "model",
          free: bool = True) -> dict:
     """The two measures of `test` against `ref` (each an engine and whether its talker cache is fp8);
     `runner_eng`, `linear`: the engine and runtime.linear the free-running measure runs (default: `test_eng`)."""
@@ -137,20 +143,22 @@ def main() -> None:
                                                             min_new_tokens=args.frames + 1, seed=i))
             for i, t in enumerate(TEXTS[:args.requests])]
     kinds = {"fp32": (f32, False), "bf16": (b16, False), "fp8": (b16, True)}
-    if "int8" in names:
-        kinds["int8"] = (int8_engine(args), False)
+    for fmt in PACKED:
+        if fmt in names:
+            kinds[fmt] = (packed_engine(args, fmt), False)
     res = {"model": args.model or f"dummy-{args.dummy}", "device": args.device, "frames": args.frames}
     for name in args.pairs.split(","):
         test, ref = name.split("_vs_")
-        run = {"runner_eng": f32, "linear": "int8"} if test == "int8" else {}
+        run = {"runner_eng": f32, "linear": test} if test in PACKED else {}
         res[name] = pair(*kinds[ref], *kinds[test], reqs, free=args.free_running, **run)
         log.info("%s: %s", name, res[name])
     if "bf16_vs_fp32" in res and "fp8_vs_bf16" in res:  # the adoption rule of the fp8 cache
         res["fp8_as_good_as_bf16"] = all(res["fp8_vs_bf16"][k] >= res["bf16_vs_fp32"][k] for k in (
             "teacher_forced_codebook0", "teacher_forced_all"))
-    if "bf16_vs_fp32" in res and "int8_vs_fp32" in res:  # the adoption rule of int8 weights (runtime.linear auto)
-        res["int8_as_good_as_bf16"] = all(res["int8_vs_fp32"][k] >= res["bf16_vs_fp32"][k] for k in (
-            "teacher_forced_codebook0", "teacher_forced_all"))
+    for fmt in PACKED:  # the adoption rule of packed weights (runtime.linear auto)
+        if "bf16_vs_fp32" in res and f"{fmt}_vs_fp32" in res:
+            res[f"{fmt}_as_good_as_bf16"] = all(res[f"{fmt}_vs_fp32"][k] >= res["bf16_vs_fp32"][k] for k in (
+                "teacher_forced_codebook0", "teacher_forced_all"))
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

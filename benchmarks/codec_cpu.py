@@ -5,10 +5,11 @@
     # a call's rows split over 2 threads of one torch thread each (the daemon's CPU codec on 2 cores)
     python -m benchmarks.codec_cpu --codec real --threads 1 --row-threads 2 --batch 40 --chunks 1 --backends torch
 
-`--codec real` builds the real-size Qwen3-TTS-Tokenizer-12Hz decoder from the config defaults
-(hidden 1024, 8 layers, 16 heads, latent 1024, decoder_dim 1536, codebook_dim 512, upsampling
-(8,5,4,3)+(2,2)) with RANDOM weights: speed depends on shapes, not on values. A folder path loads
-that codec. Prints one line per (backend, chunk, batch) with audio-seconds decoded per second.
+`--codec real` builds the Qwen3-TTS-Tokenizer-12Hz decoder of the published config
+(benchmarks.dummy_engine.RELEASED_CODEC: pre-transformer hidden 512, intermediate 1024, 8 layers, 16 heads of
+64, latent 1024, decoder_dim 1536, codebook_dim 512, upsampling (8,5,4,3)+(2,2)) with RANDOM weights: speed
+depends on shapes, not on values; `--codec defaults` the heavier CodecDecoderConfig defaults (hidden 1024,
+intermediate 3072). A folder path loads that codec. Prints one line per (backend, chunk, batch) with audio-seconds decoded per second.
 """
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ log = logging.getLogger(__name__)
 
 
 def random_decoder(cfg: CodecDecoderConfig | None = None, seed: int = 0) -> CodecDecoder:
-    """A decoder of `cfg` (default: real size) with random but well-scaled weights, fp32 CPU, eval."""
+    """A decoder of `cfg` (default: the released shape) with random but well-scaled weights, fp32 CPU, eval."""
+    from benchmarks.dummy_engine import RELEASED_CODEC
+
     torch.manual_seed(seed)
-    dec = CodecDecoder(cfg or CodecDecoderConfig())
+    dec = CodecDecoder(cfg or RELEASED_CODEC)
     with torch.no_grad():
         for name, p in dec.named_parameters():
             if name.endswith("embedding_sum"):
@@ -45,7 +48,8 @@ def random_decoder(cfg: CodecDecoderConfig | None = None, seed: int = 0) -> Code
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--codec", default="real", help="'real' (random weights) or a speech_tokenizer folder")
+    ap.add_argument("--codec", default="real", help="'real' (the released shape, random weights), 'defaults' "
+                                                    "(CodecDecoderConfig's) or a speech_tokenizer folder")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both backends")
     ap.add_argument("--chunks", default="1,4,12", help="frames per push (12.5 frames = 1 s of audio)")
     ap.add_argument("--batch", type=int, default=1, help="streams per push")
@@ -55,7 +59,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    dec = random_decoder() if args.codec == "real" else load_codec_decoder(args.codec, "cpu", torch.float32)
+    dec = (random_decoder() if args.codec == "real" else random_decoder(CodecDecoderConfig()) if args.codec == "defaults"
+           else load_codec_decoder(args.codec, "cpu", torch.float32))
     n_params = sum(p.numel() for p in dec.parameters()) / 1e6
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"# machine: {cpu_name()}, {os.cpu_count()} cores, load {load:.1f}, threads {args.threads}, "

@@ -7,8 +7,9 @@
     python -m benchmarks.daemon_book --dummy 0.6b --segments 680 --device all --json book_all.json
     # the tiny test model on the CPU (figures mean little there)
     python -m benchmarks.daemon_book --model tests/data/tiny/cv_small --device cpu --segments 6 --frames 4
-    # a real text, segmented by the daemon as a submit is (every segment still --frames long on random weights)
-    python -m benchmarks.daemon_book --dummy 0.6b --text book.txt --json book_text.json
+    # a book of real text on the CPU: the segments the project's segmenter makes of it, each as long as the
+    # mean of their expected durations (random weights cannot end a segment where its speech would)
+    python -m benchmarks.daemon_book --dummy 0.6b --device cpu --text benchmarks/texts/founding.txt --frames auto
 
 What is measured (the book as a user's `tts-appliance submit` meets it): the daemon is started (or a
 running one used, --socket/--url) and its start-up reported apart (`daemon_start_s`); the book goes in
@@ -19,8 +20,9 @@ queue's own durations), audio seconds per wall second, the steady pace (segments
 80% of the book, over the time between), the time to the first finished segment, and the engines' figures
 from /health. With `--text FILE` the book is that text (a plain-text file, as `tts-appliance submit` takes it):
 its segments are the project's segmenter's (jobs.segment, the submit's settings), their lengths in characters
-reported (`segment_lengths`); on random weights each still runs --frames frames (--fixed-length), so a
-segment's cache positions are its prompt (its text's tokens and the voice's prefix) plus --frames.
+and expected seconds reported (`workload`); on random weights each still runs --frames frames (--fixed-length;
+`--frames auto`: their mean expected length), so a segment's cache positions are its prompt (its text's tokens
+and the voice's prefix) plus --frames.
 """
 from __future__ import annotations
 
@@ -45,12 +47,7 @@ async def measure(args, res: dict) -> None:
         if args.fixed_length:
             spec["sampling"] = {"max_new_tokens": args.frames + 1}
         db = srv.daemon.home / "queue.db" if srv.daemon is not None else None
-        text = None
-        if args.text:
-            with open(args.text, encoding="utf-8") as f:
-                text = f.read()
-            res["segment_lengths"] = segment_lengths(args.text, spec)
-        book = BookLoad(target, args.segments, spec, db, text=text)
+        book = BookLoad(target, args.segments, spec, db, text=args.book_text)
         t0 = time.perf_counter()
         job = await book.submit_next()
         log.info("book job %s: %s segments", job["id"], job["total"])
@@ -82,26 +79,30 @@ async def measure(args, res: dict) -> None:
         if job["state"] != "done":
             res["error"] = f"the book ended {job['state']} ({job['done']}/{job['total']} segments)"
         res["levels"].append(level)
-        res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format}
+        res["workload"] = {"segments": args.segments, "frames": args.frames, "format": args.format,
+                           "text": args.text or "generated (benchmarks.load.text.book_text)"} | args.text_stats
 
 
-def segment_lengths(path: str, spec: dict) -> dict:
-    """How the project's segmenter splits the text file at `path` for a job of `spec` (what the daemon's submit
-    does): the count and the characters per segment (min, median, 90th percentile, max, mean)."""
+def text_workload(path: str) -> tuple[str, dict]:
+    """(the text of `path`, its segments as the daemon's submit makes them: count, characters and expected
+    seconds (engines.model.text), and the frames of their mean expected length)."""
     import statistics
 
+    from engines.model.text import expected_seconds
     from jobs.ingest import load_document
     from jobs.settings import JobSpec
     from jobs.submit import document_chapters
 
-    doc = load_document(path)
-    job = JobSpec(format=spec.get("format", "flac"), language=spec.get("language") or "auto")
-    chars = sorted(len(s.text) for _, segs in document_chapters(doc, job) for s in segs)
-    if not chars:
-        return {"segments": 0}
-    return {"segments": len(chars), "chars_min": chars[0], "chars_median": statistics.median(chars),
-            "chars_p90": chars[int(0.9 * (len(chars) - 1))], "chars_max": chars[-1],
-            "chars_mean": round(statistics.fmean(chars), 1)}
+    chapters = document_chapters(load_document(path), JobSpec(language="english"), select=False)
+    segs = [s.text for _, ss in chapters for s in ss]
+    chars, secs = [len(t) for t in segs], [expected_seconds(t) for t in segs]
+    stats = {"segments": len(segs), "chapters": len(chapters),
+             "segment_chars": {"min": min(chars), "median": statistics.median(chars), "max": max(chars)},
+             "segment_expected_s": {"min": round(min(secs), 1), "median": round(statistics.median(secs), 1),
+                                    "mean": round(statistics.mean(secs), 2), "max": round(max(secs), 1),
+                                    "total": round(sum(secs), 1)},
+             "mean_frames": max(1, round(statistics.mean(secs) / FRAME_S))}
+    return open(path, encoding="utf-8").read(), stats
 
 
 def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float = 0.8):
@@ -114,9 +115,21 @@ def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float =
     return round((b[1] - a[1]) * frames * FRAME_S / (b[0] - a[0]), 1)
 
 
+def _workload_lines(w: dict) -> list:
+    """The book's text and segments, where it came from a file (`--text`)."""
+    if "segment_chars" not in w:
+        return []
+    c, e = w["segment_chars"], w["segment_expected_s"]
+    return [f"book: {w['text']}, {w['segments']} segments in {w['chapters']} chapters as the segmenter makes them "
+            f"(characters min / median / max {c['min']} / {c['median']} / {c['max']}; expected seconds "
+            f"{e['min']} / {e['median']} / {e['max']}, mean {e['mean']}, total {e['total']}), each run to "
+            f"{w['frames']} frames ({w['frames'] * FRAME_S:.2f} s)", ""]
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Book through the daemon: {res.get('model')} on {res.get('device')}", "",
              f"`{res.get('command')}`", "", f"start-up (apart): {res.get('daemon_start_s')} s", "",
+             *_workload_lines(res.get("workload") or {}),
              "| state | segments | audio s | wall s | first segment s | audio-s/s | steady audio-s/s (20-80%) |",
              "|---|---|---|---|---|---|---|"]
     for lv in res["levels"]:
@@ -132,13 +145,24 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_daemon_args(ap, "python -m benchmarks.daemon_book")
     ap.add_argument("--segments", type=int, default=680, help="segments in the book (about)")
-    ap.add_argument("--text", help="a plain-text file as the book (segmented by the daemon as a submit is)")
-    ap.add_argument("--frames", type=int, default=150, help="frames per segment (fixed length)")
+    ap.add_argument("--frames", default="150", help="frames per segment (fixed length); auto (with --text): the "
+                                                    "segments' mean expected length")
+    ap.add_argument("--text", help="the book: this text file, segmented as a submit does (default: a generated "
+                                   "book of about --segments segments)")
     ap.add_argument("--format", default="flac", help="the book's format (job setting)")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between progress polls")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the book may take")
     args = ap.parse_args(argv)
     check_daemon_args(ap, args)
+    args.book_text, args.text_stats = None, {}
+    if args.text:
+        args.book_text, args.text_stats = text_workload(args.text)
+        args.segments = args.text_stats["segments"]
+    if args.frames == "auto":
+        if not args.text:
+            ap.error("--frames auto needs --text")
+        args.frames = args.text_stats["mean_frames"]
+    args.frames = int(args.frames)
     res = base_result(args, argv if argv is not None else __import__("sys").argv[1:],
                       "a book through the daemon: upload to finished book", "python -m benchmarks.daemon_book")
     return run_cli(args, res, measure, markdown, "daemon_book")

@@ -10,7 +10,9 @@ Folder written (what `Qwen3TTSModel.from_pretrained` and our `TTSEngine.load` re
     vocab.json, merges.txt, tokenizer_config.json (copied from the engine's tokenizer folder),
     speech_tokenizer/{config.json, model.safetensors, preprocessor_config.json}.
 
-The codec's `decoder.*` tensors are the engine's. The codec encoder (`encoder.*`, a Mimi encoder used
+The codec's `decoder.*` tensors are the engine's, written in float32 as the released speech_tokenizer has them
+(readers of the official layout, the pure-C peer of benchmarks/peer_cpu.py among them, take them as float32;
+`--codec-dtype model` writes the engine's dtype instead). The codec encoder (`encoder.*`, a Mimi encoder used
 only to encode reference audio for voice cloning, never by CustomVoice generation or decoding) is not
 part of the engine: the tiny test codec's encoder and its config are copied in as a placeholder, so
 the folder loads strictly. Only no-dependency libraries are used (torch, safetensors): no qwen-tts.
@@ -104,12 +106,13 @@ def _host(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.T
 
 
 def write_checkpoint(engine, out: str | Path, tokenizer_dir: str | Path,
-                     encoder_source: str | Path = TINY_CODEC) -> Path:
+                     encoder_source: str | Path = TINY_CODEC, codec_dtype: torch.dtype | None = None) -> Path:
     """Write `engine` (a TTSEngine: cfg, weights, decoder, codec_cfg, defaults, dtype) to folder `out`.
 
     `tokenizer_dir` holds the text tokenizer files the engine was built with. `encoder_source` is a
     speech_tokenizer folder whose `encoder.*` tensors and encoder_config are copied (placeholder).
-    Tensors are written in their current dtype, so a bf16 engine gives a bf16 checkpoint bit for bit.
+    Tensors are written in their current dtype, so a bf16 engine gives a bf16 checkpoint bit for bit;
+    `codec_dtype`: the codec decoder's tensors in that dtype instead (the released codec is float32).
     """
     out, tokenizer_dir, encoder_source = Path(out), Path(tokenizer_dir), Path(encoder_source)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,22 +122,32 @@ def write_checkpoint(engine, out: str | Path, tokenizer_dir: str | Path,
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, out / name)
 
-    st = out / "speech_tokenizer"
-    st.mkdir(exist_ok=True)
+    write_codec(engine.decoder, engine.codec_cfg, out / "speech_tokenizer", encoder_source, codec_dtype or engine.dtype)
+    return out
+
+
+def write_codec(decoder, codec_cfg: CodecConfig, st: str | Path, encoder_source: str | Path = TINY_CODEC,
+                dtype: torch.dtype = torch.float32) -> Path:
+    """A speech_tokenizer folder `st` in the official layout: `decoder`'s tensors (as `decoder.*`, in `dtype`) and
+    `codec_cfg`'s decoder settings, with the encoder of `encoder_source` as a placeholder (see the module)."""
+    st, encoder_source = Path(st), Path(encoder_source)
+    st.mkdir(parents=True, exist_ok=True)
     enc_cfg = json.loads((encoder_source / "config.json").read_text(encoding="utf-8"))["encoder_config"]
-    _write_json(st / "config.json", codec_config_json(engine.codec_cfg, enc_cfg, engine.dtype))
+    _write_json(st / "config.json", codec_config_json(codec_cfg, enc_cfg, dtype))
     shutil.copyfile(encoder_source / "preprocessor_config.json", st / "preprocessor_config.json")
-    tensors = _host(engine.decoder.state_dict(), "decoder.")
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _host(decoder.state_dict(), "decoder.").items()}
     with safe_open(str(encoder_source / "model.safetensors"), framework="pt") as f:
         for k in f.keys():
             if k.startswith("encoder."):
                 tensors[k] = f.get_tensor(k).contiguous()
     save_file(tensors, str(st / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    return st
 
 
-def write_dummy_checkpoint(shape: str, out: str | Path, device="cpu", dtype="bfloat16", seed: int = 0):
-    """Build `dummy_engine(shape, device, dtype, seed)` (the benchmark's weights) and write it to `out`.
+def write_dummy_checkpoint(shape: str, out: str | Path, device="cpu", dtype="bfloat16", seed: int = 0,
+                           codec_dtype: str | None = "float32"):
+    """Build `dummy_engine(shape, device, dtype, seed)` (the benchmark's weights) and write it to `out` (the codec
+    in `codec_dtype`, float32 as released; None: the engine's dtype).
 
     Returns (folder, engine). The random fill runs on `device`: CPU and CUDA generators give different
     numbers, so use the device the engine benchmark runs on to get its exact weights.
@@ -142,7 +155,10 @@ def write_dummy_checkpoint(shape: str, out: str | Path, device="cpu", dtype="bfl
     from benchmarks.dummy_engine import TOKENIZER_DIR, dummy_engine
 
     engine = dummy_engine(shape, device, dtype, seed)
-    return write_checkpoint(engine, out, TOKENIZER_DIR), engine
+    from engines.model.checkpoint import resolve_dtype
+
+    cdt = None if codec_dtype in (None, "model") else resolve_dtype(codec_dtype)
+    return write_checkpoint(engine, out, TOKENIZER_DIR, codec_dtype=cdt), engine
 
 
 def main(argv=None) -> int:
@@ -151,9 +167,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="where the random fill runs (cuda = the benchmark's weights)")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--codec-dtype", default="float32",
+                    help="the codec decoder's tensors (float32 as released; 'model': --dtype)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    write_dummy_checkpoint(args.dummy, args.out, args.device, args.dtype, args.seed)
+    write_dummy_checkpoint(args.dummy, args.out, args.device, args.dtype, args.seed, args.codec_dtype)
     return 0
 
 

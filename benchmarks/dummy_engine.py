@@ -1,8 +1,10 @@
 """Random-weight models of the real Qwen3-TTS shapes, for benchmarks (no checkpoint download needed).
 
 Shapes follow the published checkpoints: talker 1024 (0.6B) or 2048 (1.7B) hidden, 28 layers, 16/8
-heads of 128; a 5-layer 1024-wide code predictor; the 12 Hz codec decoder. Text ids come from a small
-bundled tokenizer (the tiny test checkpoint's), which only changes which embedding rows are read.
+heads of 128; a 5-layer 1024-wide code predictor; the 12 Hz codec decoder as the published
+speech_tokenizer/config.json has it (`RELEASED_CODEC`: pre-transformer hidden 512, intermediate 1024, 16
+heads of 64; `CodecDecoderConfig`'s defaults, 1024 / 3072, are heavier). Text ids come from a small bundled
+tokenizer (the tiny test checkpoint's), which only changes which embedding rows are read.
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ SHAPES = {
 }
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny" / "cv_small"
 SPEAKERS = {"vivian": 3065, "serena": 3066, "uncle_fu": 3010, "ryan": 3061, "aiden": 2861}
+# the decoder of the published Qwen3-TTS-Tokenizer-12Hz (its speech_tokenizer/config.json "decoder_config"); the
+# fields not named are CodecDecoderConfig's defaults, which equal the published ones
+RELEASED_CODEC = CodecDecoderConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=16,
+                                    num_key_value_heads=16, head_dim=64, latent_dim=1024, decoder_dim=1536,
+                                    codebook_dim=512, codebook_size=2048, num_hidden_layers=8, sliding_window=72)
 LANGS = {"english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055, "japanese": 2058, "french": 2061,
          "korean": 2064, "russian": 2069, "italian": 2070, "portuguese": 2071}
 
@@ -68,7 +75,7 @@ def dummy_engine(shape: str, device="cuda", dtype="bfloat16", seed: int = 0):
     tok = TextTokenizer.from_dir(TOKENIZER_DIR)
     cfg = dummy_config(shape, tok)
     weights = _random_module(lambda: Qwen3TTSWeights(cfg), dev, dt, seed)
-    codec_cfg = CodecConfig(decoder=CodecDecoderConfig(), encoder={})
+    codec_cfg = CodecConfig(decoder=RELEASED_CODEC, encoder={})
     decoder = _random_module(lambda: CodecDecoder(codec_cfg.decoder), dev, dt, seed + 1)
     return TTSEngine(None, cfg, weights, tok, codec_cfg, decoder, OFFICIAL_DEFAULTS, dev, dt,
                      model_id=f"dummy-{shape}:{seed}:{str(dt).split('.')[-1]}")

@@ -292,7 +292,7 @@ def run(args) -> dict:
             tmp = tempfile.mkdtemp(prefix="official_baseline_", dir=args.workdir)
             root = Path(tmp)
         log.info("building dummy-%s seed %d on %s and writing it to %s", args.dummy, args.seed, args.device, root)
-        _, engine = write_dummy_checkpoint(args.dummy, root, args.device, dtype, args.seed)  # as bench.py calls it
+        _, engine = write_dummy_checkpoint(args.dummy, root, args.device, dtype, args.seed, codec_dtype=None)  # bit for bit
         ours = {**engine.weights.state_dict(), **{"decoder." + k: v for k, v in engine.decoder.state_dict().items()}}
         res["model"] = f"dummy-{args.dummy}"
         res["weights_source"] = (f"benchmarks.dummy_engine.dummy_engine({args.dummy!r}, {args.device!r}, "

@@ -73,7 +73,8 @@ class EngineSpec:
     layer_kernel: Optional[bool] = None
     kv_cache: str = "auto"  # the talker's key/value cache: auto, model (the model's dtype) or fp8
     attn_split: Optional[bool] = None  # the talker's decode attention split over programs per row (None: auto)
-    linear: str = "auto"  # the decoder layers' weights: auto, model (the model's dtype) or int8 (CPU, lossy)
+    linear: str = "auto"  # the decoder layers' weights: auto, model (the model's dtype), fp16 or int8 (CPU; int8 lossy)
+    codec_dtype: str = "auto"  # the codec lanes' dtype: auto (bf16 on a CPU with bf16 dot instructions), model, bfloat16
     prefill_graphs: bool = True
     engine_cache: Optional[str] = None
     prepare: bool = True  # capture every device graph before serving

@@ -61,16 +61,19 @@ def settings(spec: EngineSpec) -> dict:
     from engines.runtime import memory
 
     dtype = resolve_dtype(spec.dtype, torch.device(spec.device))
-    from engines.runtime.int8 import linear_setting
+    from engines.codec.dtype import codec_dtype_setting
+    from engines.runtime.linears import linear_setting
     from engines.runtime.model_runner import kv_cache_choice
 
     linear, linear_reason = linear_setting(spec.linear, spec.device, dtype)
+    codec_dtype, codec_dtype_reason = codec_dtype_setting(spec.codec_dtype, spec.device, dtype)
     try:  # auto decided where the runner decides it (model_runner.AUTO_FP8)
         kv = "fp8" if kv_cache_choice(spec.kv_cache, torch.device(spec.device)) else "model"
     except ValueError:  # a setting that cannot run: the runner stops with the reason when it starts
         kv = "fp8" if spec.kv_cache == "fp8" else "model"
     out = {"device": spec.device, "dtype": str(dtype).replace("torch.", ""), "max_context": spec.max_context,
-           "kv_cache": kv, "linear": linear, "linear_reason": linear_reason}
+           "kv_cache": kv, "linear": linear, "linear_reason": linear_reason,
+           "codec_dtype": codec_dtype, "codec_dtype_reason": codec_dtype_reason}
     configured = str(spec.max_slots) != "auto"
     path = model_folder(spec.model)
     cpu = torch.device(spec.device).type == "cpu"
@@ -115,7 +118,7 @@ def load_runner(spec: EngineSpec):
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, attn_split=spec.attn_split,
-                              linear=chosen["linear"],
+                              linear=chosen["linear"], codec_dtype=chosen["codec_dtype"],
                               engine_cache=spec.engine_cache, cpu_codec_threads=spec.codec_threads,
                               cpu_idle_threads=spec.idle_threads,
                               max_positions=chosen["max_positions"])

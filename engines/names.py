@@ -14,7 +14,8 @@ DTYPE_NAMES = tuple(DTYPE_SHORT)
 CODEC_BACKENDS = ("torch", "torch-compiled", "onnxruntime", "tensorrt")  # what build-engines can build
 RUNTIME_CODECS = ("torch", "torch-compiled", "built", AUTO)  # what the runner's runtime.codec takes
 KV_CACHES = (AUTO, "model", "fp8")  # runtime.kv_cache: the talker's key/value cache (auto: the model's dtype)
-LINEARS = (AUTO, "model", "int8")  # runtime.linear: the decoder layers' weights (int8: CPU only, lossy)
+CODEC_DTYPES = (AUTO, "model", "bfloat16")  # runtime.codec_dtype: the codec lanes' dtype (auto: bf16 on a CPU with bf16 dots)
+LINEARS = (AUTO, "model", "fp16", "int8")  # runtime.linear: the decoder layers' weights (fp16, int8: CPU only; int8 lossy)
 
 ALL = "all"
 DEVICE_ITEM = re.compile(r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")  # one item of model.device

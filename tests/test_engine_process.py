@@ -23,7 +23,11 @@ REF = TINY / "audio" / "ref_a_24k.wav"
 
 
 def spec(model=CV, **kw) -> EngineSpec:
-    return EngineSpec(**{"model": str(model), "device": "cpu", "dtype": "float32", "max_slots": 4, "threads": 1, **kw})
+    """The engine these tests run in a process and in their own; its codec in the model's dtype (fp32): the
+    audio compared to 1e-4 is the process boundary's proof, and a bf16 codec (runtime.codec_dtype auto on a CPU
+    with bf16 dot instructions) rounds a row differently beside other rows (tests/test_codec_dtype.py)."""
+    return EngineSpec(**{"model": str(model), "device": "cpu", "dtype": "float32", "max_slots": 4, "threads": 1,
+                         "codec_dtype": "model", **kw})
 
 
 def req(text="Hello there, how are you today?", frames=24, seed=5, **kw) -> SynthesisRequest:

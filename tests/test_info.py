@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 from click.testing import CliRunner
 
 from daemon_util import CV, Daemon, base_config, needs_daemon
@@ -59,7 +60,11 @@ def test_info_without_daemon(tmp_path):
                                   == {(threads, codec_n, idle)})
 
     text = run_info("--config", str(cfg), "info", env=env)
-    for needle in ("kind custom_voice", "cpu: float32, 3 slots", "onnxruntime: not usable: different device",
+    from engines.runtime.linears import linear_setting
+
+    fmt = linear_setting("auto", "cpu", torch.float32)[0]  # fp16 where fbgemm's fp16 matmul runs
+    engine_line = "cpu: float32, " + (f"{fmt} decoder-layer weights (auto: " if fmt != "model" else "3 slots")
+    for needle in ("kind custom_voice", engine_line, "3 slots of", "onnxruntime: not usable: different device",
                    "tensorrt: skipped at build: missing library", "uses torch", "not reachable", str(cfg),
                    f"CPU threads {threads} (model.threads auto)",
                    f"{threads} CPU threads" + (f" ({idle} while the codec idles)" if idle > threads else "")
@@ -68,7 +73,7 @@ def test_info_without_daemon(tmp_path):
 
 
 def test_info_shows_int8_weights(tmp_path):
-    """runtime.linear: int8 (lossy) is on the engine's line of `info`; auto keeps the model's dtype."""
+    """runtime.linear: int8 (lossy) is on the engine's line of `info`; auto takes fp16 on a CPU that runs it."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{path: {CV}, device: cpu}}\nruntime: {{max_slots: 3, linear: int8}}\n"
                    f"jobs: {{home: {tmp_path / 'home'}}}\nservice: {{runtime_dir: {tmp_path / 'run'}}}\n")
@@ -76,7 +81,10 @@ def test_info_shows_int8_weights(tmp_path):
     assert [e["linear"] for e in report["engines"]] == ["int8"]
     assert "cpu: float32, int8 decoder-layer weights (lossy" in run_info("--config", str(cfg), "info")
     cfg.write_text(cfg.read_text().replace("linear: int8", "linear: auto"))
-    assert [e["linear"] for e in json.loads(run_info("--config", str(cfg), "info", "--json"))["engines"]] == ["model"]
+    from engines.runtime.linears import linear_setting
+
+    auto = json.loads(run_info("--config", str(cfg), "info", "--json"))["engines"]
+    assert [e["linear"] for e in auto] == [linear_setting("auto", "cpu", torch.float32)[0]]
 
 
 def _paths_info(tmp_path, queue: str) -> dict:

@@ -364,7 +364,7 @@ def test_a_stream_about_to_run_dry_is_urgent():
     import time
     from types import SimpleNamespace
 
-    from engines.runtime.runner import URGENT_S
+    from engines.runtime.postprocess import URGENT_S
     from engines.runtime.stream import StreamHandle
 
     runner = EngineRunner(engine(), max_slots=1, max_context=256)

@@ -64,7 +64,7 @@ class BookLoad:
 
     def __init__(self, target: Target, segments: int, spec: dict, db_path: Optional[Path] = None,
                  text: Optional[str] = None):
-        """`text`: the book's text (default: `book_text(segments)`, fixed-length sentences)."""
+        """`text`: the book's text (default: `book_text(segments)`, generated)."""
         self.target, self.segments, self.spec, self.db_path = target, segments, dict(spec), db_path
         self.text = text if text is not None else book_text(segments)
         self.jobs: list[dict] = []  # {"id", "state", "done", "total", "submitted_at"}

@@ -336,7 +336,7 @@ def codec_choice(choice: str, cache: Path | None) -> str:
 
 
 def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | Path | None = None,
-                  fast: bool | None = None, row_threads: int = 1):
+                  fast: bool | None = None, row_threads: int = 1, decoder=None):
     """The codec backend the runner decodes its slot table with (engines.runtime.stream.CodecStreams).
 
     `choice`:
@@ -350,14 +350,16 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
     `cache_dir`: the engine cache folder (default: `default_cache_dir(engine.root)`).
     `fast`: the eager torch codec runs its upsampling stack channels-last and fused (engines.codec.fast);
     None: on CUDA. `row_threads`: the eager torch codec on the CPU decodes a call's rows in that many groups
-    at once, on threads of their own (engines.codec.streaming.StreamingCodecDecoder).
+    at once, on threads of their own (engines.codec.streaming.StreamingCodecDecoder). `decoder`: the torch codecs'
+    decoder (default the engine's; engines.codec.dtype.lane_decoder gives it in bf16).
     """
     from engines.codec.backend_torch import TorchCodec
 
     if choice not in RUNTIME_CHOICES:
         raise ValueError(f"codec backend must be one of {', '.join(RUNTIME_CHOICES)}, got {choice!r}")
     root = getattr(engine, "root", None)
-    eager = partial(TorchCodec, engine.decoder, n_slots, row_threads=row_threads)
+    decoder = decoder if decoder is not None else engine.decoder
+    eager = partial(TorchCodec, decoder, n_slots, row_threads=row_threads)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(root) if root else None
     if choice == "auto":
         choice = codec_choice(choice, cache)
@@ -366,7 +368,7 @@ def runtime_codec(engine, n_slots: int, choice: str = "torch", cache_dir: str | 
         return eager(fast=fast)
     if choice == COMPILED:
         try:
-            codec = TorchCodec(engine.decoder, n_slots, compile=True,
+            codec = TorchCodec(decoder, n_slots, compile=True,
                                cache_dir=cache / INDUCTOR_DIR if cache is not None else None)
         except RuntimeError as exc:
             log.warning("%s: using the eager torch codec", exc)

@@ -26,6 +26,49 @@ def eager(x: Tensor) -> bool:
     return not (x.requires_grad or torch.jit.is_tracing() or torch.compiler.is_compiling())
 
 
+# CPU, eager: a convolution over at most this many output columns (rows x samples) runs as one matmul over its
+# taps, a 1x1 convolution always. Few columns make a call bound by reading the weights, which oneDNN's
+# convolutions (and torch's own path for one small row) do 1.2-2.5x slower than a matmul; many columns are
+# compute-bound, where oneDNN's k=7 convolutions are faster; torch runs 1x1 ones through an unfold copy
+# (docs/PERFORMANCE.md, "the codec on the CPU").
+MATMUL_COLUMNS = 128
+MATMUL_TRANSPOSED_CHANNELS = 512  # transposed convs this wide run as a matmul at any size (3-4x at 1536 -> 768)
+
+
+def cpu_matmul(x: Tensor) -> bool:
+    """Whether a layer may run its convolution as a matmul (`conv_matmul`): CPU inference in float32 or bfloat16,
+    not traced."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and eager(x)
+
+
+def conv_matmul(x: Tensor, conv: nn.Conv1d) -> Tensor:
+    """`conv(x)` (stride 1, no padding, one group) as one matmul over the dilated taps: x [B, C, T] -> [B, O, n]
+    (a 1x1 conv: the matmul itself, no copy of x)."""
+    o, c, k = conv.weight.shape
+    d, n = conv.dilation[0], x.shape[-1] - (k - 1) * conv.dilation[0]
+    if k == 1:
+        y = torch.matmul(conv.weight[:, :, 0], x)  # [B, O, T]
+    else:
+        cols = torch.stack([x[:, :, i * d:i * d + n] for i in range(k)], dim=2)  # [B, C, K, n]
+        y = torch.matmul(conv.weight.reshape(o, c * k), cols.reshape(x.shape[0], c * k, n))  # [B, O, n]
+    return y if conv.bias is None else y.add_(conv.bias[:, None])
+
+
+def transposed_matmul(x: Tensor, conv: nn.ConvTranspose1d, first: int, n: int) -> Tensor:
+    """Output blocks [first, first + n) of `conv(x)` (kernel m x stride r, no padding) as one matmul and m shifted
+    sums: x [B, C, T] -> [B, O, n * r]. Block u of the output is sum_i x[u - i] @ W[:, :, i*r:(i+1)*r]."""
+    c, o, k = conv.weight.shape
+    r = conv.stride[0]
+    m, b, t = k // r, x.shape[0], x.shape[-1]
+    z = torch.mm(x.transpose(1, 2).reshape(b * t, c), conv.weight.reshape(c, o * k)).view(b, t, o, m, r)  # one mm
+    z = F.pad(z, (0, 0, 0, 0, 0, 0, m - 1, m))  # [B, m-1 + T + m, O, m, r]: blocks past either end add nothing
+    out = z[:, first + m - 1:first + m - 1 + n, :, 0]  # [B, n, O, r]
+    for i in range(1, m):
+        out = out + z[:, first + m - 1 - i:first + m - 1 - i + n, :, i]
+    out = out.permute(0, 2, 1, 3).reshape(b, o, n * r)
+    return out if conv.bias is None else out.add_(conv.bias[:, None])
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv padded on the left by (kernel-1)*dilation zeros (or by streamed context)."""
 
@@ -40,6 +83,9 @@ class CausalConv1d(nn.Module):
     def forward(self, x: Tensor, st: StreamState | None = None) -> Tensor:  # [B, C, T] -> [B, C', T]
         if self.context:
             x = F.pad(x, (self.context, 0)) if st is None else st.roll(self.key, x)
+        if self.conv.groups == 1 and cpu_matmul(x) and (self.context == 0 or x.shape[0] * (x.shape[-1] - self.context)
+                                                         <= MATMUL_COLUMNS):  # (1x1: always a matmul)
+            return conv_matmul(x, self.conv)
         return self.conv(x)
 
 
@@ -61,6 +107,10 @@ class CausalTransConv1d(nn.Module):
             x, skip = st.roll(self.key, x), self.context * self.stride
         if st is not None:
             st.rate *= self.stride
+        kernel = self.conv.kernel_size[0]
+        if (cpu_matmul(x) and self.conv.in_channels >= MATMUL_TRANSPOSED_CHANNELS and kernel % self.stride == 0
+                and self.conv.padding[0] == 0 and self.conv.output_padding[0] == 0):
+            return transposed_matmul(x, self.conv, skip // self.stride, n_out // self.stride)
         return self.conv(x)[..., skip:skip + n_out]
 
 

@@ -148,6 +148,28 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+              "amx_bf16", "amx_int8", "asimd", "asimddp", "bf16", "i8mm")  # what the CPU kernels care about
+
+
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags as /proc/cpuinfo names them (x86 `flags`, Arm `Features`); empty where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def simd_summary() -> str:
+    """The instruction sets the CPU kernels care about, present on this CPU (benchmarks print it)."""
+    flags = cpu_flags()
+    return " ".join(f for f in SIMD_FLAGS if f in flags) or "unknown"
+
+
 def nvidia_driver() -> str | None:
     """The NVIDIA driver release (e.g. '550.54.15') from nvidia-smi, else the CUDA driver API version."""
     smi = shutil.which("nvidia-smi")

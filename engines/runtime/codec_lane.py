@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from engines.model.voice import reference_cut
+from engines.runtime.codec_call import LaneCalls
+from engines.runtime.codec_member import Call, Member
 from engines.runtime.host_worker import HostCall, HostWorker
 from engines.runtime.scheduler import pick_bucket
 
@@ -36,52 +38,9 @@ log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-class Member:
-    """A request's place in a codec lane; its row in the lane moves when others leave."""
-
-    __slots__ = ("frame_row", "n_ref", "emitted", "decoded", "target", "discard", "finished", "dropped", "seq",
-                 "codes", "stalled", "heard", "ref_tail", "lead")
-
-    def __init__(self, seq, frame_row: int, n_ref: int, first: int, spf: int):
-        self.seq, self.frame_row, self.n_ref = seq, frame_row, n_ref
-        self.emitted = n_ref  # frames in the FrameStore row (reference codes first)
-        self.decoded = 0
-        self.target = first + n_ref
-        self.discard = n_ref * spf  # samples of reference audio its chunks drop (its whole result: `_lead`)
-        self.finished = False  # no more frames will come
-        self.dropped = False  # cancelled: decode nothing more
-        self.stalled = False  # its request waits for text: what it has is decoded now, not at the next chunk
-        self.heard = False  # a call has made audio of it (reference frames aside)
-        self.codes: Optional[np.ndarray] = None  # [frames, K] int64, set when its audio is complete
-        self.ref_tail: Optional[np.ndarray] = None  # [1] the last sample of its reference audio (see `_lead`)
-        self.lead: Optional[np.ndarray] = None  # audio its whole result starts with, set when it is complete
-
-    @property
-    def pending(self) -> int:
-        return self.emitted - self.decoded
-
-
-class _Call:
-    """A launched lane call: its audio on the way to host memory, and the members it completes."""
-
-    __slots__ = ("event", "wav", "parts", "complete", "codes", "first", "urgent", "tails")
-
-    def __init__(self):
-        self.event = None  # CUDA event after the host copies (None: already done)
-        self.wav = None  # [b, n * spf] float32, host (pinned on CUDA)
-        self.parts: list = []  # (member, row, samples from, samples to)
-        self.complete: list = []  # members whose audio ends with this call
-        self.codes: list = []  # (member, host int32 codes [frames, K])
-        self.tails: list = []  # (member, row, sample): the member's reference audio ends at that sample of wav
-        self.first = False  # it holds a member's first audio
-        self.urgent = False  # it holds audio a member's listener is about to run out of
-
-    def ready(self) -> bool:
-        return self.event is None or self.event.query()
-
-
-class CodecLane:
-    """Codec stream rows [0, size) of one backend instance, members packed at the front.
+class CodecLane(LaneCalls):
+    """Codec stream rows [0, size) of one backend instance, members packed at the front (a request's place:
+    engines.runtime.codec_member.Member; the call itself: engines.runtime.codec_call.LaneCalls).
 
     Chunk policy: a call is due when a member has `target` frames pending (growing from `first` by
     doubling up to `max_chunk`) or has finished with frames pending. A call covers members [0, b) for
@@ -118,7 +77,7 @@ class CodecLane:
         # its own stream (given by the runner, distinct from the decode graphs' capture stream)
         self._own_stream = (stream or torch.cuda.Stream(dev)) if self.cuda else None
         self._wait, self.max_inflight = wait, max_inflight
-        self._inflight: deque[_Call] = deque()
+        self._inflight: deque[Call] = deque()
         self._ring: list = []  # pinned host buffers for call outputs, one per call that may be in flight
         # CPU: `worker_threads` > 0 runs the codec on a thread of its own (HostWorker), else in the caller's
         self.worker = HostWorker(name, worker_threads) if worker_threads > 0 and dev.type == "cpu" else None
@@ -225,7 +184,7 @@ class CodecLane:
         due = [m for m in self.members if self._is_due(m, cap, flush)]
         if not due and not any(m.finished and not m.pending for m in self.members):
             return  # (a member that ended with every frame decoded still needs its completion below)
-        call = _Call()
+        call = Call()
         want = max((min(m.pending, m.target) for m in due if not m.dropped and m.pending), default=0)
         with self._on_stream():
             if want:
@@ -332,112 +291,6 @@ class CodecLane:
             self._in_order(close)  # (after the calls launched before: they may use those threads)
         if self.worker is not None:
             self.worker.close()
-
-    # ----- the call itself --------------------------------------------------------------------------
-    def _gather_decode(self, ctrl: torch.Tensor, n: int) -> torch.Tensor:
-        """ctrl [3, b] on the device -> wav [b, n * spf] float32: codes gathered from the FrameStore.
-
-        Only each row's first `valid` frames are its codes; the rest of the window (bucket padding, an idle
-        row on the scratch row, a reused row's old frames) holds whatever the decode step wrote there,
-        EOS included (an id past the codebook): it is decoded as code 0 (its audio is dropped), on the
-        device inside the call, so every backend and every captured graph sees only codes in range."""
-        return self._decode(*self._gather(ctrl, n))
-
-    def _gather(self, ctrl: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(codes [b, K, n] with every code past a row's `valid` frames 0, valid [b]): see `_gather_decode`."""
-        rows, start, valid = ctrl[0], ctrl[1], ctrl[2]
-        t = torch.arange(n, device=ctrl.device)
-        idx = (start[:, None] + t).clamp(max=self.frames.max_frames - 1)
-        codes = self.frames.codes[rows[:, None], idx]  # [b, n, K]
-        codes = codes.masked_fill((t[None, :] >= valid[:, None])[..., None], 0)  # [b, n, K]: past valid -> 0
-        return codes.permute(0, 2, 1).long(), valid
-
-    def _decode(self, codes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return self.codec.push(codes, valid)[:, 0].float()
-
-    def _decode_host(self, codes: torch.Tensor, valid: torch.Tensor):
-        return self._to_host(self._decode(codes, valid))
-
-    def _to_host(self, wav: torch.Tensor):
-        """Device wav -> host: numpy at once on the CPU, else a view of a pinned ring buffer filled behind the
-        call's event (allocated once: pinned allocations are slow, and the audio is copied out on harvest)."""
-        if not self.cuda:
-            return wav.cpu().numpy()
-        if not self._ring:
-            size = max(self.max_frames_per_call, self.size) * self.spf
-            self._ring = [torch.empty(size, dtype=torch.float32, pin_memory=True) for _ in range(self.max_inflight)]
-        host = self._ring[self.calls % len(self._ring)][:wav.numel()].view(wav.shape)
-        host.copy_(wav, non_blocking=True)
-        return host
-
-    @torch.no_grad()
-    def _call(self, ctrl: torch.Tensor, b: int, n: int):
-        """Launch the (b, n) call on the lane's stream (current); returns its host wav (see `_to_host`)."""
-        dev = self.frames.codes.device
-        entry = self.graphs.get((b, n), False) if self.use_graphs else None
-        if entry is False:  # first use of this bucket: run it for real, then capture it for the next calls
-            return self._to_host(self.capture(b, n, ctrl))
-        if entry is None and self.worker is not None:  # codes gathered now (the step goes on writing the
-            return self.worker.submit(self._decode_host, *self._gather(ctrl, n))  # store); decoded there
-        if entry is None:
-            return self._to_host(self._gather_decode(ctrl.to(dev, non_blocking=True), n))
-        graph, ctrl_in, out = entry
-        ctrl_in.copy_(ctrl.pin_memory() if self.cuda else ctrl, non_blocking=True)
-        graph.replay()
-        return self._to_host(out)
-
-    def capture(self, b: int, n: int, ctrl: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """Capture the (b, n) call in a device graph. With `ctrl`, also run it for real first (its device
-        wav returned); without, a dry capture at start-up (all rows idle: the codec state is untouched).
-        A capture that fails leaves that bucket eager (logged), never the lane broken."""
-        from engines.device.graphs import make_graph
-
-        if self.before_capture is not None:
-            self.before_capture()
-        dev = self.frames.codes.device
-        wav = None
-        with self._on_stream():
-            if ctrl is not None:
-                ctrl_in = ctrl.to(dev)
-                wav = self._gather_decode(ctrl_in, n)
-            else:
-                ctrl_in = torch.zeros(3, b, dtype=torch.long, device=dev)
-                ctrl_in[0].fill_(self.frames.trash)
-                self._gather_decode(ctrl_in, n)  # warm-up (compile, autotune) with every row idle
-            if self.pool is None and self.cuda:
-                self.pool = torch.cuda.graph_pool_handle()  # one pool for the lane: its calls never overlap
-            graph = make_graph(dev, self.pool, self._own_stream)  # its own stream: its own library workspaces
-            try:
-                out = graph.capture(lambda: self._gather_decode(ctrl_in, n), warmup=0)
-            except RuntimeError as exc:
-                log.warning("%s codec lane: capturing the %d x %d call failed (%s); it runs uncaptured",
-                            self.name, b, n, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                self.graphs[(b, n)] = None
-                return wav
-        self.graphs[(b, n)] = (graph, ctrl_in, out)
-        log.debug("captured %s codec lane graph batch=%d frames=%d", self.name, b, n)
-        return wav
-
-    def bench_call(self, b: int, n: int) -> np.ndarray:
-        """One (b, n) call with every row decoding n frames of the scratch row, waited for (benchmarks: the
-        cost of a call; the rows' stream state is reset when a member next takes them). Lane idle only.
-        The scratch row is zeroed first: free slots' steps write any id there, EOS included."""
-        if self.members or self._inflight:
-            raise RuntimeError("bench_call needs an idle lane")
-        ctrl = torch.zeros(3, b, dtype=torch.long)
-        ctrl[0].fill_(self.frames.trash)
-        ctrl[2].fill_(n)
-        with self._on_stream():
-            self.frames.codes[self.frames.trash].zero_()
-            wav = self._call(ctrl, b, n)
-        self.calls += 1
-        if isinstance(wav, Future):
-            wav = wav.result()
-        if self.stream is not None:
-            self.stream.synchronize()
-        elif self.cuda:
-            torch.cuda.synchronize(self.frames.codes.device)
-        return wav.numpy().copy() if isinstance(wav, torch.Tensor) else wav
 
     def shapes(self) -> list[tuple[int, int]]:
         """Every (b, n) call this lane can make (what start-up captures)."""

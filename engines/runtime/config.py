@@ -29,7 +29,10 @@ class EngineConfig:
     sample_kernel: Optional[bool] = None  # the step's draws as one Triton kernel each, no sort (None: as attn_kernel)
     row_kernel: bool = False  # one-row projections as Triton kernels, norms and residuals fused (A/B: off)
     layer_kernel: Optional[bool] = None  # one-row layers as one persistent kernel each, fuse="layer" (None: as attn_kernel)
-    linear: str = "auto"  # the decoder layers' weights: auto / model (the model's dtype) or int8 (CPU; engines.runtime.int8)
+    # the decoder layers' weights: model (the model's dtype), fp16 or int8 (CPU; engines.runtime.linears), or auto
+    # (fp16 for fp32 weights on a CPU that runs it); the loader passes what engines.load.settings decided
+    linear: str = "model"
+    codec_dtype: str = "model"  # the codec lanes' dtype: model or bfloat16 (engines.codec.dtype; the loader decides auto)
     kv_cache: str = "auto"  # the talker's key/value cache: auto / model (the model's dtype) or fp8 (a scale per vector)
     attn_split: Optional[bool] = None  # the talker's decode attention split over programs per row (None: AUTO_SPLIT)
     fuse: str = "layer"  # compiled regions: "layer" (one per decoder layer) or "pass" (per predictor step / talker step)

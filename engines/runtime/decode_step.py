@@ -31,7 +31,7 @@ from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
 from engines.runtime import attention_split
 from engines.runtime.attention_split import split_attention
-from engines.runtime.int8 import linear, maybe_int8
+from engines.runtime.linears import linear, pack
 from engines.runtime.layer_kernel import decoder_layer, new_counter
 from engines.runtime.rowproj import project
 from engines.runtime.sampler import device_draw
@@ -79,17 +79,17 @@ class StackWeights:
     sin: torch.Tensor
 
     @staticmethod
-    def of(stack: DecoderStack, max_pos: int, int8: bool = False) -> "StackWeights":
-        """`int8`: the projections as engines.runtime.int8.Int8Weight (CPU, eager; `linear` multiplies them)."""
+    def of(stack: DecoderStack, max_pos: int, fmt: str = "model") -> "StackWeights":
+        """`fmt`: the projections' format (engines.runtime.linears: model, or packed on the CPU, eager; `linear`
+        multiplies them)."""
         layers = []
         for layer in stack.layers:
             a, m = layer.self_attn, layer.mlp
             wqkv, bqkv = _fused((a.q_proj, a.k_proj, a.v_proj), "_fused_qkv")
             wgu, _ = _fused((m.gate_proj, m.up_proj), "_fused_gate_up")
-            layers.append((layer.input_layernorm.weight, maybe_int8(wqkv, int8), bqkv, a.q_norm.weight,
-                           a.k_norm.weight, maybe_int8(a.o_proj.weight, int8), a.o_proj.bias,
-                           layer.post_attention_layernorm.weight, maybe_int8(wgu, int8),
-                           maybe_int8(m.down_proj.weight, int8)))
+            layers.append((layer.input_layernorm.weight, pack(wqkv, fmt), bqkv, a.q_norm.weight,
+                           a.k_norm.weight, pack(a.o_proj.weight, fmt), a.o_proj.bias,
+                           layer.post_attention_layernorm.weight, pack(wgu, fmt), pack(m.down_proj.weight, fmt)))
         dev = stack.norm.weight.device
         cos, sin = rope_cos_sin(torch.arange(max_pos, device=dev)[None], stack.cfg.head_dim, stack.cfg.rope_theta,
                                 torch.float32)
@@ -200,19 +200,19 @@ class FastStep:
 
     def __init__(self, talker: Talker, n_slots: int, compile: bool, gemv: bool = True, fuse: str = "layer",
                  kernel: bool = False, sample_kernel: bool = False, row_kernel: bool = False,
-                 layer_kernel: bool = False, int8: bool = False, attn_split: bool = False):
-        """`int8`: the decoder layers' projections as int8 weights (engines.runtime.int8; CPU, not compiled).
+                 layer_kernel: bool = False, linear: str = "model", attn_split: bool = False):
+        """`linear`: the decoder layers' projections' format (engines.runtime.linears; packed ones: CPU, eager).
         `attn_split`: the talker's decode attention split over programs per row (the predictor's 17 positions
         keep the one-program kernel's small launch)."""
-        if int8 and (compile or kernel or row_kernel or layer_kernel):
-            raise ValueError("int8 linears run eagerly on the CPU: not with compiled regions or Triton kernels")
+        if linear != "model" and (compile or kernel or row_kernel or layer_kernel):
+            raise ValueError(f"{linear} linears run eagerly on the CPU: not with compiled regions or Triton kernels")
         self.talker = talker
         self.sample_kernel = sample_kernel  # draws by engines.runtime.sampler (one launch, no sort)
         cp = talker.code_predictor
         dev, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
-        self.int8 = int8
-        self.tw = StackWeights.of(talker.model, talker.cfg.max_position_embeddings, int8)
-        self.pw = StackWeights.of(cp.model, cp.cfg.num_code_groups + 1, int8)
+        self.linear = linear
+        self.tw = StackWeights.of(talker.model, talker.cfg.max_position_embeddings, linear)
+        self.pw = StackWeights.of(cp.model, cp.cfg.num_code_groups + 1, linear)
         self.eps_t, self.eps_p = talker.cfg.rms_norm_eps, cp.cfg.rms_norm_eps
         self.n_sub = cp.num_steps
         self.codebook = cp.cfg.vocab_size  # codes of codebooks 1..15 (and valid codebook-0 codes) are below this

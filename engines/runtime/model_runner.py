@@ -30,7 +30,7 @@ from engines.names import KV_CACHES
 from engines.runtime import attention, attention_split
 from engines.runtime.config import EngineConfig
 from engines.runtime.decode_step import FastStep
-from engines.runtime.int8 import linear_setting
+from engines.runtime.linears import linear_setting
 from engines.runtime.scheduler import length_bucket, pick_bucket
 from engines.runtime.slots import SlotTable
 from engines.runtime.stream import FrameStore
@@ -126,15 +126,15 @@ class ModelRunner:
         sample_kernel = kernel_choice("runtime.sample_kernel", cfg.sample_kernel, self.device)
         row_kernel = kernel_choice("row_kernel", cfg.row_kernel, self.device)
         layer_kernel = kernel_choice("runtime.layer_kernel", cfg.layer_kernel, self.device)
-        self.int8 = linear_setting(cfg.linear, self.device, dtype)[0] == "int8"
-        if self.int8:
-            log.info("decoder layers: int8 weights (runtime.linear: int8, lossy)")
+        self.linear, why = linear_setting(cfg.linear, self.device, dtype)
+        if self.linear != "model":
+            log.info("decoder layers: %s weights (%s)", self.linear, why)
         self.split = attn_split_choice(cfg.attn_split, kernel)
         if self.split and self.device.type == "cuda":
             attention_split.multiprocessors(self.device.index or 0)  # asked now, outside the compiled step
         self.fast = FastStep(talker, n, compile=compile_regions, gemv=cfg.gemv, fuse=cfg.fuse, kernel=kernel,
                              sample_kernel=sample_kernel, row_kernel=row_kernel, layer_kernel=layer_kernel,
-                             int8=self.int8, attn_split=self.split)
+                             linear=self.linear, attn_split=self.split)
         # device graphs on accelerators only (on the CPU a "graph" would just run the work twice at capture)
         self.use_graphs = self.device.type != "cpu" and (cfg.use_graphs if cfg.use_graphs is not None
                                                          else self.device.type == "cuda")
@@ -262,8 +262,11 @@ class ModelRunner:
 
     def default_cap(self, b: int) -> int:
         """The top-k cap of batch bucket b for the official defaults (top-k 50): 0 with the sampling kernel
-        (it sorts nothing) and below cfg.topk_min_batch (the whole sort is faster there), else cfg.topk_cap."""
-        return 0 if self.fast.sample_kernel or b < self.cfg.topk_min_batch else self.cfg.topk_cap
+        (it sorts nothing) and, on a GPU, below cfg.topk_min_batch (the whole sort is faster there), else
+        cfg.topk_cap. On the CPU the capped draw is faster at every batch (1 row: 0.26 against 0.39 ms a draw,
+        37 rows: 1.3 against 6.8 ms; docs/PERFORMANCE.md)."""
+        small = b < self.cfg.topk_min_batch and self.device.type != "cpu"
+        return 0 if self.fast.sample_kernel or small else self.cfg.topk_cap
 
     def will_capture(self, seqs: list, n: int) -> bool:
         """Whether a step over slots [0, n) needs a graph not captured yet (the caller drains first)."""

@@ -7,14 +7,14 @@
 
 One loop iteration (`step_once`) is schedule -> run -> postprocess:
 - schedule: the scheduler (engines.runtime.scheduler) picks the waiting requests that join the prefill
-  group; the runner prepares them (voice, prompt, settings: engines.runtime.prepare, which also feeds
-  live text between steps) and gives each a FrameStore row and a place in its codec lane;
+  group; admission (engines.runtime.admission) prepares them (voice, prompt, settings: engines.runtime.prepare,
+  which also feeds live text between steps) and gives each a FrameStore row and a place in its codec lane;
 - run: the model runner (engines.runtime.model_runner) prefills one chunk of every prompt in the group
   (complete ones move into slots) and launches one decode step for every active slot (a captured device
   graph per bucket on CUDA), reading the previous step's flags back meanwhile;
-- postprocess: frames are counted, finished requests leave their slots (the last slot moves into the
-  hole), and the codec lanes (engines.runtime.codec_lane) turn stored frames into PCM for the handles
-  (streams and batch work in separate lanes).
+- postprocess (engines.runtime.postprocess): frames are counted, finished requests leave their slots (the last
+  slot moves into the hole), and the codec lanes (engines.runtime.codec_lane) turn stored frames into PCM for
+  the handles (streams and batch work in separate lanes).
 """
 from __future__ import annotations
 
@@ -28,22 +28,26 @@ import torch
 
 from engines.api import SynthesisRequest, SynthesisResult
 from engines.model.errors import EngineBusy, TTSError  # noqa: F401 - EngineBusy re-exported
+from engines.runtime.admission import Admission
 from engines.runtime.codec_lane import CodecLane
 from engines.runtime.config import EngineConfig
 from engines.runtime.model_runner import ModelRunner, Step
-from engines.runtime.prepare import feed_text, prepare
+from engines.runtime.postprocess import Postprocess
+from engines.runtime.prepare import feed_text
 from engines.runtime.scheduler import Scheduler
 from engines.runtime.sequence import Sequence
 from engines.runtime.stream import StreamHandle, collect, submit_waiting
 
 log = logging.getLogger(__name__)
 
-URGENT_S = 0.3  # a stream with less audio ahead of its listener than this gets its next chunk at once
 
+class EngineRunner(Admission, Postprocess):
+    """The engine loop: the public API and the loop thread here; admission in engines.runtime.admission, the
+    steps' postprocess (frames, ends, codec lanes, delivery) in engines.runtime.postprocess."""
 
-class EngineRunner:
     def __init__(self, engine, config: Optional[EngineConfig] = None, **overrides):
         from engines.codec.build import runtime_codec
+        from engines.codec.dtype import codec_dtype_setting, lane_decoder
 
         self.engine = engine
         cfg = self.cfg = replace(config or EngineConfig(), **overrides)
@@ -58,9 +62,15 @@ class EngineRunner:
         call_frames = cfg.batch_call_frames if engine.device.type != "cpu" else min(cfg.batch_call_frames,
                                                                                     cfg.cpu_call_frames)
 
+        # the codec lanes' decoder: the engine's, or a bf16 copy (runtime.codec_dtype; engines.codec.dtype)
+        self.codec_dtype = codec_dtype_setting(cfg.codec_dtype, self.device, engine.dtype)[0]
+        decoder = lane_decoder(engine.decoder, self.codec_dtype)
+        if decoder is not engine.decoder:
+            log.info("codec lanes: %s", self.codec_dtype)
+
         def lane(name, first, max_chunk, stream, **kw):
             codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast,
-                                  row_threads=cfg.cpu_codec_threads)
+                                  row_threads=cfg.cpu_codec_threads, decoder=decoder)
             # CPU: the lane's work in order on a thread of its own (one torch thread), a call's rows split over
             # cpu_codec_threads threads by the codec (engines.codec.streaming.StreamingCodecDecoder)
             return CodecLane(name, codec, self.store, first, max_chunk, call_frames, self.use_graphs,
@@ -302,43 +312,6 @@ class EngineRunner:
         self._run_codec()
         self.loop_s["codec"] += time.perf_counter() - t0
 
-    # ----- schedule: admission ---------------------------------------------------------------------
-    def _lane(self, seq: Sequence) -> CodecLane:
-        return self.lanes["stream" if seq.is_stream else "batch"]
-
-    def _admit(self, picked: list) -> None:
-        """Prepare the sequences the scheduler picked; each joins the prefill group, or fails alone. One whose
-        positions do not fit now (`_fits`) goes back to the queue with those after it."""
-        for i, seq in enumerate(picked):
-            try:
-                seq.handle.marks["admit"] = time.perf_counter()
-                prepare(seq, self.engine, self.cfg.max_context)
-            except TTSError as exc:
-                seq.handle.fail(exc)
-                continue
-            if not self._fits(seq):
-                self.sched.requeue(picked[i:])
-                return
-            self._prepare(seq)
-            self.sched.join(seq)
-
-    def _fits(self, seq: Sequence) -> bool:
-        """Whether `seq`'s positions (its prompt and frame limit) fit beside those of the requests admitted
-        already, within cfg.max_positions (the CPU's memory plan, engines.runtime.memory; 0: no limit). Batch
-        work leaves one stream's worst case free; a request always runs when none is admitted."""
-        limit = self.cfg.max_positions
-        held = self.slots.seqs + self.sched.prefilling
-        if not limit or not held:
-            return True
-        room = limit - (0 if seq.is_stream else self.cfg.max_context)
-        return sum(s.reserve for s in held) + seq.reserve <= room
-
-    def _prepare(self, seq: Sequence) -> None:
-        """A prepared sequence's FrameStore row and place in its codec lane."""
-        ref_codes = seq.ref_codes
-        seq.frame_row = self.store.take(ref_codes)
-        seq.member = self._lane(seq).add(seq, seq.frame_row, 0 if ref_codes is None else int(ref_codes.shape[0]))
-
     # ----- run -----------------------------------------------------------------------------------------
     def _prefill(self, group: list) -> None:
         """One prompt chunk of every sequence in the prefill group; complete ones take a slot."""
@@ -367,112 +340,3 @@ class EngineRunner:
             rec, self._inflight = self._inflight, None
             self._collect(rec)
         self.model.drain()
-
-    # ----- postprocess ---------------------------------------------------------------------------------
-    def _collect(self, rec: Step) -> None:
-        """Count a finished step's frames for the codec lanes; end the requests that are done."""
-        emit, done, eos, bad, hold = self.model.wait(rec)
-        t1 = time.perf_counter()
-        if any(bad):
-            rows = [i for i, x in enumerate(bad) if x]
-            raise AssertionError(f"internal: out-of-range codes in rows {rows} (step {self.steps})")
-        for i, seq in enumerate(rec.seqs):
-            if seq.done:  # finished (or cancelled) earlier: later rows of it are not real
-                continue
-            if hold[i]:  # it waited for text: no frame, its position did not move
-                seq.pos -= 1
-                self.holds += 1
-                # held now unless text came after this step was launched
-                seq.held = seq.member.stalled = (seq.text_open and
-                                                 seq.member.emitted - seq.member.n_ref >= seq.text_rows)
-            if emit[i]:
-                seq.member.emitted += 1
-                self.frames += 1
-                seq.handle.marks.setdefault("frame", time.perf_counter())
-            if done[i]:
-                seq.handle.finished_by_eos = bool(eos[i])
-                self._end(seq)
-        self.loop_s["step_rows"] += time.perf_counter() - t1
-
-    def _preempt(self) -> None:
-        """Streams always win: for each stream waiting while every slot is taken, the batch request with the
-        fewest frames made leaves its slot now and goes back to the queue; it starts over later with the same
-        settings (same seed: the same audio), its handle forgetting what it had (`restart`)."""
-        waiting = self.sched.queue.waiting(0)
-        free = self.cfg.max_slots - self.slots.n_active - len(self.sched.prefilling)
-        need = min(waiting, self.cfg.prefill_batch) - max(free, 0)
-        if need <= 0:
-            return
-        victims = sorted((s for s in self.slots.seqs if not s.is_stream and not s.done),
-                         key=lambda s: s.member.emitted)[:need]
-        for seq in victims:
-            seq.requeued = True
-            self._end(seq, dropped=True)
-            seq.handle.restart()
-            self.sched.push(Sequence(seq.handle, seq.request, seq.priority), seq.priority)
-            self.preempted += 1
-
-    def _end(self, seq: Sequence, dropped: bool = False) -> None:
-        """No more frames for `seq`: its slot is freed now; its codec lane decodes what is left (or drops it)."""
-        seq.done = True
-        seq.member.finished = True
-        seq.member.dropped = dropped
-        if seq.slot >= 0:
-            move = self.slots.remove(seq.slot)
-            if move is not None:
-                self.slots.seqs[move[1]].slot = move[1]
-            self.model.retire(seq.slot, move, self.slots.seqs[move[1]].pos if move else 0)
-            seq.slot = -1
-
-    def _run_codec(self) -> None:
-        """Every lane that is due launches a call; what finished calls made goes to the requests, and the
-        requests whose audio is complete end (their FrameStore row is free again)."""
-        idle = not self.slots.n_active and self._inflight is None and not self.sched.has_work
-        batch = self.lanes["batch"]  # while streams are about, its calls are kept short
-        batch.frames_per_call = min(self.cfg.batch_call_frames_streams, batch.max_frames_per_call) \
-            if self.sched.streams_about() else batch.max_frames_per_call
-        for ln in self.lanes.values():
-            self._deliver(*ln.run(block=idle))  # nothing else to do: wait for the codec rather than spin
-
-    def _running_dry(self, m) -> bool:
-        """A stream whose listener (playing since its first audio, in real time) has less than
-        URGENT_S of audio left: the loop waits for the codec call that carries its next audio."""
-        h = m.seq.handle
-        start = h.marks.get("audio")
-        return start is not None and h.samples / h.sample_rate - (time.perf_counter() - start) < URGENT_S
-
-    def _deliver(self, out: list, complete: list) -> None:
-        for m, audio in out:
-            if m.seq.requeued:  # audio of a preempted try: its request starts over
-                continue
-            first = m.seq.handle.ttfa_s is None
-            m.seq.handle.add_audio(audio)
-            if first and m.seq.is_stream and m.seq.handle.ttfa_s is not None:
-                self._count_ttfa(m.seq.handle)
-        for m in complete:
-            self.store.give(m.frame_row)
-            if m.seq.requeued:
-                continue
-            if not m.dropped:
-                m.seq.handle.codes, m.seq.handle.lead = m.codes, m.lead
-            m.seq.handle.finish()
-
-    def _count_ttfa(self, h: StreamHandle) -> None:
-        m, p = h.marks, self.ttfa_phases
-        if all(k in m for k in ("admit", "slot", "frame", "audio")):
-            for phase, a, b in (("queue", h.created, m["admit"]), ("prefill", m["admit"], m["slot"]),
-                                ("first_frame", m["slot"], m["frame"]), ("codec", m["frame"], m["audio"])):
-                p[phase] += b - a
-            p["n"] += 1
-
-    def _fail_all(self, message: str) -> None:
-        for seq in self.sched.drop_all():
-            seq.handle.fail(TTSError(message))
-        for ln in self.lanes.values():
-            _, complete = ln.drain()
-            for m in complete + ln.members:
-                m.seq.handle.fail(TTSError(message))
-                self.store.give(m.frame_row)
-            ln.reset_all()
-        self._inflight = None
-        self.model.free_all()
