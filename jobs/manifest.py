@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from jobs.assemble import ChapterOut, write_bytes_atomic
+from text.language import spoken_language
 
 MANIFEST_VERSION = 1
 
@@ -77,6 +78,7 @@ def build_manifest(job: dict, chapters: Sequence[dict], segments: Sequence[dict]
                                         "created_at", "finished_at")},
         "sources": json.loads(job.get("sources") or "[]"),
         "settings": spec,
+        "language": spoken_language((spec or {}).get("language"), (s["original"] for s in segments)),
         "output": {"book": str(book_path) if book_path else None, "format": (spec or {}).get("format"),
                    "codec": codec, "sample_rate": sample_rate,
                    "subtitles": (subtitles or {}).get("book") or None, "epub": str(epub) if epub else None},

@@ -171,8 +171,8 @@ def missing(tool: str) -> Optional[str]:
 def _latex() -> tuple[Optional[list[str]], Optional[str]]:
     """pandoc's options for a PDF through xelatex with a CJK font, or why it cannot write one here."""
     if shutil.which("xelatex") is None:
-        return None, "pandoc writes PDF through LaTeX: xelatex is not installed here (apt-get install texlive-xetex; "
-                      "--no-install-recommends texlive-lang-chinese for its CJK package)"
+        return None, ("pandoc writes PDF through LaTeX: xelatex is not installed here (apt-get install texlive-xetex; "
+                      "--no-install-recommends texlive-lang-chinese for its CJK package)")
     fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True).stdout.split("\n")
     family = next((f.split(",")[0].strip() for f in fonts if f.strip()), None)
     if family is None:

@@ -83,6 +83,7 @@ def test_chapters_are_written_as_they_complete_and_equal_a_fresh_assembly(tmp_pa
     followed = _book_audio(paths, job_id)
     finished = followed[2]["job"]["finished_at"]  # the manifest says when the job finished, as the queue does
     assert finished is not None and finished == q.job(job_id)["finished_at"]
+    assert followed[2]["language"] == "en"  # the job's "english" as a BCP-47 tag (the page's captions use it)
     assert assemble_job(q, paths, job_id) == "done"  # from scratch, over the same files
     fresh = _book_audio(paths, job_id)
     assert np.array_equal(followed[0], fresh[0]) and followed[0].size > SR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from text.language import guess_language
+from text.language import guess_language, spoken_language
 
 SAMPLES = {
     "en": "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin "
@@ -54,3 +54,12 @@ def test_it_reads_the_start_of_a_long_text():
             yield SAMPLES["fr"]
 
     assert guess_language(paragraphs()) == "fr" and len(seen) < 100
+
+
+def test_the_spoken_language_is_the_jobs_else_the_texts():
+    """What a manifest and a narrated EPUB declare: the job's language as a tag, a job set to auto the guess,
+    "und" where nothing tells."""
+    assert spoken_language("german", [SAMPLES["fr"]]) == "de"  # the job says so: the text is not read
+    assert spoken_language("en-US", []) == "en" and spoken_language("chinese", []) == "zh"
+    assert spoken_language("auto", [SAMPLES["zh"]]) == "zh" and spoken_language(None, [SAMPLES["ru"]]) == "ru"
+    assert spoken_language("auto", ["12 345"]) == "und"

@@ -92,6 +92,7 @@ def test_a_book_from_drop_to_playback_a_stream_and_samples(tmp_path, shots):
         segments = int(p.text("#new .totals").split(", ")[1].split()[0])
         p.find("#new select[name=format] option[value=mp3]").click()
         p.find("#new select[name=voice] option[value=ryan]").click()
+        p.find("#new select[name=language] option[value=german]").click()  # the captions say "de" (below)
         p.wait(lambda: not p.find("#new .preview").get_attribute("aria-busy"), 30, "the preview read again")
         p.shot("new-book-preview")
         p.axe("New book with a preview")
@@ -113,6 +114,9 @@ def test_a_book_from_drop_to_playback_a_stream_and_samples(tmp_path, shots):
                f"the focus in the player (it is on {focused(p)})")
         play_book(p, "Three")
         assert p.js(f"return {AUDIO}.src").endswith("/files/story.mp3")
+        # the captions say what is spoken: the manifest's BCP-47 tag of the job's language (auto: text.language's guess)
+        man = d.get(f"/v1/jobs/{job}/files/manifest.json")[1]
+        assert p.js(f"return {AUDIO}.querySelector('track').srclang") == man["language"] == "de", man.get("language")
         p.shot("library-playing")
         p.axe("Library with a book playing")
         # the read-along text is the book as it shows: each chapter's spoken title is its heading, once, and no

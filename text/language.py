@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Optional
+
+from text.normalize import language_code
 
 SAMPLE_CHARS = 20_000  # enough text to tell; the start of a book stands for the rest
 MIN_HITS = 5  # common words a Latin-script text must show before it is named
@@ -83,3 +85,12 @@ def guess_language(texts: Iterable[str]) -> str:
     ranked = hits.most_common(2) + [("", 0), ("", 0)]
     (best, n), (_, second) = ranked[0], ranked[1]
     return best if n >= MIN_HITS and n >= LEAD * second else ""
+
+
+def spoken_language(language: Optional[str], texts: Iterable[str]) -> str:
+    """The BCP-47 primary tag of what is spoken: the one `language` names ("english", "de", "en-US"), else the
+    language of `texts` as `guess_language` reads it (a job set to auto); "und" where neither tells."""
+    code = language_code(language)
+    if code.isalpha() and len(code) in (2, 3):
+        return code
+    return guess_language(texts) or "und"

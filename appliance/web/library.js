@@ -217,7 +217,7 @@ async function play(id) {
     const book = relative(out.book, job.output_dir);
     const vtt = (out.subtitles || []).map((p) => relative(p, job.output_dir)).find((p) => p && p.endsWith(".vtt"));
     await player.open({ id, title, author: job.author, src: book ? await url(filePath(id, book)) : "",
-      vtt: vtt ? await url(filePath(id, vtt)) : null, cover: covers.get(id) || null, language: manifest.settings?.language,
+      vtt: vtt ? await url(filePath(id, vtt)) : null, cover: covers.get(id) || null, language: manifest.language || manifest.settings?.language,
       chapters: manifest.chapter_list || [] });
     old.forEach((u) => URL.revokeObjectURL(u));
   } else await player.open({ id });

@@ -114,7 +114,8 @@ const ready = () => new Promise((resolve) => {
 });
 
 function captions(src, language) {
-  track = el("track", { kind: "captions", label: "Captions", src, srclang: language && language !== "auto" ? language.slice(0, 2) : "en" });
+  // the manifest's `language`: a BCP-47 tag of what is spoken (the job's, or guessed for auto); "und" otherwise
+  track = el("track", { kind: "captions", label: "Captions", src, srclang: /^[a-z]{2,3}$/i.test(language || "") ? language : "und" });
   audio.append(track);
   track.track.mode = "hidden"; // loads the cues; the page shows them (an <audio> draws no captions itself)
   const line = root.querySelector(".caption");

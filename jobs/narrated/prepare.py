@@ -22,7 +22,7 @@ from jobs.document import Document, TextSource
 from jobs.errors import IngestError
 from jobs.narrated.align import Locator
 from jobs.narrated.generate import generate_epub
-from text.language import guess_language
+from text.language import spoken_language
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,10 @@ def prepare_narration(home: Path, doc: Document, chapters: Sequence[tuple[str, l
 
 
 def book_language(language: str, chapters: Sequence[tuple[str, list]]) -> str:
-    """The BCP-47 tag a simple EPUB of the text declares: the job's language where it names one (`language`, a
-    short code), else the language of what was spoken, guessed from the segments' text (`text.language`);
-    `und` where neither tells."""
-    if len(language) in (2, 3) and language.isalpha():
-        return language.lower()
-    return guess_language(s.original for _, segs in chapters for s in segs) or "und"
+    """The BCP-47 tag a simple EPUB of the text declares: the job's language where it names one (`language`:
+    "english", "de"), else the language of what was spoken, guessed from the segments' text; `und` where neither
+    tells (`text.language.spoken_language`)."""
+    return spoken_language(language, (s.original for _, segs in chapters for s in segs))
 
 
 def bind(chapters: Sequence[tuple[str, list]], source_of) -> int:
