@@ -88,7 +88,11 @@ def test_info_shows_what_work_runs(tmp_path, monkeypatch):
     assert {k: shown[k] for k in runs} == runs and runs["max_slots"] == 3, (shown, runs)
     assert (shown["codec"], shown["threads"]) == (spec.codec, spec.threads) == ("torch", 1)
     text = cli("--config", path, "info", "--no-daemon").stdout
-    assert "cpu: float32, 3 slots" in text and "codec torch, 1 CPU threads" in text, text
+    # the weight format and the codec's dtype are the ones the loader decided for this CPU (runs, shown above)
+    weights = "" if runs["linear"] == "model" else f"{runs['linear']} decoder-layer weights ("
+    codec = "codec torch in bf16" if runs["codec_dtype"] == "bfloat16" else "codec torch"
+    assert f"cpu: float32, {weights}" in text and "3 slots of 2048 positions" in text, text
+    assert f"{codec}, 1 CPU threads" in text, text
     assert "3 (the engines' slots) segments in flight each, lease 120.0 s, guard off" in text, text  # a test model
 
 

@@ -39,8 +39,10 @@ def test_a_text_book_through_the_daemon_reports_the_segmenters_lengths(tmp_path)
                  "--text", str(txt), "--config-extra", "model.threads=1", "--timeout", "300", "--json", str(out)])
     res = json.loads(out.read_text())
     assert code == 0, res.get("error")
-    lengths = res["segment_lengths"]
+    work = res["workload"]
     [level] = res["levels"]
-    assert level["state"] == "done" and level["segments"] == level["segments_done"] == lengths["segments"] >= 5
-    assert 0 < lengths["chars_min"] <= lengths["chars_median"] <= lengths["chars_p90"] <= lengths["chars_max"] <= 300
-    assert level["audio_s"] == lengths["segments"] * 4 * 0.08
+    assert level["state"] == "done" and level["segments"] == level["segments_done"] == work["segments"] >= 5
+    chars = work["segment_chars"]
+    assert 0 < chars["min"] <= chars["median"] <= chars["max"] <= 300
+    assert 0 < work["segment_expected_s"]["min"] <= work["segment_expected_s"]["max"]
+    assert level["audio_s"] == work["segments"] * 4 * 0.08
