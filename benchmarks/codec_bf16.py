@@ -20,6 +20,7 @@ import torch
 
 from benchmarks.codec_cpu import random_decoder
 from engines.codec.dtype import bf16_reason, lane_decoder
+from engines.codec.parity import random_codes, snr_db
 from engines.device.detect import cpu_name
 
 
@@ -44,11 +45,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     fp32 = random_decoder()
     bf16 = lane_decoder(fp32, "bfloat16")
-    g = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, fp32.config.codebook_size, (args.rows, fp32.config.num_quantizers, args.frames), generator=g)
+    codes = random_codes(fp32, args.rows, args.frames)
     t32, a32 = _timed(fp32, codes, args.reps)
     t16, a16 = _timed(bf16, codes, args.reps)
-    snr = 10 * np.log10(np.sum(a32 ** 2) / max(float(np.sum((a16 - a32) ** 2)), 1e-30))
+    snr = snr_db(a32, a16)
     print(f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}; bf16 on this CPU: "
           f"{bf16_reason('cpu') or 'native bf16 dot instructions'}")
     print(f"{args.rows} rows x {args.frames} frames in one call: fp32 {t32 * 1000:.0f} ms, bf16 {t16 * 1000:.0f} ms "

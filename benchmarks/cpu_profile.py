@@ -20,7 +20,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import time
 from collections import defaultdict
@@ -29,6 +28,7 @@ import torch
 
 from benchmarks.ab_step import drain, fill
 from benchmarks.dummy_engine import dummy_engine
+from engines.device.detect import cpu_name
 from engines.runtime.runner import EngineRunner
 
 PARTS = {"t_layer": "talker", "p_layer": "predictor", "r_code0": "heads", "r_sub": "heads", "_draw": "draw",
@@ -55,16 +55,6 @@ class PartTimer:
                 if self._stack:
                     self._stack[-1] += dt
         return timed
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 class Rows:

@@ -19,7 +19,6 @@ import asyncio
 import json
 import logging
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -103,15 +102,11 @@ def run_clients(spec: dict) -> dict:
 def device_name(device: str) -> str:
     import torch
 
+    from engines.device.detect import cpu_name
+
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
-    except OSError:
-        pass
-    return platform.processor() or device
+    return f"{cpu_name()} ({torch.get_num_threads()} threads)"
 
 
 def build_runner(args, slots: int):

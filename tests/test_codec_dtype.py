@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engines.codec import dtype as codec_dtype
+from engines.codec.parity import snr_db
 from engines.runtime.runner import EngineRunner
 from tests.test_runtime import engine, reference, requests
 
@@ -33,10 +34,6 @@ def test_the_lane_decoder_is_a_bf16_copy_with_fp32_rope():
     assert dec.pre_transformer.inv_freq.dtype == torch.float32
     assert torch.equal(dec.pre_transformer.inv_freq, eng.decoder.pre_transformer.inv_freq)
     assert codec_dtype.lane_decoder(eng.decoder, "model") is eng.decoder
-
-
-def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(ref ** 2) / max(float(np.sum((got - ref) ** 2)), 1e-30)))
 
 
 @pytest.mark.parametrize("slots", [1, 3])

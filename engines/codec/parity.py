@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Callable
 
@@ -13,6 +14,12 @@ import torch
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
+
+
+def snr_db(ref, got) -> float:
+    """How far `got` is from `ref` (arrays of audio): the signal-to-error ratio in dB."""
+    err = float(((got - ref) ** 2).sum())
+    return float(10 * math.log10(float((ref ** 2).sum()) / max(err, 1e-30)))
 
 
 def random_codes(decoder, batch: int, frames: int, seed: int = 0) -> torch.Tensor:

@@ -137,15 +137,20 @@ def _cgroup_cpu_quota(proc: Path = Path("/proc/self/cgroup"), fs: Path = Path("/
     return None
 
 
-def cpu_name() -> str:
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of `keys`; None where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(keys):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -154,14 +159,7 @@ SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_
 
 def cpu_flags() -> frozenset:
     """The CPU's feature flags as /proc/cpuinfo names them (x86 `flags`, Arm `Features`); empty where unknown."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((_cpuinfo("flags", "Features") or "").split())
 
 
 def simd_summary() -> str:
