@@ -240,13 +240,13 @@ class Queue(Leases, Records, Assemblies, InboxFiles, Submissions, Daemons, Remov
 
     def counts(self, job_id: Optional[str] = None) -> dict:
         """Segment counts by state, for one job (its rows removed with its working files included:
-        `removed_counts`) or of the rows there are."""
+        `removed_totals`) or of the rows there are."""
         where, args = ("WHERE job_id = ?", [job_id]) if job_id else ("", [])
         rows = self.store.execute(f"SELECT state, COUNT(*) FROM segments {where} GROUP BY state", args)
         out = {"queued": 0, "leased": 0, "done": 0, "failed": 0, "cancelled": 0}
         out.update(dict(rows.fetchall()))
-        for state, n in (self.removed_counts(job_id) if job_id else {}).items():
-            out[state] = out.get(state, 0) + n
+        for state, gone in (self.removed_totals(job_id) if job_id else {}).items():
+            out[state] = out.get(state, 0) + gone["segments"]
         return out
 
     def job_audio(self, job_id: str) -> tuple[float, float]:

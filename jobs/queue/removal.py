@@ -168,22 +168,14 @@ class Removal:
             pause[state] = pause.get(state, 0) + int(pause_ms or 0)
         c.execute("UPDATE jobs SET removed_counts = ? WHERE id = ?", (json.dumps(counts), job_id))
 
-    def removed_counts(self, job_id: str) -> dict:
-        """{state: segment rows} of the job's rows removed with its working files ({} when none were)."""
-        return {k: v for k, v in self._removed(job_id).items() if isinstance(v, int)}
-
     def removed_totals(self, job_id: str) -> dict[str, dict]:
-        """{state: {"segments", "audio_s", "pause_ms"}} of the job's rows removed with its working files, as
-        `jobs.queue.progress.Progress.segment_totals` reads the rows there are."""
-        raw = self._removed(job_id)
+        """{state: {"segments", "audio_s", "pause_ms"}} of the job's rows removed with its working files ({} when
+        none were), as `jobs.queue.progress.Progress.segment_totals` reads the rows there are."""
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])  # a report may read a queue of an older step
+        raw = json.loads(rows[0].get("removed_counts") or "{}") if rows else {}
         audio, pause = raw.get("audio_s", {}), raw.get("pause_ms", {})
         return {state: {"segments": n, "audio_s": float(audio.get(state, 0.0)), "pause_ms": int(pause.get(state, 0))}
                 for state, n in raw.items() if isinstance(n, int)}
-
-    def _removed(self, job_id: str) -> dict:
-        rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])  # a report may read a queue of an older step
-        raw = rows[0].get("removed_counts") if rows else None
-        return json.loads(raw) if raw else {}
 
 
 def _under(column: str) -> str:
