@@ -66,8 +66,6 @@ def remove_job_files(remover: Remover, paths: Paths, job_id: str, users: dict[st
     book) that no other job in `users` names: uploads only of its sources (a user's own file stays); the
     cover too unless `keep_cover` (retention keeps it for the library; a deleted job's goes)."""
     mine = users.pop(job_id, [])
-    if keep_cover:
-        users[job_id] = [f for f in mine if Path(f).parent == paths.home / "covers"]
     named = {f for fs in users.values() for f in fs}
     uploads = paths.home / "uploads"
     ours = (paths.home / "narration",) if keep_cover else (paths.home / "narration", paths.home / "covers")
