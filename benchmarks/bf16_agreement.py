@@ -82,11 +82,12 @@ PACKED = ("fp16", "int8")  # runtime.linear formats measured against fp32
 
 def packed_engine(args, fmt: str):
     """The fp32 engine with its decoder layers' linears in `fmt` (the reference form of runtime.linear: fmt)."""
-    from engines.runtime.linears import pack_modules
+    from engines.runtime.linears import pack_heads, pack_modules
 
     eng = load(args, "float32")
     pack_modules(eng.talker.model, fmt)
     pack_modules(eng.talker.code_predictor.model, fmt)
+    pack_heads(eng.talker, fmt)
     return eng
 
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(FP16 is not None, reason=f"fp16 linears unavaila
 def packed_reference(fmt: str):
     eng = TTSEngine.load(TINY / "cv_small", device="cpu", dtype="float32")  # its own (engine() is shared)
     assert linears.pack_modules(eng.talker.model, fmt) + linears.pack_modules(eng.talker.code_predictor.model, fmt) > 0
+    assert linears.pack_heads(eng.talker, fmt) == (16 if fmt == "fp16" else 0)
     return eng
 
 

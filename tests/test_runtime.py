@@ -484,7 +484,9 @@ def test_the_codec_on_a_thread_of_its_own_gives_the_same_codes_and_audio(slots, 
     """A CPU engine's codec lanes on threads of their own (runtime.cpu_codec_threads, the daemon's default on
     a CPU of 2 cores or more: appliance.settings.cpu_split; with 2, a call's rows split over 2 threads):
     requests queue, join and leave, the codec's row resets and moves run on those threads in order, and
-    every request gets the reference codes and audio."""
+    every request gets the reference codes and audio. A stream's waited one-row call (its first audio) runs in
+    the loop's thread instead (CodecLane._call_inline), after the worker's earlier work, its later calls on the
+    worker again: the audio is the same."""
     eng = engine()
     reqs = requests(5)
     ref = reference(eng, reqs)
@@ -494,6 +496,10 @@ def test_the_codec_on_a_thread_of_its_own_gives_the_same_codes_and_audio(slots, 
     for (codes, wav), res in zip(ref, out):
         assert np.array_equal(res.codes, codes)
         assert res.audio.shape == wav.shape and np.abs(res.audio - wav).max() < 1e-4
+    stream = runner.lanes["stream"]
+    assert runner.lanes["batch"].inline_calls == 0
+    if slots == 1:  # every stream's first audio alone in its call, waited for: inline; the rest on the worker
+        assert stream.inline_calls >= 3 and stream.calls > stream.inline_calls
 
 
 def test_the_loop_takes_the_codec_s_cores_while_no_codec_call_runs():

@@ -70,6 +70,9 @@ class CodecLane(LaneCalls):
         self.pool = pool
         self.before_capture = None  # called before a new graph is captured (the runner drains its step)
         self.urgent = None  # (member) -> True when its listener is about to run dry: the loop waits for its call
+        self.before_inline = None  # called before a waited one-row call runs in the caller's thread (CPU threads)
+        self.inline = True  # a CPU lane's waited one-row calls run in the caller's thread (off: A/B runs)
+        self.inline_calls = 0  # calls run in the caller's thread
         self.calls = 0
         self.wait_s = 0.0  # host time spent waiting for calls to finish
         dev = frames.codes.device
@@ -192,7 +195,11 @@ class CodecLane(LaneCalls):
                 rows, starts, valid = [self.frames.trash] * b, [0] * b, [0] * b
                 for i, m in enumerate(self.members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
-                call.wav = self._call(torch.tensor([rows, starts, valid], dtype=torch.long), b, n)
+                ctrl = torch.tensor([rows, starts, valid], dtype=torch.long)
+                if b == 1 and self.inline and self.worker is not None and self._waited(valid):
+                    call.wav = self._call_inline(ctrl, n)
+                else:
+                    call.wav = self._call(ctrl, b, n)
                 if isinstance(call.wav, Future):  # on the worker's thread: collected like a CUDA call
                     call.event, call.wav = HostCall(call.wav), None
                 self.calls += 1  # after _call: it picks the ring buffer by this count
@@ -221,6 +228,32 @@ class CodecLane(LaneCalls):
                 call.event = torch.cuda.Event()
                 call.event.record(self.stream)
         self._inflight.append(call)
+
+    def _waited(self, valid: list) -> bool:
+        """Whether a call decoding `valid` frames of each member will be waited for at once (`run`): it makes a
+        member's first audio or audio its listener is about to run out of (the flags `_launch` sets)."""
+        if not self.wait:
+            return False
+        for m, v in zip(self.members, valid):
+            got = v * self.spf
+            if got > min(m.discard, got) and (not m.heard or (self.urgent is not None and self.urgent(m))):
+                return True
+        return False
+
+    def _call_inline(self, ctrl: torch.Tensor, n: int):
+        """A one-row call the loop would only wait for, run in the caller's thread instead of the worker's (CPU):
+        a row decodes on one thread in the worker, while in the waiting loop's thread it gets the loop's
+        threads (`before_inline` picks them: every core while no other lane's call runs). The worker's
+        earlier work (calls, row resets and moves) finishes first, so the order is the worker's."""
+        self.worker.join()
+        self.worker.check()
+        if self.before_inline is not None:
+            self.before_inline()
+        self.inline_calls += 1
+        t0 = time.perf_counter()
+        wav = self._decode_host(*self._gather(ctrl, n))
+        self.wait_s += time.perf_counter() - t0  # (the loop waited for it, as for a worker's call)
+        return wav
 
     def _codes_to_host(self, m: Member) -> torch.Tensor:
         src = self.frames.codes[m.frame_row, m.n_ref:m.emitted]

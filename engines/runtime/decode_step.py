@@ -31,7 +31,8 @@ from engines.model.talker import Talker
 from engines.runtime.attention import decode_attention, reference_attention, rms as _rms
 from engines.runtime import attention_split
 from engines.runtime.attention_split import split_attention
-from engines.runtime.linears import linear, pack
+from engines.runtime import linears
+from engines.runtime.linears import head_format, linear, pack
 from engines.runtime.layer_kernel import decoder_layer, new_counter
 from engines.runtime.rowproj import project
 from engines.runtime.sampler import device_draw
@@ -223,12 +224,14 @@ class FastStep:
         proj = cp.small_to_mtp_projection
         self.proj = (proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else None
         self.sub_tables = [e.weight for e in cp.model.codec_embedding]
-        self.lm = [h.weight for h in cp.lm_head]
+        hf = head_format(linear)  # the heads' format: fp16 with fp16 layers (a packed weight: `linear` multiplies)
+        self.lm = [pack(h.weight, hf) for h in cp.lm_head]
+        self.head0 = pack(talker.codec_head.weight, hf)
         wrap = (lambda f: torch.compile(f, dynamic=None, fullgraph=True)) if compile else (lambda f: f)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         gemv = gemv and compile
-        self.lin = _gemv_or_linear if gemv else F.linear
+        self.lin = _gemv_or_linear if gemv else F.linear if hf == "model" else linears.linear
         self.fuse = fuse
         self._t_layer = _stack_layer(talker.model, gemv, kernel, row_kernel, attn_split)
         self._p_layer = _stack_layer(cp.model, gemv, kernel, row_kernel)
@@ -346,7 +349,7 @@ class FastStep:
         every row's top-k is at most k_cap, so only that many ids are sorted per draw (draw_topk)."""
         b = t.hidden.shape[0]
         talker = self.talker
-        code0 = self.r_code0(t.hidden, talker.codec_head.weight, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
+        code0 = self.r_code0(t.hidden, self.head0, t.seen, t.penalty, suppress, t.gen_step, t.min_new,
                              t.m_do, t.m_temp, t.m_topk, t.m_topp, t.seed, t.done, t.eos, t.limit, t.text_open,
                             t.trailing_len, t.hold, k_cap)
         x = self.r_first(t.hidden, code0, talker.model.codec_embedding.weight, self.proj)

@@ -16,7 +16,7 @@ so the bytes a weight takes set one stream's speed. The formats:
 (x86 torch builds; probed once), the model's dtype elsewhere: fp16 holds the agreement measure
 (benchmarks/bf16_agreement.py) closer to fp32 than bf16 does, int8 does not (docs/PERFORMANCE.md,
 "Weight formats on the CPU"). Everything but the decoder layers' projections (heads, embeddings, norms,
-attention, the key/value cache) stays in the model's dtype.
+attention, the key/value cache) stays in the model's dtype, but for the heads (`head_format`).
 """
 from __future__ import annotations
 
@@ -106,6 +106,7 @@ class PackedLinear(torch.nn.Module):
     def __init__(self, lin: torch.nn.Linear, fmt: str):
         super().__init__()
         self.fmt, self.w = fmt, pack(lin.weight, fmt, lin.bias)
+        self.weight = lin.weight.detach()  # (not used by the product: its device and dtype for those who ask)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w(x)
@@ -122,6 +123,26 @@ def pack_modules(stack: torch.nn.Module, fmt: str) -> int:
                     setattr(parent, name, PackedLinear(mod, fmt))
                     n += 1
     return n
+
+
+def head_format(fmt: str) -> str:
+    """The format of the heads (the talker's codebook-0 head, the predictor's 15) in a step whose decoder layers
+    are in `fmt`: fp16 with fp16 layers (a frame reads the predictor's heads 15 times, ~6% of its bytes in
+    fp32), the model's dtype otherwise (int8's rounding is kept off the logits)."""
+    return "fp16" if fmt == "fp16" else "model"
+
+
+def pack_heads(talker: torch.nn.Module, fmt: str) -> int:
+    """Replace the talker's codebook-0 head and the code predictor's heads by their `head_format(fmt)` form, in
+    place (with `pack_modules`: the slow reference of a step in that format). Returns how many."""
+    hf = head_format(fmt)
+    if hf == "model":
+        return 0
+    talker.codec_head = PackedLinear(talker.codec_head, hf)
+    heads = talker.code_predictor.lm_head
+    for j, head in enumerate(heads):
+        heads[j] = PackedLinear(head, hf)
+    return 1 + len(heads)
 
 
 def auto_format(device, dtype: torch.dtype) -> tuple[str, str]:

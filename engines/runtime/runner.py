@@ -83,6 +83,7 @@ class EngineRunner(Admission, Postprocess):
                           wait=False),
         }
         self.lanes["stream"].urgent = self._running_dry
+        self.lanes["stream"].before_inline = self._pick_threads
         for ln in self.lanes.values():
             ln.before_capture = self._drain
             ln.use_stream(cfg.codec_streams)
@@ -237,7 +238,8 @@ class EngineRunner(Admission, Postprocess):
                 "frames": self.frames, "text_holds": self.holds, "preempted": self.preempted, "ttfa_phases_s": dict(self.ttfa_phases),
                 "graphs": len(self.graphs), "max_slots": self.cfg.max_slots,
                 "loop_s": {k: round(v, 3) for k, v in self.loop_s.items()}
-                | {"codec_wait": round(sum(ln.wait_s for ln in self.lanes.values()), 3)}}  # (inside "codec")
+                | {"codec_wait": round(sum(ln.wait_s for ln in self.lanes.values()), 3)},  # (inside "codec")
+                "codec_inline_calls": sum(ln.inline_calls for ln in self.lanes.values())}
 
     # ----- loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
