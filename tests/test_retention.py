@@ -266,6 +266,14 @@ def test_a_pruned_job_keeps_its_cover_and_place_a_deleted_one_loses_both(spool):
     assert q.position(jobs[0]) is None and q.position(jobs[1])["position_s"] == 12.5
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before it starts: SIGINT at its default, as a terminal's command has it (a shell runs a
+    background job, the test run itself perhaps, with SIGINT ignored, and the child would inherit that)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command", [["work", "--until-idle"], ["watch", "--no-work"]])
 def test_the_job_commands_apply_the_retention_as_the_daemon_does(tmp_path, command):
     """`work` and `watch` (the daemon's worker and watcher in a command's process) apply jobs.keep_work_days as
@@ -287,7 +295,8 @@ def test_the_job_commands_apply_the_retention_as_the_daemon_does(tmp_path, comma
     model = ["--model", str(root / "tests" / "data" / "tiny" / "cv_small"), "--device", "cpu"]
     proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", *command, "--home", str(paths.home),
                              *(model if command[0] == "work" else [])], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TTS_APPLIANCE_NO_DAEMON": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TTS_APPLIANCE_NO_DAEMON": "1"},
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         if command[0] == "watch":
             deadline = time.monotonic() + 300  # (a failure guard)
