@@ -15,8 +15,8 @@ so the bytes a weight takes set one stream's speed. The formats:
 `runtime.linear: auto` (`linear_setting`) takes fp16 on a CPU engine of fp32 weights where the kernel runs
 (x86 torch builds; probed once), the model's dtype elsewhere: fp16 holds the agreement measure
 (benchmarks/bf16_agreement.py) closer to fp32 than bf16 does, int8 does not (docs/PERFORMANCE.md,
-"Weight formats on the CPU"). Everything but the decoder layers' projections (heads, embeddings, norms,
-attention, the key/value cache) stays in the model's dtype, but for the heads (`head_format`).
+"Weight formats on the CPU"). With fp16 layers the heads are fp16 too (`head_format`); embeddings, norms,
+attention and the key/value cache stay in the model's dtype.
 """
 from __future__ import annotations
 
