@@ -18,7 +18,7 @@ import time
 import torch
 
 from engines.device.detect import cpu_name
-from engines.runtime.int8 import Int8Weight, unavailable_reason as int8_unavailable
+from engines.runtime.int8 import Int8Weight, per_channel, unavailable_reason as int8_unavailable
 from engines.runtime.linears import Fp16Weight, unavailable_reason
 
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)] * 5  # [out, in] per layer, 5 layers
@@ -67,8 +67,7 @@ def main() -> None:
         rows["int8 kernel alone"] = passes(raw, xs)
     packed = []
     for w in ws:
-        scale = w.abs().amax(1) / 127
-        q = torch.round(w / scale[:, None]).to(torch.int8)
+        q, scale = per_channel(w)  # (the int8 format's own rounding)
         packed.append(lambda x, q=q, s=scale.bfloat16(): torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, s))
     rows["int8pack bf16"] = passes(packed, xs)
     print(f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}: one predictor pass (~75 M weights), 1 row")

@@ -196,7 +196,8 @@ class CodecLane(LaneCalls):
                 for i, m in enumerate(self.members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
                 ctrl = torch.tensor([rows, starts, valid], dtype=torch.long)
-                if b == 1 and self.inline and self.worker is not None and self._waited(valid):
+                news = [self._news(m, v * self.spf) for m, v in zip(self.members, valid)]
+                if b == 1 and self.inline and self.worker is not None and self.wait and any(news):
                     call.wav = self._call_inline(ctrl, n)
                 else:
                     call.wav = self._call(ctrl, b, n)
@@ -212,9 +213,9 @@ class CodecLane(LaneCalls):
                         call.tails.append((m, i, cut - 1))
                     m.discard -= cut
                     call.parts.append((m, i, cut, got))
-                    if got > cut and not m.heard:  # this call makes its first audio
+                    if news[i] == "first":
                         call.first = m.heard = True
-                    elif got > cut and self.urgent is not None and self.urgent(m):
+                    elif news[i] == "urgent":
                         call.urgent = True
                     m.decoded += valid[i]
                     m.target = min(max(m.target * 2, self.first), self.max_chunk)
@@ -229,16 +230,15 @@ class CodecLane(LaneCalls):
                 call.event.record(self.stream)
         self._inflight.append(call)
 
-    def _waited(self, valid: list) -> bool:
-        """Whether a call decoding `valid` frames of each member will be waited for at once (`run`): it makes a
-        member's first audio or audio its listener is about to run out of (the flags `_launch` sets)."""
-        if not self.wait:
-            return False
-        for m, v in zip(self.members, valid):
-            got = v * self.spf
-            if got > min(m.discard, got) and (not m.heard or (self.urgent is not None and self.urgent(m))):
-                return True
-        return False
+    def _news(self, m: Member, got: int) -> Optional[str]:
+        """What `got` new samples of member `m` (before its reference audio is cut off them) bring its listener:
+        "first" (its first audio), "urgent" (audio it is about to run out of) or None. A lane that waits waits at
+        once for a call that brings either (`run`)."""
+        if got <= m.discard:  # nothing past the reference's audio
+            return None
+        if not m.heard:
+            return "first"
+        return "urgent" if self.urgent is not None and self.urgent(m) else None
 
     def _call_inline(self, ctrl: torch.Tensor, n: int):
         """A one-row call the loop would only wait for, run in the caller's thread instead of the worker's (CPU):

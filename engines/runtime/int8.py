@@ -60,6 +60,12 @@ def _engine() -> None:
         q.engine = next(e for e in ENGINES if e in q.supported_engines)
 
 
+def per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight `[out, in]` as int8 `[out, in]` (symmetric, -127..127) and its float32 scale per output channel."""
+    scale = w.abs().amax(1).clamp_min(1e-12) / 127  # [out]
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
 class Int8Weight:
     """A linear's weight `[out, in]` (and bias `[out]`) as int8 per output channel; `w(x)` = x @ W.T + b.
 
@@ -74,8 +80,7 @@ class Int8Weight:
         if act_bits == 16 and self.reduce_range:
             raise ValueError("16-bit activations need a CPU with VNNI (the 7-bit kernel rounds its products)")
         self.act_bits = act_bits
-        scale = w.abs().amax(1).clamp_min(1e-12) / 127  # [out]
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        q, scale = per_channel(w)
         with warnings.catch_warnings():  # quantized tensors are deprecated in torch (unavailable_reason checks the op)
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long),
