@@ -34,6 +34,18 @@ def skip_reason():
     return None
 
 
+def endless_model(tmp: Path, frames: int = 2000) -> str:
+    """The tiny checkpoint linked into `tmp` with EOS masked for `frames` frames: a request runs until its
+    max_frames or until it is cancelled, never ended early by a random model's EOS (a test that needs a stream
+    to hold its slot, or to fill a client's buffers, must not depend on when noise samples EOS)."""
+    from benchmarks.load.daemon import force_min_frames, link_checkpoint
+
+    model = tmp / "cv_endless"
+    link_checkpoint(CV, model)
+    force_min_frames(model, frames + 1)
+    return str(model)
+
+
 def free_port() -> int:
     """A loopback TCP port nobody listens on now (for http.tcp_port)."""
     with socket.socket() as s:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from daemon_util import Daemon, base_config, needs_daemon
+from daemon_util import Daemon, base_config, endless_model, needs_daemon
 
 pytestmark = needs_daemon
 
@@ -17,7 +17,7 @@ pytestmark = needs_daemon
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slots")
     cfg = base_config(tmp, runtime={"max_slots": 1, "max_queue": 1, "retry_after_s": 3},
-                      model={"max_frames": 2000}, jobs={"watch": False, "enabled": False})
+                      model={"path": endless_model(tmp), "max_frames": 2000}, jobs={"watch": False, "enabled": False})
     d = Daemon(tmp, cfg).start()
     yield d
     assert d.stop() == 0

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from daemon_util import Daemon, base_config, needs_daemon
+from daemon_util import Daemon, base_config, endless_model, needs_daemon
 
 pytestmark = [needs_daemon, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -261,7 +261,8 @@ def test_a_busy_engine_is_an_error_and_the_end(tmp_path):
     from test_daemon_slots import engine, open_stream, read_some, wait_for
 
     cfg = base_config(tmp_path, runtime={"max_slots": 1, "max_queue": 1, "retry_after_s": 3},
-                      model={"max_frames": 2000}, jobs={"enabled": False, "watch": False})
+                      model={"path": endless_model(tmp_path), "max_frames": 2000},
+                      jobs={"enabled": False, "watch": False})
     d = Daemon(tmp_path, cfg).start()
     held = []
     try:
@@ -378,7 +379,8 @@ def test_a_client_that_stops_reading_is_closed_after_wyoming_write_timeout_s(tmp
     import select
     import socket
 
-    d = Daemon(tmp_path, base_config(tmp_path, model={"max_frames": 2000}, jobs={"enabled": False, "watch": False},
+    model = {"path": endless_model(tmp_path), "max_frames": 2000}  # (the audio outgrows the socket's buffers)
+    d = Daemon(tmp_path, base_config(tmp_path, model=model, jobs={"enabled": False, "watch": False},
                                      wyoming={"write_timeout_s": 1.0})).start()
     try:
         data = json.dumps({"text": "A long text to read. " * 5, "voice": {"name": "ryan"}}).encode()
