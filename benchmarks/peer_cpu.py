@@ -7,22 +7,25 @@
 What it does: writes the random-weight 0.6B checkpoint in the official layout (benchmarks.dummy_checkpoint:
 bf16 talker, float32 codec of the released shape, as the published checkpoints store them); fetches the peer
 (a git URL or repository is cloned into the work folder, without its `samples/` audio; a folder is used as
-it is), builds it (`make blas SIMD=...`, the widest level this CPU has) and runs its `--self-test`; loads our
-engine from the same folder with the daemon's settings (appliance.settings.engine_spec: `model.threads: auto`,
-`runtime.linear` as given, auto first); then alternates, for every repetition and frame count: the peer with
+it is), builds it (`make blas SIMD=...`, the widest level this CPU has) and runs its `--self-test`; starts the
+shipped daemon on the same checkpoint, one daemon process per `runtime.linear` value (its defaults otherwise:
+`model.threads: auto`, the codec's dtype auto; the checkpoint's EOS masked so requests make exactly the frames
+asked); then alternates, for every repetition and frame count: the peer with
 bf16 weights, the peer with `--int8`, and ours in each weight format. The peer is never vendored: where it
 cannot be fetched or built, its rows say why and ours still run.
 
 Measured per run, the same way for both: x realtime = audio seconds / seconds from the request to its last
 audio (prompt prefill and codec included, model loading apart: the peer's own "RTF" line, which counts from
-the start of its generation; ours from submit to the last chunk after a warm-up request), and the first
-audio (streamed: the peer's `--stream` "TTFA" line, its first chunk of 2 frames; ours submit -> first chunk).
+the start of its generation; ours from the request's send over the daemon's socket to its last audio byte, after
+a warm-up request), and the first audio (streamed: the peer's `--stream` "TTFA" line, its first chunk of 2
+frames; ours the first audio byte of the streamed pcm answer).
 Medians over `--reps`. Both get the cores this process may use (the peer's `-j`; ours through model.threads
 auto's split of them): run the whole command under `taskset -c 0-N` for fewer.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -33,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -124,44 +126,56 @@ def peer_run(binary: Path, ckpt: Path, frames: int, threads: int, seed: int, int
 
 
 # ----- ours -----------------------------------------------------------------------------------------------
-def our_runners(ckpt: Path, linears: list[str]) -> dict:
-    """{runtime.linear value: started EngineRunner} on the checkpoint with the daemon's settings for this machine
-    (one engine loaded, shared by every format)."""
-    from appliance.config import Config, merge
-    from appliance.settings import engine_spec
-    from engines.load import load_runner
-    from engines.runtime.runner import EngineRunner
+def our_daemons(ckpt: Path, linears: list[str], frames: int, workdir: Path, threads: str = "auto") -> dict:
+    """{runtime.linear value: started DaemonProcess}: the shipped daemon (`tts-appliance daemon`, its defaults
+    for this machine: model.threads auto, the codec's dtype auto) on a copy of the checkpoint whose EOS is masked
+    past `frames` (a request's max_frames then gives exactly that many), one daemon per format. Each format has a
+    process of its own: in one process, a second engine that has run leaves torch's OpenMP threads of its own,
+    and the first engine's fp16 products then lost ~30% (measured: a stream 0.38x alone, 0.27x beside an idle
+    second engine), which is not what a user's daemon meets. `threads`: model.threads (auto: the daemon's split)."""
+    from benchmarks.load.daemon import DaemonProcess, force_min_frames, link_checkpoint
 
-    cfg = merge(Config(), {"model": {"path": str(ckpt), "device": "cpu", "dtype": "float32"},
-                           "runtime": {"max_slots": 1, "max_context": 512}}, "benchmarks.peer_cpu")
-    spec = replace(engine_spec(cfg, "cpu"), linear=linears[0], prepare=False)
-    first = load_runner(spec)
-    runners = {linears[0]: first}
-    for fmt in linears[1:]:
-        runners[fmt] = EngineRunner(first.engine, replace(first.cfg, linear=fmt))
-    for fmt, runner in runners.items():
-        runner.start()
-        runner.synthesize([request(2, 0)], priority=0)  # warm-up
-        log.info("ours, runtime.linear %s: %s", fmt, runner.model.linear)
-    return runners
-
-
-def request(frames: int, seed: int):
-    from engines.api import SamplingParams, SynthesisRequest
-
-    sp = SamplingParams(max_new_tokens=frames + 1, min_new_tokens=frames + 1, seed=seed)  # exactly `frames` frames
-    return SynthesisRequest(text=TEXT, voice=VOICE, language=LANGUAGE, sampling=sp)
+    fixed = workdir / "ours-fixed-length"
+    link_checkpoint(ckpt, fixed)
+    force_min_frames(fixed, frames + 1)
+    daemons = {}
+    for fmt in linears:
+        home = workdir / f"ours-{fmt}"
+        run = Path(tempfile.mkdtemp(prefix="peer-cpu-run-", dir="/tmp"))  # a socket path short enough
+        cfg = {"model": {"path": str(fixed), "device": "cpu", "max_frames": frames, "threads": threads},
+               "runtime": {"linear": fmt},
+               "jobs": {"home": str(home / "home"), "enabled": False, "watch": False, "guard": False},
+               "http": {"socket": str(run / "api.sock")}, "wyoming": {"enabled": False},
+               "service": {"runtime_dir": str(run)}}
+        daemons[fmt] = DaemonProcess(cfg, home, home / "daemon.log")
+        daemons[fmt].start()
+    return daemons
 
 
-def our_run(runner, frames: int, seed: int) -> dict:
-    t0 = time.perf_counter()
-    first, samples = None, 0
-    for chunk in runner.submit(request(frames, seed), priority=0):
-        if first is None:
-            first = time.perf_counter() - t0
-        samples += len(chunk)
-    wall = time.perf_counter() - t0
-    return {"x_realtime": samples / SAMPLE_RATE / wall, "first_audio_s": first, "frames": samples // 1920}
+async def our_ready(daemons: dict, timeout: float = 900.0) -> dict:
+    """{format: (Target, its weights' format as the engine log names it)} once every daemon answers, after
+    one unmeasured warm-up request each."""
+    out = {}
+    for fmt, d in daemons.items():
+        target, _ = await d.wait_ready(timeout)
+        await our_run(target, 2, 0)
+        named = re.search(r"decoder layers: (\S+) weights", d.log_path.read_text(encoding="utf-8", errors="replace"))
+        out[fmt] = (target, named.group(1) if named else fmt)
+    return out
+
+
+async def our_run(target, frames: int, seed: int) -> dict:
+    """One streamed request (pcm) to the daemon: x realtime from the request's send to its last audio byte,
+    first audio = its first audio byte (benchmarks.load.client.stream_speech)."""
+    from benchmarks.load.client import stream_speech
+
+    payload = {"input": TEXT, "voice": VOICE, "language": LANGUAGE, "response_format": "pcm", "stream": True,
+               "max_frames": frames, "seed": seed}
+    rec = await stream_speech(target, payload, timeout=3600.0, threshold=0)
+    if not rec["completed"]:
+        return {"error": f"{rec['error']}: {rec.get('detail', '')}"[:300]}
+    return {"x_realtime": rec["samples"] / SAMPLE_RATE / rec["e2e_s"], "first_audio_s": rec["ttfb_s"],
+            "frames": rec["samples"] // 1920}
 
 
 # ----- the table ------------------------------------------------------------------------------------------
@@ -192,6 +206,23 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _alternate(binary, peer_note, ckpt, daemons, frames, reps, threads, workdir, runs: dict) -> None:
+    """Every repetition and frame count: the peer in bf16, the peer with --int8, ours in each format (`runs`:
+    {row name: {frames: [results]}}, filled in place)."""
+    ours = await our_ready(daemons)
+    names = {fmt: f"ours, runtime.linear {fmt} ({weights} weights)" for fmt, (_, weights) in ours.items()}
+    peers = {"pure-C peer, bf16 weights": False, "pure-C peer, --int8": True}
+    runs.update({name: {f: [] for f in frames} for name in [*peers, *names.values()]})
+    for rep in range(reps):
+        for f in frames:
+            for name, int8 in peers.items():
+                runs[name][f].append(peer_run(binary, ckpt, f, threads, 1 + rep, int8, workdir / "peer.wav")
+                                     if binary else {"error": peer_note})
+            for fmt, (target, _) in ours.items():
+                runs[names[fmt]][f].append(await our_run(target, f, 1 + rep))
+            log.info("rep %d, %d frames: %s", rep + 1, f, {n: r[f][-1] for n, r in runs.items()})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peer_cpu", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,6 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", default="48,96", help="frames per request (12.5 a second), comma list")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--linear", default="auto", help="our runtime.linear values, comma list (auto first)")
+    ap.add_argument("--threads", default="auto", help="our model.threads (default auto, the daemon's split)")
     ap.add_argument("--workdir", help="where the checkpoint and the peer's clone go (default: a temp folder, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--json", help="write the results here")
@@ -227,20 +259,12 @@ def main(argv=None) -> int:
                 binary, peer_note = build_peer(src, cpu_flags())
         res["peer"] = {"source": args.peer, "binary": str(binary) if binary else None, "note": peer_note}
         log.info("peer: %s", peer_note)
-        runners = our_runners(ckpt, linears)
-        names = {fmt: f"ours, runtime.linear {fmt} ({r.model.linear} weights)" for fmt, r in runners.items()}
-        peers = {"pure-C peer, bf16 weights": False, "pure-C peer, --int8": True}
-        runs: dict = {name: {f: [] for f in frames} for name in [*peers, *names.values()]}
-        for rep in range(args.reps):
-            for f in frames:
-                for name, int8 in peers.items():
-                    runs[name][f].append(peer_run(binary, ckpt, f, threads, 1 + rep, int8, workdir / "peer.wav")
-                                         if binary else {"error": peer_note})
-                for fmt, runner in runners.items():
-                    runs[names[fmt]][f].append(our_run(runner, f, 1 + rep))
-                log.info("rep %d, %d frames: %s", rep + 1, f, {n: r[f][-1] for n, r in runs.items()})
-        for runner in runners.values():
-            runner.stop()
+        daemons = our_daemons(ckpt, linears, max(frames), workdir, args.threads)
+        try:
+            asyncio.run(_alternate(binary, peer_note, ckpt, daemons, frames, args.reps, threads, workdir, runs := {}))
+        finally:
+            for d in daemons.values():
+                d.stop()
         res["rows"] = {name: {str(f): summary(r[f]) | {"each": r[f]} for f in frames} for name, r in runs.items()}
         res["load_after"] = round(os.getloadavg()[0], 1)
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engines.api import EngineSpec
+from engines.device.threads import in_passing_thread
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,19 @@ def load_runner(spec: EngineSpec):
     """The checkpoint of `spec` behind an EngineRunner (its loop not started: `synthesize()` runs it in the
     calling thread, `start()` in a thread of its own). The chosen values are logged and kept in
     `runner.settings` (device, dtype, slots and why, context)."""
-    from engines.engine import TTSEngine
-    from engines.runtime.runner import EngineConfig, EngineRunner
-
     check_device(spec.device)  # (before anything touches it)
     if spec.threads:
         torch.set_num_threads(spec.threads)
         log.info("torch CPU threads: %d", spec.threads)
+    if str(spec.device).split(":")[0] == "cpu":  # the load's OpenMP threads end with it: in_passing_thread
+        return in_passing_thread(_load, spec, name="engine-load")
+    return _load(spec)
+
+
+def _load(spec: EngineSpec):
+    from engines.engine import TTSEngine
+    from engines.runtime.runner import EngineConfig, EngineRunner
+
     t0 = time.monotonic()
     with device_context(spec.device):
         chosen = settings(spec)
