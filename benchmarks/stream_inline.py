@@ -3,10 +3,12 @@ worker thread while the loop waits (the form before), one stream at a time, alte
 
     python -m benchmarks.stream_inline --frames 96 --reps 3
 
-The engine is loaded as benchmarks.peer_cpu loads it (the daemon's settings for this machine: model.threads
-auto, runtime.linear auto) on the random-weight 0.6B checkpoint in the official layout. Per run: x realtime
-(submit -> last chunk), first audio, and the loop's own counters: seconds in decode steps and seconds waiting for
-the codec (inside the loop's codec phase), and how many calls ran inline.
+One engine, loaded with the daemon's settings for this machine (appliance.settings.engine_spec: model.threads
+auto, runtime.linear auto) on the random-weight 0.6B checkpoint in the official layout; the switch
+(`lanes["stream"].inline`) alternates between runs of that one runner (a second runner in the same process would
+keep torch threads of its own and slow the first: docs/PERFORMANCE.md, "Issue 46, third round"). Per run: x
+realtime (submit -> last chunk), first audio, and the loop's own counters: seconds in decode steps and seconds
+waiting for the codec (inside the loop's codec phase), and how many calls ran inline.
 """
 from __future__ import annotations
 
@@ -14,9 +16,28 @@ import argparse
 import logging
 import statistics
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
-from benchmarks import peer_cpu
+from benchmarks.peer_cpu import LANGUAGE, SAMPLE_RATE, TEXT, VOICE
+
+
+def request(frames: int, seed: int):
+    from engines.api import SamplingParams, SynthesisRequest
+
+    sp = SamplingParams(max_new_tokens=frames + 1, min_new_tokens=frames + 1, seed=seed)  # exactly `frames` frames
+    return SynthesisRequest(text=TEXT, voice=VOICE, language=LANGUAGE, sampling=sp)
+
+
+def one_stream(runner, frames: int, seed: int) -> dict:
+    t0 = time.perf_counter()
+    first, samples = None, 0
+    for chunk in runner.submit(request(frames, seed), priority=0):
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(chunk)
+    return {"x_realtime": samples / SAMPLE_RATE / (time.perf_counter() - t0), "first_audio_s": first}
 
 
 def main() -> None:
@@ -24,31 +45,33 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=96)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    from appliance.config import Config, merge
+    from appliance.settings import engine_spec
     from benchmarks.load.daemon import write_dummy
-    from engines.runtime.runner import EngineRunner
+    from engines.load import load_runner
 
     with tempfile.TemporaryDirectory(prefix="stream-inline-") as tmp:
         ckpt = Path(tmp) / "dummy-0.6b"
         write_dummy("0.6b", ckpt, "cpu", "bfloat16", seed=0)
-        inline = peer_cpu.our_runners(ckpt, ["auto"])["auto"]
-        worker = EngineRunner(inline.engine, inline.cfg)
-        worker.lanes["stream"].inline = False
-        worker.start()
-        worker.synthesize([peer_cpu.request(2, 0)], priority=0)  # warm-up
-        runners = {"inline": inline, "worker": worker}
-        speeds: dict = {k: [] for k in runners}
+        cfg = merge(Config(), {"model": {"path": str(ckpt), "device": "cpu", "dtype": "float32"},
+                               "runtime": {"max_slots": 1, "max_context": 512}}, "benchmarks.stream_inline")
+        runner = load_runner(replace(engine_spec(cfg, "cpu"), prepare=False))
+        runner.start()
+        runner.synthesize([request(2, 0)], priority=0)  # warm-up
+        lane = runner.lanes["stream"]
+        speeds: dict = {"inline": [], "worker": []}
         for rep in range(args.reps):
-            for name, r in runners.items():
-                s0 = r.stats()
-                out = peer_cpu.our_run(r, args.frames, rep)
-                s1 = r.stats()
+            for name in speeds:
+                lane.inline = name == "inline"
+                s0 = runner.stats()
+                out = one_stream(runner, args.frames, rep)
+                s1 = runner.stats()
                 speeds[name].append(out["x_realtime"])
                 d = {k: s1["loop_s"][k] - s0["loop_s"][k] for k in ("decode_launch", "codec_wait")}
                 print(f"{name}: {out['x_realtime']:.3f}x realtime, first audio {out['first_audio_s']:.2f} s, decode "
                       f"{d['decode_launch']:.2f} s, codec wait {d['codec_wait']:.2f} s, inline calls "
                       f"{s1['codec_inline_calls'] - s0['codec_inline_calls']}", flush=True)
-        for r in runners.values():
-            r.stop()
+        runner.stop()
     for name, v in speeds.items():
         print(f"{name}: median {statistics.median(v):.3f}x realtime over {len(v)} runs of {args.frames} frames")
 
