@@ -25,6 +25,7 @@ import torch
 
 from benchmarks.bench import request
 from benchmarks.dummy_engine import dummy_engine
+from engines.device.threads import in_passing_thread
 from engines.runtime.runner import EngineRunner
 
 
@@ -54,11 +55,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for dt in args.dtypes.split(","):
-        eng = dummy_engine(args.dummy, "cpu", dt)
+        eng = in_passing_thread(dummy_engine, args.dummy, "cpu", dt)  # (its torch threads end with it)
         for linear in args.linear.split(","):
             t0 = time.perf_counter()
-            runner = EngineRunner(eng, max_slots=1, max_context=256, linear=linear,
-                                  cpu_codec_threads=args.codec_threads, cpu_idle_threads=args.idle_threads)
+            runner = in_passing_thread(EngineRunner, eng, max_slots=1, max_context=256, linear=linear,
+                                       cpu_codec_threads=args.codec_threads, cpu_idle_threads=args.idle_threads)
             runner.start()
             one_stream(runner, 2, 0)  # warm-up
             startup = time.perf_counter() - t0
