@@ -34,7 +34,7 @@ def in_passing_thread(fn: Callable[..., T], *args, name: str = "passing", **kwar
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             out["error"] = exc
 
-    t = threading.Thread(target=run, name=name)
+    t = threading.Thread(target=run, name=name, daemon=True)  # (a Ctrl-C in the waiting caller ends the process)
     t.start()
     t.join()
     if "error" in out:
