@@ -16,28 +16,11 @@ import argparse
 import logging
 import statistics
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.peer_cpu import LANGUAGE, SAMPLE_RATE, TEXT, VOICE
-
-
-def request(frames: int, seed: int):
-    from engines.api import SamplingParams, SynthesisRequest
-
-    sp = SamplingParams(max_new_tokens=frames + 1, min_new_tokens=frames + 1, seed=seed)  # exactly `frames` frames
-    return SynthesisRequest(text=TEXT, voice=VOICE, language=LANGUAGE, sampling=sp)
-
-
-def one_stream(runner, frames: int, seed: int) -> dict:
-    t0 = time.perf_counter()
-    first, samples = None, 0
-    for chunk in runner.submit(request(frames, seed), priority=0):
-        if first is None:
-            first = time.perf_counter() - t0
-        samples += len(chunk)
-    return {"x_realtime": samples / SAMPLE_RATE / (time.perf_counter() - t0), "first_audio_s": first}
+from benchmarks.bench import request
+from benchmarks.cpu_single import one_stream
 
 
 def main() -> None:
@@ -64,11 +47,11 @@ def main() -> None:
             for name in speeds:
                 lane.inline = name == "inline"
                 s0 = runner.stats()
-                out = one_stream(runner, args.frames, rep)
+                first, speed = one_stream(runner, args.frames, rep)
                 s1 = runner.stats()
-                speeds[name].append(out["x_realtime"])
+                speeds[name].append(speed)
                 d = {k: s1["loop_s"][k] - s0["loop_s"][k] for k in ("decode_launch", "codec_wait")}
-                print(f"{name}: {out['x_realtime']:.3f}x realtime, first audio {out['first_audio_s']:.2f} s, decode "
+                print(f"{name}: {speed:.3f}x realtime, first audio {first:.2f} s, decode "
                       f"{d['decode_launch']:.2f} s, codec wait {d['codec_wait']:.2f} s, inline calls "
                       f"{s1['codec_inline_calls'] - s0['codec_inline_calls']}", flush=True)
         runner.stop()

@@ -8,11 +8,10 @@ import asyncio
 import pytest
 
 from appliance.streams import PIECE_CHARS, split_request
-from benchmarks.load.daemon import force_min_frames, link_checkpoint
 from engines.api import SynthesisRequest
 from text.split import pieces
 
-from daemon_util import CV, Daemon, base_config, needs_daemon
+from daemon_util import Daemon, base_config, endless_model, needs_daemon
 
 pytestmark = [needs_daemon, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 FRAMES = 3  # frames per piece: every request of the fixed-length checkpoint makes exactly this many
@@ -25,10 +24,8 @@ TEXT = " ".join(f"Sentence {i} of the long input is read out loud, every word of
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("long")
-    model = tmp / "cv_fixed"
-    link_checkpoint(CV, model)
-    force_min_frames(model, FRAMES + 1)  # EOS masked: exactly FRAMES frames with max_frames FRAMES
-    cfg = base_config(tmp, model={"path": str(model), "max_frames": FRAMES}, runtime={"max_context": 2048},
+    model = endless_model(tmp, FRAMES)  # EOS masked: exactly FRAMES frames with max_frames FRAMES
+    cfg = base_config(tmp, model={"path": model, "max_frames": FRAMES}, runtime={"max_context": 2048},
                       jobs={"enabled": False, "watch": False})
     d = Daemon(tmp, cfg).start()
     yield d

@@ -60,12 +60,10 @@ def test_the_passing_threads_torch_team_goes_with_it_and_a_living_threads_stays(
         assert len(new) >= 2, new  # the passing thread and its team's second thread, while it ran
         assert _gone(new), (new, _threads())  # both end with it
         # the condition it avoids: a thread that ran a parallel op and lives on keeps its team's thread
-        before, seen, go = _threads(), [], threading.Event()
-        t = threading.Thread(target=lambda: (seen.append(_parallel_work()), go.wait()))
+        before, seen, ran, go = _threads(), [], threading.Event(), threading.Event()
+        t = threading.Thread(target=lambda: (seen.append(_parallel_work()), ran.set(), go.wait()))
         t.start()
-        deadline = time.monotonic() + 300  # (a failure guard)
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert ran.wait(300)  # (a failure guard)
         new = seen[0] - before
         assert len(new) >= 2 and new <= _threads(), (new, _threads())  # its team waits with it
         go.set()
