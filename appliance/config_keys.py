@@ -44,6 +44,7 @@ class RuntimeSection:
     codec: str = "auto"               # codec backend: auto (what build-engines built, else torch), torch, ...
     prefill_graphs: bool = True       # GPU: prompts prefilled by captured graphs (false: eager, for A/B runs)
     codec_fast: Optional[bool] = None  # torch codec: channels-last fused upsampling (None: NVIDIA GPUs from Ampere on; false for A/B)
+    codec_windows: Optional[bool] = None  # book codec calls over windows of the rows (None: on a GPU or NPU; false: A/B)
     attn_kernel: Optional[bool] = None  # decode attention as one Triton kernel (None: Ampere GPUs on; false: A/B)
     sample_kernel: Optional[bool] = None  # sampling as one Triton kernel per draw, no sort (None: Ampere GPUs on)
     layer_kernel: Optional[bool] = None  # one stream's decoder layers as one persistent kernel each (None: as above)

@@ -187,6 +187,7 @@ def engine_spec(cfg: Config, device: str, warmup=None, *, max_slots: Optional[in
                       max_slots=max_slots or r.max_slots,
                       max_queue=max_queue or r.max_queue, max_context=r.max_context,
                       codec=codec_choice(r.codec, cache), engine_cache=str(cache), codec_fast=r.codec_fast,
+                      codec_windows=r.codec_windows,
                       attn_kernel=r.attn_kernel, sample_kernel=r.sample_kernel, layer_kernel=r.layer_kernel,
                       kv_cache=r.kv_cache, attn_split=r.attn_split, linear=r.linear, codec_dtype=r.codec_dtype,
                       prefill_graphs=r.prefill_graphs,

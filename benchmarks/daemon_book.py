@@ -15,7 +15,8 @@ What is measured (the book as a user's `tts-appliance submit` meets it): the dae
 running one used, --socket/--url) and its start-up reported apart (`daemon_start_s`); the book goes in
 through `POST /v1/jobs` (as `submit` uploads it); then GET /v1/jobs/ID is polled until the job ends.
 Reported: the wall time from the upload to the finished book (chapters and book file written: the job
-is `done` only then), the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
+is `done` only then), the time to the last stored segment (what follows is the book's assembly: its last
+chapters and the rest of the book file), the segments done at each poll, the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
 queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
 80% of the book, over the time between), the time to the first finished segment, and the engines' figures
 from /health. With `--text FILE` the book is that text (a plain-text file, as `tts-appliance submit` takes it):
@@ -66,11 +67,14 @@ async def measure(args, res: dict) -> None:
                 raise TimeoutError(f"the book did not finish within {args.timeout:.0f} s ({s['done']} segments done)")
         wall = time.perf_counter() - t0
         job = book.current
+        last = next((t - t0 for t, d in progress if d >= (job["total"] or 0) > 0), None)  # every segment stored
         audio = (job["total"] * args.frames * FRAME_S) if args.fixed_length else s["audio_s"]
         _, _, health = await http_request(target, "GET", "/health", timeout=30.0)
         level = {"state": job["state"], "segments": job["total"], "segments_done": job["done"],
                  "frames_per_segment": args.frames if args.fixed_length else None, "audio_s": audio,
                  "wall_s": round(wall, 2), "first_segment_s": None if first is None else round(first, 2),
+                 "last_segment_s": None if last is None else round(last, 2),
+                 "progress": [[round(t - t0, 2), d] for t, d in progress],
                  "audio_s_per_s": None if not audio else round(audio / wall, 1),
                  "steady_audio_s_per_s": steady(progress, job["total"], args.frames) if args.fixed_length else None,
                  "engines": [{k: e.get(k) for k in ("device", "max_slots", "dtype", "slots_reason", "frames", "steps",

@@ -9,10 +9,14 @@
 #   bash benchmarks/device_gpu_books.sh                              # PARTS="tests asm ab kernels" (~8.5 min)
 #   PARTS="runner_tests book" bash benchmarks/device_gpu_books.sh    # a second call (~8.5 min)
 #
-# Knobs: PARTS (tests runner_tests asm ab kernels book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (which
+# Knobs: PARTS (tests runner_tests window_tests asm ab kernels book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (which
 # daemon configurations; default "default split_fp8"; also split, split_fp8_512, custom: BOOK_EXTRA, e.g.
-# "--config-extra runtime.kv_cache=fp8"; text: BOOK_TEXT, a text file segmented as a submit would), AB_VARIANTS,
-# AB_BATCHES, T_<PART> (each part's limit). Wheels the GPU image lacks go in .whl (soundfile for the books).
+# "--config-extra runtime.kv_cache=fp8"; text: BOOK_TEXT, a text file segmented as a submit would; text_all: the
+# same on every GPU of the machine (model.device: all); text_nowin: one GPU, the batch codec lane without
+# windows, runtime.batch_window_frames=0), AB_VARIANTS, AB_BATCHES, T_<PART> (each part's limit); PROFILE="NAME
+# ..." (book names): py-spy records the daemon process and its engine processes for PROFILE_S seconds (default 8)
+# from PROFILE_DELAY_S (default 4) after that book's submission (py-spy's wheel in .whl). Wheels the GPU image
+# lacks go in .whl (soundfile for the books).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 FINAL=$OUT; OUT=${LOGS:-/tmp/gpu-books}  # the parts write here; $FINAL gets the tarball and the table
@@ -50,8 +54,23 @@ part() {  # part NAME LIMIT CMD...: run within the budget left, log in $OUT/NAME
   tail -n "${TAIL:-6}" "$OUT/$name.log"
 }
 
+profile() {  # profile NAME: py-spy on the daemon and its engine processes once book NAME has been submitted
+  local log="$OUT/book_${SHAPE}_$1.log" t0=$SECONDS
+  until grep -q "book job" "$log" 2>/dev/null; do
+    sleep 0.5; [ $((SECONDS - t0)) -gt "${T_BOOK:-240}" ] && return
+  done
+  sleep "${PROFILE_DELAY_S:-4}"
+  local pids; pids=$(pgrep -f "appliance.cli daemon"; pgrep -f "engines.process.child")
+  for p in $pids; do
+    /tmp/site/bin/py-spy record -p "$p" -d "${PROFILE_S:-8}" -r 100 -f raw --threads \
+      -o "$OUT/profile_${SHAPE}_$1_$p.txt" > "$OUT/profile_${SHAPE}_$1_$p.log" 2>&1 &
+  done
+  wait
+}
+
 book() {  # book NAME EXTRA...: the book through a daemon on the shared random checkpoint
   local name=$1; shift
+  case " ${PROFILE:-} " in *" $name "*) profile "$name" & ;; esac
   part "book_${SHAPE}_$name" "${T_BOOK:-240}" python3 -m benchmarks.daemon_book --model "$CKPT" --fixed-length \
     --segments "$SEGMENTS" --json "$OUT/book_${SHAPE}_$name.json" --md "$OUT/book_${SHAPE}_$name.md" \
     --daemon-log "$OUT/book_${SHAPE}_$name.daemon.log" "$@"
@@ -65,6 +84,9 @@ for p in $PARTS; do
     runner_tests)  # the runner's fp32 greedy codes through compiled regions and graphs: the split kernel, the fp8 cache
       part gpu_runner_tests "${T_RUNNER_TESTS:-200}" python3 -m pytest -v -m gpu -p no:cacheprovider -k "runner or step" \
         tests/test_attention_split.py tests/test_kv_fp8.py tests/test_attention_kernel.py tests/test_layer_kernel.py ;;
+    window_tests)  # the batch codec lane's windows through captured graphs against the reference
+      part gpu_window_tests "${T_WINDOW_TESTS:-150}" python3 -m pytest -v -m gpu -p no:cacheprovider \
+        tests/test_codec_windows.py ;;
     asm)  # what the compiler of this image makes of each kernel (registers, shared memory, loads, conversions)
       part kernel_asm "${T_ASM:-60}" python3 -m benchmarks.kernel_asm --keep "$OUT/asm" ;;
     kernels)  # the attention alone at book shape: both kernels, both caches, split counts, launch settings
@@ -86,14 +108,20 @@ for p in $PARTS; do
           split_fp8_512) book split_fp8_512 --config-extra runtime.attn_split=true --config-extra runtime.kv_cache=fp8 \
                            --config-extra runtime.max_slots=512 ;;
           custom) book custom ${BOOK_EXTRA:-} ;;
-          text) if [ -f "${BOOK_TEXT:-}" ]; then book text --text "$BOOK_TEXT" ${BOOK_EXTRA:-}
-                else echo "book_text skipped 0 (BOOK_TEXT: no such file)" | tee -a "$OUT/parts.txt"; fi ;;
+          text|text_all|text_nowin)
+                if [ ! -f "${BOOK_TEXT:-}" ]; then
+                  echo "book_$b skipped 0 (BOOK_TEXT: no such file)" | tee -a "$OUT/parts.txt"
+                elif [ "$b" = text_all ]; then book "$b" --text "$BOOK_TEXT" --config-extra model.device=all ${BOOK_EXTRA:-}
+                elif [ "$b" = text_nowin ]; then CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" \
+                  --config-extra runtime.batch_window_frames=0 ${BOOK_EXTRA:-}
+                else CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" ${BOOK_EXTRA:-}; fi ;;
           *) echo "unknown book $b" ;;
         esac
       done ;;
     *) echo "unknown part $p" ;;
   esac
 done
+wait  # (profiles)
 echo "total $((SECONDS - START))s" | tee -a "$OUT/parts.txt"
 python3 -m benchmarks.gpu_books_table "$OUT" > "$OUT/gpu_books_table.md" 2>&1
 cp "$OUT/gpu_books_table.md" "$FINAL/"

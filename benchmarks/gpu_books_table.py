@@ -18,15 +18,15 @@ def _json(path: Path):
 
 
 def tests(folder: Path) -> list[str]:
-    log = folder / "gpu_tests.log"
-    if not log.exists():
-        return []
-    text = log.read_text(errors="replace")
-    summary = [ln.strip("= ") for ln in text.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
-    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
-    out = ["## GPU parity (pytest -m gpu: the kernels at real shapes, the runner's fp32 codes through graphs)",
-           summary[-1] if summary else "no summary (the part was cut: see gpu_tests.log)"]
-    return out + [f"- failed: {name}" for name in failed]
+    out = []
+    for log in sorted(folder.glob("gpu_*tests.log")):
+        text = log.read_text(errors="replace")
+        summary = [ln.strip("= ") for ln in text.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+        failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
+        out += [f"## GPU parity, {log.stem} (pytest -m gpu)",
+                summary[-1] if summary else f"no summary (the part was cut: see {log.name})"]
+        out += [f"- failed: {name}" for name in failed]
+    return out
 
 
 def asm(folder: Path) -> list[str]:
@@ -96,8 +96,8 @@ def books(folder: Path) -> list[str]:
     if not files:
         return []
     out = ["## Books through the shipped daemon (one GPU)",
-           "| configuration | state | segments | audio-s/s end to end | steady (20-80%) | first segment s | wall s | "
-           "start s (apart) | slots |", "|---|---|---|---|---|---|---|---|---|"]
+           "| configuration | state | segments | audio-s/s end to end | steady (20-80%) | first segment s | "
+           "last segment s | wall s | start s (apart) | slots |", "|---|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         data = _json(f)
         if not data:
@@ -106,10 +106,11 @@ def books(folder: Path) -> list[str]:
         for lv in data.get("levels", []):
             slots = ",".join(str(e.get("max_slots")) for e in lv.get("engines") or [])
             out.append(f"| {name} | {lv['state']} | {lv['segments']} | {lv['audio_s_per_s']} | "
-                       f"{lv.get('steady_audio_s_per_s')} | {lv['first_segment_s']} | {lv['wall_s']} | "
+                       f"{lv.get('steady_audio_s_per_s')} | {lv['first_segment_s']} | {lv.get('last_segment_s')} | "
+                       f"{lv['wall_s']} | "
                        f"{data.get('daemon_start_s')} | {slots} |")
         if data.get("segment_lengths"):
-            out.append(f"| {name}: segment lengths | {data['segment_lengths']} | | | | | | | |")
+            out.append(f"| {name}: segment lengths | {data['segment_lengths']} | | | | | | | | |")
         if data.get("error"):
             out.append(f"- {name}: {str(data['error'])[:300]}")
     return out

@@ -68,6 +68,7 @@ class EngineSpec:
     max_context: int = 2048
     codec: str = "torch"
     codec_fast: Optional[bool] = None
+    codec_windows: Optional[bool] = None  # the batch codec lane's calls over windows of its rows (None: off on the CPU)
     attn_kernel: Optional[bool] = None
     sample_kernel: Optional[bool] = None
     layer_kernel: Optional[bool] = None

@@ -123,6 +123,7 @@ def _load(spec: EngineSpec):
         runner = EngineRunner(engine, max_slots=slots, max_queue=spec.max_queue, max_context=spec.max_context,
                               prefill_batch=min(EngineConfig.prefill_batch, slots), codec_backend=spec.codec,
                               prefill_graphs=spec.prefill_graphs, codec_fast=spec.codec_fast,
+                              codec_windows=spec.codec_windows,
                               attn_kernel=spec.attn_kernel, sample_kernel=spec.sample_kernel,
                               layer_kernel=spec.layer_kernel, kv_cache=spec.kv_cache, attn_split=spec.attn_split,
                               linear=chosen["linear"], codec_dtype=chosen["codec_dtype"],

@@ -47,6 +47,22 @@ def compiled(decoder, engine_cache):
 
 
 @needs_compiler
+def test_compiled_push_on_a_window_of_rows_matches_eager(decoder, compiled):
+    """Pushes on rows [r, r + b) (a codec lane's windows): a one-row push on the last row is padded with an idle
+    row before it, not after (there is none), and no other row's stream moves."""
+    g = torch.Generator().manual_seed(3)
+    k, size = decoder.config.num_quantizers, decoder.config.codebook_size
+    codes = torch.randint(0, size, (3, k, 5), generator=g)
+    eager, comp = TorchCodec(decoder, 3), compiled(3)
+    for rows, first, span in (((0, 3), 0, (0, 2)), ((2, 3), 2, (2, 3)), ((1, 3), 1, (2, 4)), ((2, 3), 2, (3, 5))):
+        c = codes[rows[0]:rows[1], :, span[0]:span[1]]
+        a, b = eager.push(c, first_row=first), comp.push(c, first_row=first)
+        assert a.shape == b.shape and (a - b).abs().max().item() <= TOL
+        assert torch.equal(eager.frames_decoded, comp.frames_decoded)
+    assert comp.frames_decoded.tolist() == [2, 4, 7]
+
+
+@needs_compiler
 def test_compiled_matches_eager_on_ragged_streams(decoder, compiled):
     """Prefix pushes, one-row and one-frame pushes (padded inside), idle rows, reset and move."""
     from torch._dynamo.utils import counters

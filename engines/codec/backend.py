@@ -9,7 +9,9 @@ A backend holds `batch_size` independent streams, one per row:
     frames_decoded -> [B] int64    frames consumed by each row's current stream
 
 `push` decodes the first b <= batch_size rows (the runtime keeps its active streams in the leading
-rows and pushes only a bucket of them); rows b.. are left exactly as they were. With `n_valid`,
+rows and pushes only a bucket of them); rows b.. are left exactly as they were. A backend with
+`row_windows` true also takes `push(codes, n_valid, first_row=r)`: rows [r, r + b), the others untouched
+(a batch lane with more rows than one call may carry decodes them window by window). With `n_valid`,
 row r consumes only its first n_valid[r] frames (0 = idle row, its state is unchanged) and its valid
 output is the first n_valid[r] * samples_per_frame samples.
 
@@ -49,11 +51,12 @@ class CodecBackend(Protocol):
     def move(self, src: int, dst: int) -> None: ...
 
 
-def check_push(codes: Tensor, batch_size: int, num_quantizers: int) -> None:
-    """Raise a ValueError that says what is wrong with the shape of pushed codes."""
-    if codes.dim() != 3 or not 1 <= codes.shape[0] <= batch_size or codes.shape[1] != num_quantizers:
-        raise ValueError(f"push expects codes [b, {num_quantizers}, n] with 1 <= b <= {batch_size} "
-                         f"(one row per stream, the first b streams), got {tuple(codes.shape)}")
+def check_push(codes: Tensor, batch_size: int, num_quantizers: int, first_row: int = 0) -> None:
+    """Raise a ValueError that says what is wrong with the shape of pushed codes (rows from `first_row`)."""
+    if codes.dim() != 3 or not 1 <= codes.shape[0] <= batch_size - first_row or codes.shape[1] != num_quantizers \
+            or first_row < 0:
+        raise ValueError(f"push expects codes [b, {num_quantizers}, n] with 1 <= b <= {batch_size - first_row} "
+                         f"(one row per stream, the b streams from row {first_row}), got {tuple(codes.shape)}")
 
 
 def check_move(src: int, dst: int, batch_size: int) -> None:

@@ -37,6 +37,7 @@ class TorchCodec:
     """
 
     graphable = True
+    row_windows = True  # push(..., first_row=r) decodes rows [r, r + b) (engines.codec.backend)
 
     def __init__(self, decoder: CodecDecoder, batch_size: int = 1, compile: bool = False, cache_dir=None,
                  fast: bool | None = None, row_threads: int = 1):
@@ -70,15 +71,16 @@ class TorchCodec:
         pos = self.stream.frames_decoded
         return pos if pos.shape[0] == self.batch_size else pos[:self.batch_size]
 
-    def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """codes [b, K, n] (b <= batch_size) -> wav [b, 1, n * samples_per_frame] (decoder dtype and device)."""
-        check_push(codes, self.batch_size, self.decoder.config.num_quantizers)
+    def push(self, codes: Tensor, n_valid: Tensor | None = None, first_row: int = 0) -> Tensor:
+        """codes [b, K, n] for rows [first_row, first_row + b) (within batch_size) -> wav [b, 1, n *
+        samples_per_frame] (decoder dtype and device)."""
+        check_push(codes, self.batch_size, self.decoder.config.num_quantizers, first_row)
         if not self.compiled or codes.shape[-1] == 0:
-            return self.stream.push(codes, n_valid)
-        return self._push_compiled(codes, n_valid)
+            return self.stream.push(codes, n_valid, first_row)
+        return self._push_compiled(codes, n_valid, first_row)
 
     @torch.inference_mode()
-    def _push_compiled(self, codes: Tensor, n_valid: Tensor | None) -> Tensor:
+    def _push_compiled(self, codes: Tensor, n_valid: Tensor | None, first_row: int = 0) -> Tensor:
         from engines.codec.backend_compiled import MIN_FRAMES, MIN_ROWS
 
         b, n = codes.shape[0], codes.shape[-1]
@@ -87,12 +89,15 @@ class TorchCodec:
         nv = torch.full((b,), n, dtype=torch.long, device=self.device) if n_valid is None else \
             n_valid.to(self.device, torch.long, copy=True)
         rows, frames = max(b, MIN_ROWS), max(n, MIN_FRAMES)
-        if (rows, frames) != (b, n):  # padding rows consume 0 frames; padding frames come after the real ones
-            codes = F.pad(codes, (0, frames - n, 0, 0, 0, rows - b))
-            nv = F.pad(nv, (0, rows - b))
-        bufs, pos = self.stream.rows(rows)
+        # padding rows consume 0 frames (their state is untouched) and follow the real ones, or precede them where
+        # the real ones end the state (a one-row push on the last row); padding frames come after the real ones
+        lead = max(0, first_row + rows - self.stream.batch_size)
+        if (rows, frames) != (b, n):
+            codes = F.pad(codes, (0, frames - n, 0, 0, lead, rows - b - lead))
+            nv = F.pad(nv, (lead, rows - b - lead))
+        bufs, pos = self.stream.rows(first_row - lead + rows, first_row - lead)
         wav = self._run(codes, nv, pos, bufs)
-        return wav if (rows, frames) == (b, n) else wav[:b, :, :n * self.samples_per_frame]
+        return wav if (rows, frames) == (b, n) else wav[lead:lead + b, :, :n * self.samples_per_frame]
 
     def _run(self, codes: Tensor, nv: Tensor, pos: Tensor, bufs: dict) -> Tensor:
         from engines.codec.backend_compiled import inductor_cache, mark_dynamic

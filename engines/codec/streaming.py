@@ -95,37 +95,40 @@ class StreamingCodecDecoder:
         return {k: v[start:stop] for k, v in st.bufs.items()}, st.pos[start:stop]
 
     @torch.inference_mode()
-    def push(self, codes: Tensor, n_valid: Tensor | None = None) -> Tensor:
-        """Decode the next frames of the first b streams: codes [b, K, n] -> wav [b, 1, n * samples_per_frame]."""
+    def push(self, codes: Tensor, n_valid: Tensor | None = None, first_row: int = 0) -> Tensor:
+        """Decode the next frames of b streams, rows [first_row, first_row + b) (default: the first b):
+        codes [b, K, n] -> wav [b, 1, n * samples_per_frame]."""
         b = codes.shape[0]
-        if not 1 <= b <= self.batch_size:
-            raise ValueError(f"expected a batch of 1 to {self.batch_size} streams, got {b}")
+        if not 1 <= b <= self.batch_size - first_row or first_row < 0:
+            raise ValueError(f"expected a batch of 1 to {self.batch_size - first_row} streams from row {first_row}, "
+                             f"got {b}")
         if codes.shape[-1] == 0:
             return torch.zeros(b, 1, 0, device=self.device, dtype=self.dtype)
         codes = codes.to(self.device)
         n_valid = None if n_valid is None else n_valid.to(self.device, torch.long)
         groups = min(self.row_threads, b)
         if groups == 1:
-            return self._push_rows(codes, n_valid, 0, b)
+            return self._push_rows(codes, n_valid, 0, b, first_row)
         if self._helpers is None:
             self._helpers = ThreadPoolExecutor(self.row_threads - 1, thread_name_prefix="codec-rows",
                                                initializer=own_torch_threads)
         cuts = [b * g // groups for g in range(groups + 1)]  # contiguous groups of (nearly) equal rows
-        later = [self._helpers.submit(self._push_group, codes, n_valid, lo, hi)
+        later = [self._helpers.submit(self._push_group, codes, n_valid, lo, hi, first_row)
                  for lo, hi in zip(cuts[1:-1], cuts[2:])]
         try:
-            first = self._push_rows(codes, n_valid, 0, cuts[1])
+            first = self._push_rows(codes, n_valid, 0, cuts[1], first_row)
         finally:  # (on an error too: no group may still write the state when the caller resets it)
             wait(later)
         return torch.cat([first, *(f.result() for f in later)])
 
-    def _push_group(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int) -> Tensor:
+    def _push_group(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int, first_row: int) -> Tensor:
         with torch.inference_mode():  # (grad mode is per thread)
-            return self._push_rows(codes, n_valid, lo, hi)
+            return self._push_rows(codes, n_valid, lo, hi, first_row)
 
-    def _push_rows(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int) -> Tensor:
-        """Decode rows [lo, hi) of the push (codes [b, K, n]) on their own state rows (views: written through)."""
-        (bufs, pos), codes = self.rows(hi, lo), codes[lo:hi]
+    def _push_rows(self, codes: Tensor, n_valid: Optional[Tensor], lo: int, hi: int, first_row: int = 0) -> Tensor:
+        """Decode rows [lo, hi) of the push (codes [b, K, n]) on their own state rows, those rows shifted by
+        `first_row` (views: written through)."""
+        (bufs, pos), codes = self.rows(first_row + hi, first_row + lo), codes[lo:hi]
         if n_valid is not None:
             return stream_step(self.decoder, codes, n_valid[lo:hi], pos, bufs, self.fast)
         wav = self.decoder(codes, StreamState(bufs, pos), fast=self.fast)  # all frames valid: contiguous tail copies

@@ -45,11 +45,17 @@ class CodecLane(LaneCalls):
     Chunk policy: a call is due when a member has `target` frames pending (growing from `first` by
     doubling up to `max_chunk`) or has finished with frames pending. A call covers members [0, b) for
     n = the frame bucket of the largest pending count, capped so that b * n <= `frames_per_call`.
+
+    Windows (`window_frames` > 0, a backend with `row_windows`): while the members are more than a call of
+    `window_frames` frames a row may carry (`window_rows`), a call covers one window of them instead, rows
+    [r0, r0 + window_rows), the windows taken in turn: each row's calls then carry up to `window_frames`
+    frames, not the few that all rows at once may (a call's cost per row has a fixed part, the stream
+    state it reads and writes: at 256 rows x 4 frames a frame-row costs 1.28x what it does at 64 x 16).
     """
 
     def __init__(self, name: str, codec, frames, first: int, max_chunk: int, frames_per_call: int,
                  use_graphs: bool, pool=None, lazy_finish: bool = False, wait: bool = True, stream=None,
-                 max_inflight: int = 2, worker_threads: int = 0):
+                 max_inflight: int = 2, worker_threads: int = 0, window_frames: int = 0):
         self.name, self.codec, self.frames = name, codec, frames
         self.first, self.max_chunk, self.frames_per_call = first, max_chunk, frames_per_call
         self.max_frames_per_call = frames_per_call  # frames_per_call may be lowered later, never raised above
@@ -60,13 +66,16 @@ class CodecLane(LaneCalls):
         self.k = self._num_quantizers(codec)
         self.size = codec.batch_size
         self.buckets = tuple(b for b in BUCKETS if b < self.size) + (self.size,)
+        self.window_frames = window_frames if getattr(codec, "row_windows", False) else 0
+        self._next_window = 0  # the window the next call looks at first
+        self.window_calls = 0  # calls over a window of the members
         self.members: list[Member] = []
         self.use_graphs = use_graphs and getattr(codec, "graphable", False)
         # CPU, eager: calls decode exactly the members and frames due (no graph wants a bucket; padding is work)
         self.exact = frames.codes.device.type == "cpu" and not getattr(codec, "compiled", False)
         if use_graphs and not self.use_graphs:
             log.info("the %s codec is not graph-captured (runs as is)", codec.name)
-        self.graphs: dict = {}  # (b, n) -> (graph, ctrl_in, wav_out), or None: runs eagerly (capture failed)
+        self.graphs: dict = {}  # (b, n, r0) -> (graph, ctrl_in, wav_out), or None: runs eagerly (capture failed)
         self.pool = pool
         self.before_capture = None  # called before a new graph is captured (the runner drains its step)
         self.urgent = None  # (member) -> True when its listener is about to run dry: the loop waits for its call
@@ -157,9 +166,39 @@ class CodecLane(LaneCalls):
         return not self.lazy_finish or self.free == 0 or all(m.finished for m in self.members)
 
     def due(self) -> bool:
-        cap = self.chunk_cap(self._rows(max(len(self.members), 1)))
-        flush = self._flush()
-        return any(self._is_due(m, cap, flush) for m in self.members)
+        return bool(self._pick(self._flush(), peek=True)[4])
+
+    @property
+    def window_rows(self) -> int:
+        """Rows of a window call (0: no windows): the largest power of two whose calls may carry `window_frames`
+        frames a row at the lane's largest call."""
+        w = self.max_frames_per_call // self.window_frames if self.window_frames else 0
+        return 1 << (w.bit_length() - 1) if w >= 2 and w < self.size else 0
+
+    def _window_starts(self, members: int) -> list[int]:
+        """First rows of the windows over `members` members (the last one ends at the lane's last row)."""
+        w = self.window_rows
+        return sorted({min(r, self.size - w) for r in range(0, members, w)})
+
+    def _pick(self, flush: bool, peek: bool = False) -> tuple:
+        """(first row r0, the members the call covers, its rows b, its frame cap, those due) of the next call:
+        every member (rows [0, b)), or, with more members than a window's rows, the next window in turn that
+        has a member due (none due: no members). `peek`: the turn does not move."""
+        w = self.window_rows
+        if not w or len(self.members) <= w:
+            b = self._rows(max(len(self.members), 1))
+            cap = self.chunk_cap(b)
+            return 0, self.members, b, cap, [m for m in self.members if self._is_due(m, cap, flush)]
+        starts, cap = self._window_starts(len(self.members)), self.chunk_cap(w)
+        for j in range(len(starts)):
+            k = (self._next_window + j) % len(starts)
+            members = self.members[starts[k]:starts[k] + w]
+            due = [m for m in members if self._is_due(m, cap, flush)]
+            if due:
+                if not peek:
+                    self._next_window = k + 1
+                return starts[k], members, len(members) if self.exact else w, cap, due
+        return 0, [], 0, cap, []
 
     def run(self, block: bool = False) -> tuple[list, list]:
         """Launch a call when one is due, hand out what finished calls made -> ([(member, audio)], [members
@@ -181,10 +220,8 @@ class CodecLane(LaneCalls):
         complete when the call has finished."""
         if not self.members:
             return
-        b = self._rows(len(self.members))
-        cap = self.chunk_cap(b)
-        flush = self._flush()
-        due = [m for m in self.members if self._is_due(m, cap, flush)]
+        windowed = len(self.members) > self.window_rows > 0
+        r0, members, b, cap, due = self._pick(self._flush())
         if not due and not any(m.finished and not m.pending for m in self.members):
             return  # (a member that ended with every frame decoded still needs its completion below)
         call = Call()
@@ -193,18 +230,19 @@ class CodecLane(LaneCalls):
             if want:
                 n = min(cap, want if self.exact else 1 << (want - 1).bit_length())
                 rows, starts, valid = [self.frames.trash] * b, [0] * b, [0] * b
-                for i, m in enumerate(self.members):
+                for i, m in enumerate(members):
                     rows[i], starts[i], valid[i] = m.frame_row, m.decoded, 0 if m.dropped else min(m.pending, n)
                 ctrl = torch.tensor([rows, starts, valid], dtype=torch.long)
-                news = [self._news(m, v * self.spf) for m, v in zip(self.members, valid)]
+                news = [self._news(m, v * self.spf) for m, v in zip(members, valid)]
                 if b == 1 and self.inline and self.worker is not None and self.wait and any(news):
-                    call.wav = self._call_inline(ctrl, n)
+                    call.wav = self._call_inline(ctrl, n, r0)
                 else:
-                    call.wav = self._call(ctrl, b, n)
+                    call.wav = self._call(ctrl, b, n, r0)
                 if isinstance(call.wav, Future):  # on the worker's thread: collected like a CUDA call
                     call.event, call.wav = HostCall(call.wav), None
                 self.calls += 1  # after _call: it picks the ring buffer by this count
-                for i, m in enumerate(self.members):
+                self.window_calls += windowed
+                for i, m in enumerate(members):
                     got = valid[i] * self.spf
                     if not got:
                         continue
@@ -240,7 +278,7 @@ class CodecLane(LaneCalls):
             return "first"
         return "urgent" if self.urgent is not None and self.urgent(m) else None
 
-    def _call_inline(self, ctrl: torch.Tensor, n: int):
+    def _call_inline(self, ctrl: torch.Tensor, n: int, r0: int = 0):
         """A one-row call the loop would only wait for, run in the caller's thread instead of the worker's (CPU):
         a row decodes on one thread in the worker, while in the waiting loop's thread it gets the loop's
         threads (`before_inline` picks them: every core while no other lane's call runs). The worker's
@@ -251,7 +289,7 @@ class CodecLane(LaneCalls):
             self.before_inline()
         self.inline_calls += 1
         t0 = time.perf_counter()
-        wav = self._decode_host(*self._gather(ctrl, n))
+        wav = self._decode_host(*self._gather(ctrl, n), r0)
         self.wait_s += time.perf_counter() - t0  # (the loop waited for it, as for a worker's call)
         return wav
 
@@ -325,12 +363,18 @@ class CodecLane(LaneCalls):
         if self.worker is not None:
             self.worker.close()
 
-    def shapes(self) -> list[tuple[int, int]]:
-        """Every (b, n) call this lane can make (what start-up captures)."""
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Every (b, n, r0) call this lane can make (what start-up captures): b rows from row r0, n frames."""
         out = []
         for b in self.buckets:
             n = 1
             while n <= self.chunk_cap(b, self.max_frames_per_call):  # smaller frames_per_call: a subset
-                out.append((b, n))
+                out.append((b, n, 0))
+                n *= 2
+        w = self.window_rows
+        for r0 in (self._window_starts(self.size) if w else []):
+            n = 1
+            while r0 and n <= self.chunk_cap(w, self.max_frames_per_call):
+                out.append((w, n, r0))
                 n *= 2
         return out

@@ -43,6 +43,11 @@ class EngineConfig:
     batch_chunk_frames: int = 64  # batch work: frames per codec chunk (at most batch_call_frames / rows)
     batch_call_frames: int = 1024  # rows x frames of one codec call (bounds its memory: 4096 at 256 slots ran out)
     batch_call_frames_streams: int = 512  # ... while streams are about (a long call delays their decode steps)
+    # batch work with more rows than calls of batch_window_frames frames a row may carry: a call decodes a window
+    # of the rows for up to that many frames instead of all rows for fewer (engines.runtime.codec_lane; None: on
+    # a GPU or NPU, off on the CPU)
+    codec_windows: Optional[bool] = None
+    batch_window_frames: int = 16
     cpu_call_frames: int = 64  # on the CPU at most this (a call's activations out of cache cost more than its size)
     cpu_codec_threads: int = 0  # CPU: > 0 runs each lane's codec off the loop thread, a call's rows split over this many threads
     cpu_idle_threads: int = 0  # CPU: the loop's torch threads while no codec call runs (0: its own count always)

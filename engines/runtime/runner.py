@@ -68,6 +68,9 @@ class EngineRunner(Admission, Postprocess):
         if decoder is not engine.decoder:
             log.info("codec lanes: %s", self.codec_dtype)
 
+        windows = cfg.codec_windows if cfg.codec_windows is not None else engine.device.type != "cpu"
+        window = cfg.batch_window_frames if windows else 0
+
         def lane(name, first, max_chunk, stream, **kw):
             codec = runtime_codec(engine, n, cfg.codec_backend, cfg.engine_cache, cfg.codec_fast,
                                   row_threads=cfg.cpu_codec_threads, decoder=decoder)
@@ -80,7 +83,7 @@ class EngineRunner(Admission, Postprocess):
         self.lanes = {  # priority 0 (streams): waited for at once, high-priority stream; batch work: collected later
             "stream": lane("stream", cfg.first_chunk_frames, cfg.max_chunk_frames, s_stream, wait=True),
             "batch": lane("batch", cfg.batch_chunk_frames, cfg.batch_chunk_frames, b_stream, lazy_finish=True,
-                          wait=False),
+                          wait=False, window_frames=window),
         }
         self.lanes["stream"].urgent = self._running_dry
         self.lanes["stream"].before_inline = self._pick_threads
@@ -201,9 +204,9 @@ class EngineRunner(Admission, Postprocess):
         out = self.model.prepare()
         t1 = time.perf_counter()
         for ln in self.lanes.values():  # largest calls first: the smaller ones reuse their pool's blocks
-            for b, n in sorted(ln.shapes(), key=lambda s: -s[0] * s[1]):
-                if (b, n) not in ln.graphs:
-                    ln.capture(b, n)
+            for b, n, r0 in sorted(ln.shapes(), key=lambda s: -s[0] * s[1]):
+                if (b, n, r0) not in ln.graphs:
+                    ln.capture(b, n, r0=r0)
         self._drain()
         out.update(codec_graphs=sum(len(ln.graphs) for ln in self.lanes.values()),
                    codec_capture_s=time.perf_counter() - t1)
