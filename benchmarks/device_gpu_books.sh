@@ -13,7 +13,7 @@
 # daemon configurations; default "default split_fp8"; also split, split_fp8_512, custom: BOOK_EXTRA, e.g.
 # "--config-extra runtime.kv_cache=fp8"; text: BOOK_TEXT, a text file segmented as a submit would; text_all: the
 # same on every GPU of the machine (model.device: all); text_nowin: one GPU, the batch codec lane without
-# windows, runtime.batch_window_frames=0), AB_VARIANTS, AB_BATCHES, T_<PART> (each part's limit); PROFILE="NAME
+# windows, runtime.codec_windows=false), AB_VARIANTS, AB_BATCHES, T_<PART> (each part's limit); PROFILE="NAME
 # ..." (book names): py-spy records the daemon process and its engine processes for PROFILE_S seconds (default 8)
 # from PROFILE_DELAY_S (default 4) after that book's submission (py-spy's wheel in .whl). Wheels the GPU image
 # lacks go in .whl (soundfile for the books).
@@ -113,7 +113,7 @@ for p in $PARTS; do
                   echo "book_$b skipped 0 (BOOK_TEXT: no such file)" | tee -a "$OUT/parts.txt"
                 elif [ "$b" = text_all ]; then book "$b" --text "$BOOK_TEXT" --config-extra model.device=all ${BOOK_EXTRA:-}
                 elif [ "$b" = text_nowin ]; then CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" \
-                  --config-extra runtime.batch_window_frames=0 ${BOOK_EXTRA:-}
+                  --config-extra runtime.codec_windows=false ${BOOK_EXTRA:-}
                 else CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" ${BOOK_EXTRA:-}; fi ;;
           *) echo "unknown book $b" ;;
         esac
