@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from benchmarks.load.book import TERMINAL, BookLoad
 from benchmarks.load.client import http_request
@@ -109,6 +110,21 @@ def text_workload(path: str) -> tuple[str, dict]:
     return open(path, encoding="utf-8").read(), stats
 
 
+def distinct_copies(text: str, copies: int) -> str:
+    """`copies` copies of `text`, the k-th (from 1) with the number k written after every 8th word of each
+    paragraph (a heading, a line that starts "Chapter", kept): the same sentences and punctuation, a little
+    longer, and (but for a few short ones) no segment of one copy is a segment of another, so the daemon's
+    audio cache (a segment's audio reused for the same text, voice and seed) serves almost none of them."""
+    out = []
+    for k in range(copies):
+        for para in text.split("\n\n"):
+            words = para.split()
+            if k and words and not para.lstrip().startswith("Chapter"):
+                para = " ".join(w + (f" {k}" if i % 8 == 7 or i == len(words) - 2 else "") for i, w in enumerate(words))
+            out.append(para)
+    return "\n\n".join(out) + "\n"
+
+
 def steady(progress: list, total: int, frames: int, lo: float = 0.2, hi: float = 0.8):
     """Audio seconds per second while the book runs at full pace: the segments finished between `lo` and `hi`
     of the book over the time between (start-up of the job and its last, thinning rows left out)."""
@@ -153,12 +169,20 @@ def main(argv=None) -> int:
                                                     "segments' mean expected length")
     ap.add_argument("--text", help="the book: this text file, segmented as a submit does (default: a generated "
                                    "book of about --segments segments)")
+    ap.add_argument("--copies", type=int, default=1, help="with --text: the book is this many copies of the text, "
+                                                         "made distinct (distinct_copies: no segment repeats)")
     ap.add_argument("--format", default="flac", help="the book's format (job setting)")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between progress polls")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the book may take")
     args = ap.parse_args(argv)
     check_daemon_args(ap, args)
     args.book_text, args.text_stats = None, {}
+    if args.text and args.copies > 1:
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="daemon-book-")) / f"{Path(args.text).stem}_x{args.copies}.txt"
+        tmp.write_text(distinct_copies(Path(args.text).read_text(encoding="utf-8"), args.copies), encoding="utf-8")
+        args.text = str(tmp)
     if args.text:
         args.book_text, args.text_stats = text_workload(args.text)
         args.segments = args.text_stats["segments"]

@@ -46,3 +46,25 @@ def test_a_text_book_through_the_daemon_reports_the_segmenters_lengths(tmp_path)
     assert 0 < chars["min"] <= chars["median"] <= chars["max"] <= 300
     assert 0 < work["segment_expected_s"]["min"] <= work["segment_expected_s"]["max"]
     assert level["audio_s"] == work["segments"] * 4 * 0.08
+
+
+def test_distinct_copies_repeat_no_segment_but_the_headings(tmp_path):
+    """--copies N: N copies of the text, the k-th with its number after every 8th word, so the daemon's audio cache
+    (same text, voice and seed) cannot serve one copy's segments to another; only the headings repeat."""
+    from collections import Counter
+
+    from benchmarks.daemon_book import distinct_copies, text_workload
+
+    path = tmp_path / "book.txt"
+    path.write_text(distinct_copies(TEXT, 5), encoding="utf-8")
+    _, stats = text_workload(str(path))
+    from jobs.ingest import load_document
+    from jobs.settings import JobSpec
+    from jobs.submit import document_chapters
+
+    segs = [s.text for _, ss in document_chapters(load_document(str(path)), JobSpec(language="english"),
+                                                  select=False) for s in ss]
+    repeated = {t for t, n in Counter(segs).items() if n > 1}
+    assert stats["segments"] == len(segs) and len(segs) >= 5 * 4
+    assert repeated and all(t.lower().startswith("chapter") for t in repeated)
+    assert distinct_copies(TEXT, 1).split() == TEXT.split()  # one copy: the text itself
