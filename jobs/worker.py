@@ -92,6 +92,7 @@ class Worker(Results):
         else:
             self.shelf.finish_assemblies(then=self.heartbeat.stop)
         OUTAGE.forget(self.worker_id)
+        self.close_writers()
         self.shelf.close()
 
     def job_ended(self, job_id: str) -> None:
@@ -224,23 +225,45 @@ class Worker(Results):
                 self._wake.set()
 
     def _reap(self) -> int:
-        """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`);
-        returns how many segment rows that was."""
-        n, jobs = 0, set()
+        """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`;
+        `_finish_all`); returns how many segment rows that was."""
+        ended = []
         for handle, key, rows, log_id in self._inflight.ended():
             try:
                 res = handle.result()
             except Exception as exc:  # noqa: BLE001 - the segment's own error, recorded on it
                 res = exc
+            ended.append((key, rows, res, log_id))
+        jobs = self._finish_all(ended)
+        self.shelf.advance(jobs)
+        return sum(len(rows) for _, rows, _, _ in ended)
+
+    def _finish_all(self, ended: list[tuple]) -> set:
+        """The outcomes of several syntheses [(key, rows, result, log id)] -> their jobs: failures recorded first,
+        the good ones' audio written at once on the writer threads (`_write_ahead`), then recorded in order."""
+        jobs, good = set(), []
+        for key, rows, res, log_id in ended:
             try:
-                self._finish(key, rows, res, log_id)
-            except Exception:  # e.g. the audio cannot be written: the leases expire, another attempt follows
+                out = self._outcome(rows, res)
+            except Exception:  # the queue refused the record: the leases expire, another attempt follows
                 self.heartbeat.drop([r["id"] for r in rows])
                 raise
-            n += len(rows)
+            if out is not None:
+                good.append((key, rows, *out, log_id))
             jobs.update(r["job_id"] for r in rows)
-        self.shelf.advance(jobs)
-        return n
+        ahead = self._write_ahead(good)
+        try:
+            for item, w in zip(good, ahead):
+                try:
+                    self._store(*item, ahead=w)
+                except Exception:  # e.g. the audio cannot be written: the leases expire, another attempt follows
+                    self.heartbeat.drop([r["id"] for r in item[1]])
+                    raise
+        finally:  # (after a failure too: no write may still run when the caller goes on)
+            for w in ahead:
+                if w is not None:
+                    w[1].exception()
+        return jobs
 
     # -- segments --------------------------------------------------------------------------
     def _job(self, row: dict) -> JobContext:
@@ -279,8 +302,7 @@ class Worker(Results):
         firsts = [groups[k][0] for k in keys]
         log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
         results = self._synthesize([synthesis_request(r) for r in firsts])
-        for key, log_id, res in zip(keys, log_ids, results):
-            self._finish(key, groups[key], res, log_id)
+        self._finish_all([(key, groups[key], res, log_id) for key, log_id, res in zip(keys, log_ids, results)])
 
     def _synthesize(self, requests: list) -> list:
         """One batched call; if it raises, each request alone so one bad segment fails alone."""

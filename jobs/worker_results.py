@@ -6,9 +6,11 @@ its leases renewed, until it can be written (`_flush_unwritten`): nothing is syn
 from __future__ import annotations
 
 import logging
+import os
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -22,11 +24,19 @@ from jobs.queue import QueueUnavailable
 log = logging.getLogger("jobs.worker")
 
 JOB_LEVEL_ERRORS = ("VoiceNotFound", "LanguageNotSupported", "UnsupportedMode")
+WRITER_THREADS = min(4, os.cpu_count() or 1)  # segments whose audio is encoded and written at once (`_write_ahead`)
 
 
 class Results:
-    """Needs the worker's queue, engine, paths, guard, heartbeat, worker_id, min_free_bytes, `_pending` and
-    `_unwritten`."""
+    """Needs the worker's queue, engine, paths, guard, heartbeat, worker_id, min_free_bytes, `_pending`,
+    `_unwritten` and `_writers` (None until `_write_ahead` needs its threads; `close_writers` lets them go)."""
+
+    _writers: Optional[ThreadPoolExecutor] = None
+
+    def close_writers(self) -> None:
+        if self._writers is not None:
+            self._writers.shutdown(wait=True)
+            self._writers = None
 
     # -- recording -------------------------------------------------------------------------------
     def _record(self, write: Callable[[], Any], ids: list[int]) -> None:
@@ -81,37 +91,54 @@ class Results:
         """A new file for audio of `key`: a name of its own per write (the module docstring)."""
         return self.paths.audio / key[:2] / f"{key}.{uuid.uuid4().hex[:8]}{SEGMENT_SUFFIX}"
 
-    def _finish(self, key: str, rows: list[dict], res, log_id: int) -> None:
-        """Record one synthesis' outcome for the rows that share its audio key (`_record`)."""
+    def _outcome(self, rows: list[dict], res) -> Optional[tuple[np.ndarray, int]]:
+        """One synthesis' outcome for the rows that share its audio key: a failure (or audio the guard refuses)
+        recorded for them (`_record`) -> None; a good one -> (audio, sample rate), for `_store`."""
         first, ids = rows[0], [r["id"] for r in rows]
         if isinstance(res, Exception):
             name = type(res).__name__
             if isinstance(res, EngineBusy):  # the engine stopped (or refused) before it worked on it: not an attempt
                 log.info("segment(s) %s back to the queue: %s", ", ".join(str(i) for i in ids), res)
                 self._record(lambda: self.queue.release(self.worker_id, ids), ids)
-                return
+                return None
             if name in JOB_LEVEL_ERRORS:
                 log.error("job %s failed: %s", first["job_id"], res)  # (journalctl -p err shows it)
                 self._record(lambda: self.queue.fail_job(first["job_id"], str(res)), ids)
-                return
+                return None
             self._record(lambda: self._fail(rows, f"{name}: {res}", f"{name}: {res}", retry=name != "BadInput"),
                          ids)
-            return
+            return None
         audio = np.asarray(res.audio, dtype=np.float32).reshape(-1)
         sr = int(getattr(res, "sample_rate", None) or self.engine.sample_rate)
         reason = check_audio(audio, sr, first["text"], first["_job"].spec.language, self.guard)
         if reason:
             self._record(lambda: self._fail(rows, reason, f"(seed {first['_seed']}): {reason}", guard=True), ids)
-            return
-        self._store(key, rows, audio, sr, log_id)
+            return None
+        return audio, sr
 
-    def _store(self, key: str, rows: list[dict], audio: np.ndarray, sr: int, log_id: int) -> None:
-        """Write a synthesis' audio and record it for its rows (`_record`). No room on the disk: kept for
-        `_flush_unwritten`, its leases held (nothing is synthesized again). Recorded for none of them (their
-        job was cancelled or deleted meanwhile): the file goes again."""
-        path, first = self._audio_path(key), rows[0]
+    def _write_ahead(self, items: list[tuple]) -> list[Optional[tuple[Path, Future]]]:
+        """Start writing the audio of several syntheses at once, [(key, rows, audio, sr, log id)] -> [(path,
+        the write's Future)], each for `_store`: their FLAC encodings and fsyncs run on the writer threads (the
+        encoder lets the GIL go), so one thread feeding an engine of hundreds of rows is not held up writing
+        segment after segment (a book on two GPUs waited for it). One item: written by `_store` itself."""
+        if len(items) < 2:
+            return [None] * len(items)
+        if self._writers is None:
+            self._writers = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="segment-writer")
+        out = []
+        for key, _, audio, sr, _ in items:
+            path = self._audio_path(key)
+            out.append((path, self._writers.submit(write_segment_audio, path, audio, sr)))
+        return out
+
+    def _store(self, key: str, rows: list[dict], audio: np.ndarray, sr: int, log_id: int,
+               ahead: Optional[tuple[Path, Future]] = None) -> None:
+        """Write a synthesis' audio (or wait for its write begun by `_write_ahead`) and record it for its rows
+        (`_record`). No room on the disk: kept for `_flush_unwritten`, its leases held (nothing is synthesized
+        again). Recorded for none of them (their job was cancelled or deleted meanwhile): the file goes again."""
+        path, first = ahead[0] if ahead else self._audio_path(key), rows[0]
         try:
-            write_segment_audio(path, audio, sr)
+            ahead[1].result() if ahead else write_segment_audio(path, audio, sr)
         except OSError as exc:
             if not no_space(exc, path.parent):
                 raise

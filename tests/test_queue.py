@@ -531,3 +531,42 @@ def test_workers_back_off_while_sqlite_is_locked_and_resume(tmp_path, monkeypatc
     t.join(60)
     assert q.job(job)["state"] == "done" and q.counts(job)["done"] == 8
     q.close()
+
+
+def test_the_audio_of_segments_that_end_together_is_written_at_once_on_writer_threads(tmp_path, monkeypatch):
+    """Segments that end together have their audio encoded and written on the worker's writer threads at once (a
+    book on two GPUs waited for one thread writing segment after segment), then recorded in order: every one
+    done, its file the audio the engine made."""
+    import threading
+
+    import jobs.worker_results as wr
+    from jobs.assemble import read_audio
+
+    if wr.WRITER_THREADS < 2:
+        pytest.skip("one CPU: the writer pool has one thread")
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    job = q.add_job(JobSpec(format="wav"), _chapters(1, 4))
+    both = threading.Barrier(2, timeout=120)  # two writes must be under way together to pass it
+    seen, real = [], wr.write_segment_audio
+
+    def write(path, audio, sr):
+        seen.append(threading.current_thread().name)
+        if len(seen) <= 2:
+            both.wait()
+        return real(path, audio, sr)
+
+    monkeypatch.setattr(wr, "write_segment_audio", write)
+    eng = ToneEngine()
+    worker = Worker(q, eng, paths, batch_size=4, heartbeat_s=0.2)
+    while worker.run_once():
+        pass
+    worker.shelf.assembler.wait(60)
+    worker.close()
+    assert len(seen) == 4 and all(name.startswith("segment-writer") for name in seen)
+    assert worker._writers is None  # close() let the threads go
+    assert q.job(job)["state"] == "done"
+    for seg in q.segments(job):
+        audio, sr = read_audio(seg["audio_path"])
+        assert sr == eng.sample_rate and abs(audio.size / sr - seg["duration_s"]) < 1e-3 and np.abs(audio).max() > 0.2
+    q.close()
