@@ -16,8 +16,8 @@ running one used, --socket/--url) and its start-up reported apart (`daemon_start
 through `POST /v1/jobs` (as `submit` uploads it); then GET /v1/jobs/ID is polled until the job ends.
 Reported: the wall time from the upload to the finished book (chapters and book file written: the job
 is `done` only then), the time to the last stored segment (what follows is the book's assembly: its last
-chapters and the rest of the book file), the segments done at each poll, the audio it holds (segments x frames x 80 ms with fixed-length segments, else the
-queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
+chapters and the rest of the book file), the segments done at each poll, the audio it holds (segments x
+frames x 80 ms with fixed-length segments, else the queue's own durations), audio seconds per wall second, the steady pace (segments finished between 20% and
 80% of the book, over the time between), the time to the first finished segment, and the engines' figures
 from /health. With `--text FILE` the book is that text (a plain-text file, as `tts-appliance submit` takes it):
 its segments are the project's segmenter's (jobs.segment, the submit's settings), their lengths in characters

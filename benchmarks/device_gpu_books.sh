@@ -9,8 +9,8 @@
 #   bash benchmarks/device_gpu_books.sh                              # PARTS="tests asm ab kernels" (~8.5 min)
 #   PARTS="runner_tests book" bash benchmarks/device_gpu_books.sh    # a second call (~8.5 min)
 #
-# Knobs: PARTS (tests runner_tests window_tests asm ab kernels book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500), BOOKS (which
-# daemon configurations; default "default split_fp8"; also split, split_fp8_512, custom: BOOK_EXTRA, e.g.
+# Knobs: PARTS (tests runner_tests window_tests asm ab kernels book), BUDGET_S, SHAPE (0.6b), SEGMENTS (2500),
+# BOOKS (which daemon configurations; default "default split_fp8"; also split, split_fp8_512, custom: BOOK_EXTRA, e.g.
 # "--config-extra runtime.kv_cache=fp8"; text: BOOK_TEXT, a text file segmented as a submit would; text_all: the
 # same on every GPU of the machine (model.device: all); text_nowin: one GPU, the batch codec lane without
 # windows, runtime.codec_windows=false), AB_VARIANTS, AB_BATCHES, T_<PART> (each part's limit); PROFILE="NAME
@@ -111,7 +111,8 @@ for p in $PARTS; do
           text|text_all|text_nowin)
                 if [ ! -f "${BOOK_TEXT:-}" ]; then
                   echo "book_$b skipped 0 (BOOK_TEXT: no such file)" | tee -a "$OUT/parts.txt"
-                elif [ "$b" = text_all ]; then book "$b" --text "$BOOK_TEXT" --config-extra model.device=all ${BOOK_EXTRA:-}
+                elif [ "$b" = text_all ]; then
+                  book "$b" --text "$BOOK_TEXT" --config-extra model.device=all ${BOOK_EXTRA:-}
                 elif [ "$b" = text_nowin ]; then CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" \
                   --config-extra runtime.codec_windows=false ${BOOK_EXTRA:-}
                 else CUDA_VISIBLE_DEVICES=0 book "$b" --text "$BOOK_TEXT" ${BOOK_EXTRA:-}; fi ;;

@@ -1,5 +1,5 @@
-"""Codec calls over a window of a lane's rows (runtime.codec_windows; EngineConfig.batch_window_frames): a backend's push on rows
-[r, r + b) decodes those streams exactly as a push of every row would and leaves the others alone; a lane with
+"""Codec calls over a window of a lane's rows (runtime.codec_windows; EngineConfig.batch_window_frames): a
+backend's push on rows [r, r + b) decodes those streams exactly as a push of every row would and leaves the others alone; a lane with
 more members than one call of `window_frames` frames a row may carry decodes them window by window, and
 every request gets the reference codes and audio (members joining, leaving and moving between windows)."""
 from __future__ import annotations

@@ -76,8 +76,8 @@ class LaneCalls:
         return self._to_host(out)
 
     def capture(self, b: int, n: int, ctrl: Optional[torch.Tensor] = None, r0: int = 0) -> Optional[torch.Tensor]:
-        """Capture the (b, n) call on rows [r0, r0 + b) in a device graph. With `ctrl`, also run it for real first (its device
-        wav returned); without, a dry capture at start-up (all rows idle: the codec state is untouched).
+        """Capture the (b, n) call on rows [r0, r0 + b) in a device graph. With `ctrl`, also run it for real first
+        (its device wav returned); without, a dry capture at start-up (all rows idle: the codec state is untouched).
         A capture that fails leaves that bucket eager (logged), never the lane broken."""
         from engines.device.graphs import make_graph
 

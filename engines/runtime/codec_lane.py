@@ -175,6 +175,11 @@ class CodecLane(LaneCalls):
         w = self.max_frames_per_call // self.window_frames if self.window_frames else 0
         return 1 << (w.bit_length() - 1) if w >= 2 and w < self.size else 0
 
+    @property
+    def windowed(self) -> bool:
+        """Whether the next call covers one window of the members, not all of them."""
+        return len(self.members) > self.window_rows > 0
+
     def _window_starts(self, members: int) -> list[int]:
         """First rows of the windows over `members` members (the last one ends at the lane's last row)."""
         w = self.window_rows
@@ -184,11 +189,11 @@ class CodecLane(LaneCalls):
         """(first row r0, the members the call covers, its rows b, its frame cap, those due) of the next call:
         every member (rows [0, b)), or, with more members than a window's rows, the next window in turn that
         has a member due (none due: no members). `peek`: the turn does not move."""
-        w = self.window_rows
-        if not w or len(self.members) <= w:
+        if not self.windowed:
             b = self._rows(max(len(self.members), 1))
             cap = self.chunk_cap(b)
             return 0, self.members, b, cap, [m for m in self.members if self._is_due(m, cap, flush)]
+        w = self.window_rows
         starts, cap = self._window_starts(len(self.members)), self.chunk_cap(w)
         for j in range(len(starts)):
             k = (self._next_window + j) % len(starts)
@@ -220,7 +225,7 @@ class CodecLane(LaneCalls):
         complete when the call has finished."""
         if not self.members:
             return
-        windowed = len(self.members) > self.window_rows > 0
+        windowed = self.windowed  # (before the call: members that end leave below)
         r0, members, b, cap, due = self._pick(self._flush())
         if not due and not any(m.finished and not m.pending for m in self.members):
             return  # (a member that ended with every frame decoded still needs its completion below)
