@@ -37,3 +37,23 @@ def check_device_spec(device: str) -> str | None:
         return None
     return (f"{device!r}: give auto, all, cpu, cuda[:N], npu[:N], or a comma list such as cuda:0,cuda:1"
             + (f" ({', '.join(map(repr, bad))} not allowed in a list)" if len(items) > 1 else ""))
+
+
+def own_gpu(device: str, env) -> tuple[str, str] | None:
+    """How an engine process on the CUDA GPU `device` ('cuda:N') sees that GPU alone: (the device inside the
+    process, 'cuda:0'; the CUDA_VISIBLE_DEVICES value naming it, taken from `env`'s own list when it has one).
+    Inductor's on-disk graph cache keys its entries by the device index, so an engine on cuda:1 compiled again
+    everything the engine on cuda:0 had cached; seen as cuda:0, every GPU's engine loads what the first
+    compiled. None: nothing to change (a device without an index, not CUDA, or an index `env`'s list lacks:
+    the process then reports the device as missing)."""
+    kind, _, index = str(device).strip().partition(":")
+    if kind != "cuda" or not index.isdigit():
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return "cuda:0", index
+    items = [x.strip() for x in visible.split(",")]
+    i = int(index)
+    if i >= len(items) or not items[i] or items[i].startswith("-"):
+        return None
+    return "cuda:0", items[i]

@@ -183,3 +183,19 @@ def test_pool_routes_streams_and_batch_work(one_thread):
     assert pool.stats()["queued"] == 3 and [e["streams"] for e in pool.stats()["engines"]] == [1, 1]
     pool.finished(a)
     assert pool.streams == [0, 1]
+
+
+@pytest.mark.parametrize("device, env, seen", [
+    ("cuda:1", {}, ("cuda:0", "1")),
+    ("cuda:0", {}, ("cuda:0", "0")),
+    ("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,3"}, ("cuda:0", "3")),  # the index is into the daemon's own list
+    ("cuda:1", {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}, ("cuda:0", "GPU-bb")),
+    ("cuda:2", {"CUDA_VISIBLE_DEVICES": "0,1"}, None),  # not visible to the daemon: the process says so
+    ("cuda", {}, None), ("cpu", {}, None), ("npu:1", {}, None),
+])
+def test_an_engine_process_sees_its_gpu_alone(device, env, seen):
+    """Each GPU's engine process sees its GPU alone, as cuda:0, so the compiled regions the inductor caches
+    (keyed by the device index) for one GPU serve every GPU (engines.names.own_gpu)."""
+    from engines.names import own_gpu
+
+    assert own_gpu(device, env) == seen

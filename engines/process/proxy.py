@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 from engines.api import EngineSpec
 from engines.model.errors import EngineUnavailable, TTSError
+from engines.names import own_gpu
 from engines.process import wire
 from engines.runtime.stream import StreamHandle, collect, submit_waiting
 
@@ -89,6 +90,7 @@ class EngineProcess:
         self._stopping = False
         self._starting = False
         self._reader: Optional[threading.Thread] = None
+        self._seen_as: Optional[str] = None  # the device as the process sees it, where that differs (own_gpu)
         self.last_exit: Optional[str] = None  # why the last process ended
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -98,11 +100,17 @@ class EngineProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         root = _project_root()  # the same code as this process, whatever the working folder
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        spec, self._seen_as = self.spec, None
+        own = own_gpu(spec.device, env)
+        if own is not None:  # the process sees its GPU alone: compiled regions cached for one GPU serve every GPU
+            spec, self._seen_as = replace(spec, device=own[0]), own[0]
+            env["CUDA_VISIBLE_DEVICES"] = own[1]
+            log.info("engine for %s starts with CUDA_VISIBLE_DEVICES=%s (its %s)", self.device, own[1], own[0])
         self.proc = subprocess.Popen([sys.executable, "-m", "engines.process.child", str(child.fileno())],
                                      pass_fds=(child.fileno(),), env=env)
         child.close()
         self._conn = Connection(parent.detach())
-        self._conn.send_bytes(pickle.dumps((self.spec, self.init)))
+        self._conn.send_bytes(pickle.dumps((spec, self.init)))
         self.starts += 1
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
@@ -119,10 +127,12 @@ class EngineProcess:
                                    f"({_exit_reason(code)}); see the log above") from None
         if msg[0] == "start_failed":
             self.proc.wait()
-            raise EngineStartError(f"engine on {self.device} cannot start: {msg[1]}", permanent=msg[2])
+            why = msg[1].replace(self._seen_as, self.device) if self._seen_as else msg[1]  # (its only GPU is ours)
+            raise EngineStartError(f"engine on {self.device} cannot start: {why}", permanent=msg[2])
         info = msg[1]
         self.sample_rate, self.model_id = info["sample_rate"], info["model_id"]
-        self.settings, self.max_slots, self.max_queue = info["settings"], info["max_slots"], info["max_queue"]
+        self.settings = dict(info["settings"], device=self.device)  # (the device as the daemon names it)
+        self.max_slots, self.max_queue = info["max_slots"], info["max_queue"]
         self._stats_at = time.monotonic()
         self._reader = threading.Thread(target=self._read, args=(conn, self.proc), name=f"engine-reader-{self.device}",
                                         daemon=True)
