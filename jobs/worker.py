@@ -194,20 +194,34 @@ class Worker(Results):
             self.heartbeat.drop(dropped)
 
     def _run_pipelined(self, wait_s: float) -> int:
-        worked = self._reap()  # first: what ended is written (and kept) even while the queue is away
-        self._stop_ended()
-        self.flush()
-        room = self.batch_size - self._inflight.rows()
-        if room > 0 and not (self.should_yield and self.should_yield()) and self._room(room):
-            rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
-            if rows:
-                self._start(rows, self._launch)
-                worked += len(rows)
+        # First what ended: its audio starts being written at once (and is kept even while the queue is away);
+        # the engine is topped up while the writer threads work, then what ended is recorded in order. (Topped
+        # up only after the writes, an engine whose rows ended together stood idle through a whole batch of them.)
+        begun = self._begin_all(self._ended())
+        claimed = 0
+        try:
+            self._stop_ended()
+            self.flush()
+            claimed = self._top_up()
+        finally:
+            worked = self._end_all(begun)
+        worked += claimed
         if not worked and self._inflight:
             self._wake.wait(wait_s)
             self._wake.clear()
             worked += self._reap()
         return worked
+
+    def _top_up(self) -> int:
+        """Claim and launch segments up to `batch_size` in flight (none while streams want the engine, or
+        without room on the disk); returns how many."""
+        room = self.batch_size - self._inflight.rows()
+        if room <= 0 or (self.should_yield and self.should_yield()) or not self._room(room):
+            return 0
+        rows = self.queue.claim(self.worker_id, room, self.lease_s, model=self.model)
+        if rows:
+            self._start(rows, self._launch)
+        return len(rows)
 
     def _launch(self, rows: list[dict]) -> None:
         """Submit claimed segments to the engine (cache hits complete at once, same keys share a synthesis)."""
@@ -224,9 +238,8 @@ class Worker(Results):
             if handle.done:
                 self._wake.set()
 
-    def _reap(self) -> int:
-        """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`;
-        `_finish_all`); returns how many segment rows that was."""
+    def _ended(self) -> list[tuple]:
+        """The syntheses that ended, taken from those in flight: [(key, rows, result or error, log id)]."""
         ended = []
         for handle, key, rows, log_id in self._inflight.ended():
             try:
@@ -234,14 +247,17 @@ class Worker(Results):
             except Exception as exc:  # noqa: BLE001 - the segment's own error, recorded on it
                 res = exc
             ended.append((key, rows, res, log_id))
-        jobs = self._finish_all(ended)
-        self.shelf.advance(jobs)
-        return sum(len(rows) for _, rows, _, _ in ended)
+        return ended
 
-    def _finish_all(self, ended: list[tuple]) -> set:
-        """The outcomes of several syntheses [(key, rows, result, log id)] -> their jobs: failures recorded first,
-        the good ones' audio written at once on the writer threads (`_write_ahead`), then recorded in order."""
-        jobs, good = set(), []
+    def _reap(self) -> int:
+        """Store the results of the segments that ended (recorded, or kept while the queue is away: `_record`);
+        returns how many segment rows that was."""
+        return self._end_all(self._begin_all(self._ended()))
+
+    def _begin_all(self, ended: list[tuple]) -> tuple:
+        """The outcomes of several syntheses [(key, rows, result, log id)]: failures recorded now, the good ones'
+        audio written at once on the writer threads (`_write_ahead`) -> what `_end_all` finishes."""
+        jobs, good, rows_n = set(), [], 0
         for key, rows, res, log_id in ended:
             try:
                 out = self._outcome(rows, res)
@@ -251,7 +267,13 @@ class Worker(Results):
             if out is not None:
                 good.append((key, rows, *out, log_id))
             jobs.update(r["job_id"] for r in rows)
-        ahead = self._write_ahead(good)
+            rows_n += len(rows)
+        return jobs, good, self._write_ahead(good), rows_n
+
+    def _end_all(self, begun: tuple, advance: bool = True) -> int:
+        """Wait for the writes `_begin_all` started and record them in order; the books of their jobs move on
+        (`advance`: their chapters written as they complete). Returns how many segment rows ended."""
+        jobs, good, ahead, rows_n = begun
         try:
             for item, w in zip(good, ahead):
                 try:
@@ -263,7 +285,9 @@ class Worker(Results):
             for w in ahead:
                 if w is not None:
                     w[1].exception()
-        return jobs
+        if advance:
+            self.shelf.advance(jobs)
+        return rows_n
 
     # -- segments --------------------------------------------------------------------------
     def _job(self, row: dict) -> JobContext:
@@ -302,7 +326,8 @@ class Worker(Results):
         firsts = [groups[k][0] for k in keys]
         log_ids = self.queue.synth_started(self.worker_id, [(k, r["id"]) for k, r in zip(keys, firsts)])
         results = self._synthesize([synthesis_request(r) for r in firsts])
-        self._finish_all([(key, groups[key], res, log_id) for key, log_id, res in zip(keys, log_ids, results)])
+        self._end_all(self._begin_all([(key, groups[key], res, log_id)
+                                       for key, log_id, res in zip(keys, log_ids, results)]), advance=False)
 
     def _synthesize(self, requests: list) -> list:
         """One batched call; if it raises, each request alone so one bad segment fails alone."""

@@ -570,3 +570,46 @@ def test_the_audio_of_segments_that_end_together_is_written_at_once_on_writer_th
         audio, sr = read_audio(seg["audio_path"])
         assert sr == eng.sample_rate and abs(audio.size / sr - seg["duration_s"]) < 1e-3 and np.abs(audio).max() > 0.2
     q.close()
+
+
+def test_an_engine_is_topped_up_while_what_ended_is_written(tmp_path, monkeypatch):
+    """Pipelined feeding: when segments end, the worker claims and launches their successors while their audio
+    is still being written (an engine whose rows ended together stood idle through a batch of writes)."""
+    import threading
+
+    import jobs.worker_results as wr
+    from test_queue_outage import GatedEngine
+
+    paths = resolve_home(tmp_path / "home").ensure()
+    q = Queue(paths.db)
+    job = q.add_job(JobSpec(format="wav"), _chapters(1, 6))
+    eng = GatedEngine()
+    topped, submit = threading.Event(), eng.submit
+
+    def submit_and_count(request, priority):
+        handle = submit(request, priority)
+        if len(eng.handles) >= 4:
+            topped.set()
+        return handle
+
+    eng.submit = submit_and_count
+    saw, real = [], wr.write_segment_audio
+
+    def write(path, audio, sr):
+        saw.append(topped.wait(120))  # (a failure guard: written after the top-up, this waits in vain)
+        return real(path, audio, sr)
+
+    monkeypatch.setattr(wr, "write_segment_audio", write)
+    worker = Worker(q, eng, paths, batch_size=2, heartbeat_s=0.2)
+    assert worker.run_once(wait_s=0) == 2 and len(eng.handles) == 2
+    eng.finish_all()
+    assert worker.run_once(wait_s=0) == 4  # two recorded, two more claimed
+    assert saw == [True, True] and len(eng.handles) == 4
+    for _ in range(2):
+        eng.finish_all()
+        worker.run_once(wait_s=0)
+    worker.shelf.assembler.wait(60)
+    worker.close()
+    assert len(saw) == 6 and all(saw)
+    assert q.job(job)["state"] == "done" and [s["state"] for s in q.segments(job)] == ["done"] * 6
+    q.close()
