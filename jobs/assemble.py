@@ -24,8 +24,7 @@ import soundfile as sf
 from jobs.chapter_tags import write_chapter_tags
 from jobs.disk import DiskFull, no_space
 from jobs.tempnames import temp_path
-from audio.encode import BookMeta, EncodeError, file_tags, open_encoder
-from audio.encode_process import ProcessEncoder
+from audio.encode import BookMeta, EncodeError, open_encoder
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +197,8 @@ class StreamedFile:
     worst, never a half file under `path`. A file that got no audio is not created."""
 
     def __init__(self, path: str | Path, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
-                 title: Optional[str] = None, process: bool = False):
+                 title: Optional[str] = None):
         self.path, self.sample_rate, self.fmt, self.meta, self.title = Path(path), sample_rate, fmt, meta, title
-        self.process = process  # encoded in a process of its own (audio.encode_process)
         self.tmp = temp_path(self.path)
         self._enc = None
 
@@ -210,9 +208,7 @@ class StreamedFile:
         with self._full_disk():
             if self._enc is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._enc = (ProcessEncoder(self.tmp, self.sample_rate, self.fmt, file_tags(self.meta, self.title))
-                             if self.process and self.fmt != "m4b"  # (m4b: encoded by ffmpeg, a process already)
-                             else open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title))
+                self._enc = open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title)
             self._enc.write(audio)
 
     @contextmanager
@@ -300,9 +296,7 @@ class BookWriter:
         self.codec = ""
         self.samples = 0
         self.path = self.out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
-        # the book is its chapters encoded once more, on one thread: in a process of its own it has a core to itself
-        # (in the daemon's interpreter it ran at about half the encoder's pace and ended books seconds late)
-        self._book = StreamedFile(self.path, sample_rate, fmt, meta, process=True)
+        self._book = StreamedFile(self.path, sample_rate, fmt, meta)
 
     def chapter(self, number: int, title: str, pieces: Pieces) -> Chapter:
         """Join chapter `number`'s (audio or None, pause_after_ms) pieces (read lazily, one at a time) and
