@@ -8,8 +8,8 @@
 #   ./install.sh --dev        also install the test tools (no systemd set-up unless --systemd is given): the
 #                             test extras, the test oracle (.venv-oracle: tests/fixtures/oracle_venv.sh), Ace by
 #                             DAISY (.ace: tests/fixtures/ace_install.sh, with npm), axe-core (npm,
-#                             tests/fixtures/axe) and, as root, Debian's postgresql, ffmpeg, epubcheck, chromium,
-#                             npm, pandoc and calibre
+#                             tests/fixtures/axe) and, as root, Debian's postgresql, ffmpeg, flac, epubcheck,
+#                             chromium, npm, pandoc and calibre
 #   --model ID|PATH           use this checkpoint: a local folder is linked, a hub ID is downloaded when
 #                             huggingface_hub is installed and the network allows (else: a clear message)
 #   --no-systemd / --systemd  skip / force the systemd part (as root: system units, user tts-appliance,
@@ -140,6 +140,7 @@ fi
 if [ "$DEV" = 1 ]; then
   # Debian packages the tests use (best effort: without them their tests skip with the reason): postgresql
   # (the PostgreSQL queue tests start a throwaway server), ffmpeg (m4b books, aac, decoding streamed formats),
+  # flac (the reference decoder tests the FLAC books spliced from their chapters' frames),
   # epubcheck (validates the narrated EPUBs; it brings Java), chromium and chromium-driver (the page's browser
   # test, tests/test_web_page.py; Ace by DAISY and axe-core run in it), npm (installs Ace by DAISY and axe-core,
   # below), pandoc and calibre (books converted by them: tests/test_ingest_converted.py; EPUBs with a cover
@@ -147,6 +148,7 @@ if [ "$DEV" = 1 ]; then
   missing=()
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
+  command -v flac >/dev/null 2>&1 || missing+=(flac)
   command -v epubcheck >/dev/null 2>&1 || missing+=(epubcheck)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)

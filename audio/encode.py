@@ -195,8 +195,12 @@ def open_encoder(target, sample_rate: int, fmt: str, meta: BookMeta = BookMeta()
         if not isinstance(target, (str, Path)):
             raise EncodeError("m4b is written to files only, not to a stream")
         return M4bEncoder(Path(target), sample_rate, meta, title)
-    return SoundFileEncoder(target, sample_rate, fmt, {"title": title or meta.title, "artist": meta.author,
-                                                       "album": meta.title})
+    return SoundFileEncoder(target, sample_rate, fmt, file_tags(meta, title))
+
+
+def file_tags(meta: BookMeta, title: Optional[str] = None) -> dict:
+    """A file's tags: title (`title` or the book's), artist and album from `meta`."""
+    return {"title": title or meta.title, "artist": meta.author, "album": meta.title}
 
 
 def encode(target, audio: np.ndarray, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),

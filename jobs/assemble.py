@@ -4,7 +4,8 @@ Encoding by format (wav, flac, opus, mp3, m4b) lives in `audio.encode` (with the
 those of flac and opus in `jobs.chapter_tags`; `StreamedFile` writes it block by
 block and atomically. `assemble_book` writes one file per chapter and one for the whole book. Memory
 does not grow with the book: segments are read, joined and encoded one at a time (`join_blocks`), and
-a chapter reaches the book file through an unnamed spool file on disk.
+a chapter reaches the book file through an unnamed spool file on disk; a FLAC book is made of its chapters'
+files' frames instead, without encoding the audio again (`audio.flac_splice`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import soundfile as sf
 from jobs.chapter_tags import write_chapter_tags
 from jobs.disk import DiskFull, no_space
 from jobs.tempnames import temp_path
-from audio.encode import BookMeta, EncodeError, open_encoder
+from audio.encode import BookMeta, EncodeError, file_tags, open_encoder
+from audio.flac_splice import FlacSpliceFile
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +213,15 @@ class StreamedFile:
                 self._enc = open_encoder(self.tmp, self.sample_rate, self.fmt, self.meta, self.title)
             self._enc.write(audio)
 
+    def append_flac(self, path: str | Path) -> int:
+        """A FLAC file's frames added as they are (a FLAC book from its chapters' files, `audio.flac_splice`)
+        -> the samples added. A file is written either this way or with `write`, not both."""
+        with self._full_disk():
+            if self._enc is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._enc = FlacSpliceFile(self.tmp, self.sample_rate, file_tags(self.meta, self.title))
+            return self._enc.append(path)
+
     @contextmanager
     def _full_disk(self):
         """An encoder's error on a full disk as DiskFull (libsndfile says only "System error.": jobs.disk.no_space
@@ -255,11 +266,12 @@ SPOOL_BLOCK = 1 << 20  # samples per read when a chapter's spooled audio is copi
 @dataclass
 class Chapter:
     """A chapter joined and written (`BookWriter.chapter`), waiting to be added to the book: its audio
-    is in `spool` (float32, an unnamed file the book writer reads back and closes)."""
+    is in `spool` (float32, an unnamed file the book writer reads back and closes; None for a FLAC book, which
+    takes the chapter file's frames)."""
 
     title: str
     path: Optional[Path]  # its own file (None: no audio)
-    spool: IO[bytes]
+    spool: Optional[IO[bytes]]
     samples: int
     spans: list  # per segment (start_s, end_s) in the chapter file, or None
     codec: str
@@ -282,11 +294,12 @@ def safe_name(text: str, limit: int = 60) -> str:
 
 class BookWriter:
     """Writes a book chapter by chapter: each chapter's file as soon as its pieces are known, and the book
-    file as it goes, one block at a time (m4b: spooled, encoded by ffmpeg at `finish`).
+    file as it goes, one block at a time (m4b: spooled, encoded by ffmpeg at `finish`; flac: the chapter files'
+    frames, `audio.flac_splice`, so the book is not encoded a second time).
 
     Files are written atomically: the book goes to a hidden temp file renamed at `finish`; `abort` (or a
     crash) leaves no book file behind. Memory does not depend on the book's length: a chapter is read,
-    joined and encoded segment by segment, and reaches the book through a spool file on disk.
+    joined and encoded segment by segment, and reaches the book through a spool file on disk (flac: its file).
     `assemble_book` is this over chapters already in memory."""
 
     def __init__(self, out_dir: str | Path, sample_rate: int, fmt: str, meta: BookMeta = BookMeta(),
@@ -296,39 +309,51 @@ class BookWriter:
         self.codec = ""
         self.samples = 0
         self.path = self.out_dir / f"{safe_name(meta.title or 'book')}.{fmt}"
+        self.splice = fmt == "flac"  # the book from its chapters' frames (StreamedFile.append_flac), not encoded again
         self._book = StreamedFile(self.path, sample_rate, fmt, meta)
 
     def chapter(self, number: int, title: str, pieces: Pieces) -> Chapter:
         """Join chapter `number`'s (audio or None, pause_after_ms) pieces (read lazily, one at a time) and
         write its file; returns what `append` takes. Independent of other chapters: chapters may be
-        prepared on several threads."""
+        prepared on several threads. A FLAC book's chapter ends on a whole number of 16 samples (at most
+        0.6 ms of silence more): only the book's last frame may hold fewer than 16 samples."""
         path = self.out_dir / "chapters" / f"{number:02d} - {safe_name(title)}.{self.fmt}"
         out = StreamedFile(path, self.sample_rate, self.fmt, self.meta, title=title)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        spool = tempfile.TemporaryFile(dir=self.out_dir)
+        spool = None if self.splice else tempfile.TemporaryFile(dir=self.out_dir)
         spans, samples = [], 0
         try:
             for block, span in join_blocks(pieces, self.sample_rate, self.settings):
                 spans.append(span)
                 out.write(block)
-                spool.write(block.astype(np.float32, copy=False).tobytes())
+                if spool is not None:
+                    spool.write(block.astype(np.float32, copy=False).tobytes())
                 samples += block.size
+            if self.splice and samples % 16:
+                out.write(np.zeros(16 - samples % 16, dtype=np.float32))
+                samples += 16 - samples % 16
             codec = out.close()
         except BaseException:
             out.abort()
-            spool.close()
+            if spool is not None:
+                spool.close()
             raise
         return Chapter(title, path if samples else None, spool, samples, spans, codec)
 
     def append(self, chapter: Chapter) -> ChapterOut:
-        """Add a prepared chapter to the book (in chapter order); its spool is read block by block and closed."""
+        """Add a prepared chapter to the book (in chapter order): its spool read block by block and closed, or
+        (a FLAC book) its file's frames."""
         start = self.samples / self.sample_rate
-        try:
-            chapter.spool.seek(0)
-            while data := chapter.spool.read(SPOOL_BLOCK * 4):
-                self._book.write(np.frombuffer(data, dtype=np.float32))
-        finally:
-            chapter.spool.close()
+        if chapter.spool is None:
+            if chapter.path is not None and self._book.append_flac(chapter.path) != chapter.samples:
+                raise AssemblyError(f"{chapter.path.name}: its file does not hold the chapter's {chapter.samples} samples")
+        else:
+            try:
+                chapter.spool.seek(0)
+                while data := chapter.spool.read(SPOOL_BLOCK * 4):
+                    self._book.write(np.frombuffer(data, dtype=np.float32))
+            finally:
+                chapter.spool.close()
         self.samples += chapter.samples
         out = ChapterOut(chapter.title, chapter.path, start, start + chapter.samples / self.sample_rate, chapter.spans)
         self.outs.append(out)

@@ -123,7 +123,7 @@ class JobBook:
             chapter = written.result()
             if self.error is None:
                 self.writer.append(chapter)
-            else:
+            elif chapter.spool is not None:
                 chapter.spool.close()
         except Exception as exc:  # noqa: BLE001 - kept for finish(), which raises it
             if self.error is None:

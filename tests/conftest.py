@@ -1,8 +1,8 @@
 """Shared test setup: the `gpu` marker skips cleanly where no NVIDIA GPU is present; with
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
-`system`, `browser`, `epubcheck`, `ace` or `converters` test that skips fails instead, so CI cannot go green
-with the live systemd checks, the page's browser test, the narrated EPUBs' validation or accessibility check or
-the books converted by pandoc and calibre unrun; likewise an `oracle` test (the official qwen-tts package) with
+`system`, `browser`, `epubcheck`, `ace`, `converters` or `decoders` test that skips fails instead, so CI cannot go
+green with the live systemd checks, the page's browser test, the narrated EPUBs' validation or accessibility check,
+the books converted by pandoc and calibre or the FLAC books read back by ffmpeg and flac unrun; likewise an `oracle` test (the official qwen-tts package) with
 $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at the end of the run."""
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ REQUIRED = {
                                    "libreoffice-writer-nogui, texlive-xetex texlive-lang-chinese fonts-noto-cjk "
                                    "(.ci/run installs them all), "
                                    "or unset the variable where they cannot be installed"),
+    "decoders": (REQUIRE_SYSTEM, "apt-get install ffmpeg flac (.ci/run and ./install.sh --dev do as root), "
+                                 "or unset the variable where they cannot be installed"),
 }
 # the codec's debug guard (engines.codec.decoder.check_codes): a code out of range fails loudly, with a message;
 # set before engines is imported (it is read once), inherited by the daemons the tests start
