@@ -169,7 +169,8 @@ class FlacSplice:
             info = self._read_head(f, path)
             if (info["rate"], info["channels"], info["bits"]) != (self.sample_rate, self.channels, self.bits):
                 raise SpliceError(f"{Path(path).name}: {info['rate']} Hz, {info['channels']} channel(s), "
-                                  f"{info['bits']} bits; the stream is {self.sample_rate} Hz, {self.channels}, {self.bits}")
+                                  f"{info['bits']} bits; the stream is {self.sample_rate} Hz, {self.channels}, "
+                                  f"{self.bits}")
             added = self._frames(f, path, info)
         if added != info["samples"]:
             raise SpliceError(f"{Path(path).name}: its frames hold {added} samples, its STREAMINFO says "

@@ -4,7 +4,8 @@ against spliced from its chapter files' frames (audio.flac_splice, what a FLAC b
     python -m benchmarks.book_file [--chapters 100] [--seconds 60] [--noise 0.05] [--reps 3] [--json out.json]
 
 Chapter files are written first (libsndfile FLAC, 16-bit, 24 kHz, as the book writer does); each repetition times
-both ways over the same chapters (the encoding from their float32 audio, as a spool holds it), and checks the two books decode to the same samples. Audio:
+both ways over the same chapters (the encoding from their float32 audio, as a spool holds it), and checks the
+two books decode to the same samples. Audio:
 bursts of tones over noise of `--noise` (the random-weight model's audio is noise-like: 0.3).
 """
 from __future__ import annotations

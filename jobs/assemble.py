@@ -346,7 +346,8 @@ class BookWriter:
         start = self.samples / self.sample_rate
         if chapter.spool is None:
             if chapter.path is not None and self._book.append_flac(chapter.path) != chapter.samples:
-                raise AssemblyError(f"{chapter.path.name}: its file does not hold the chapter's {chapter.samples} samples")
+                raise AssemblyError(f"{chapter.path.name}: its file does not hold the chapter's "
+                                    f"{chapter.samples} samples")
         else:
             try:
                 chapter.spool.seek(0)

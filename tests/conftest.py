@@ -2,8 +2,9 @@
 $TTS_APPLIANCE_REQUIRE_SYSTEM_TESTS=1 (what .ci/run sets where it installed their packages) a
 `system`, `browser`, `epubcheck`, `ace`, `converters` or `decoders` test that skips fails instead, so CI cannot go
 green with the live systemd checks, the page's browser test, the narrated EPUBs' validation or accessibility check,
-the books converted by pandoc and calibre or the FLAC books read back by ffmpeg and flac unrun; likewise an `oracle` test (the official qwen-tts package) with
-$TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots the tests saved are named at the end of the run."""
+the books converted by pandoc and calibre or the FLAC books read back by ffmpeg and flac unrun; likewise an
+`oracle` test (the official qwen-tts package) with $TTS_APPLIANCE_REQUIRE_ORACLE_TESTS=1. Folders of screenshots
+the tests saved are named at the end of the run."""
 from __future__ import annotations
 
 import json

@@ -161,7 +161,8 @@ def test_chapters_from_another_encoder_splice_too(tmp_path):
     if not shutil.which("ffmpeg"):
         pytest.skip("ffmpeg (apt-get install ffmpeg) writes the other encoder's chapters")
     a, b, c = tmp_path / "a.flac", tmp_path / "b.flac", tmp_path / "c.flac"
-    pcm = [ffmpeg_flac(a, speechlike(4.2, 1)), libsndfile_flac(b, speechlike(2.5, 2)), ffmpeg_flac(c, speechlike(1.3, 3))]
+    pcm = [ffmpeg_flac(a, speechlike(4.2, 1)), libsndfile_flac(b, speechlike(2.5, 2)),
+           ffmpeg_flac(c, speechlike(1.3, 3))]
     splice(tmp_path / "book.flac", [a, b, c])
     assert np.array_equal(sf.read(tmp_path / "book.flac", dtype="int16")[0], np.concatenate(pcm))
 
