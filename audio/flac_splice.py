@@ -154,7 +154,7 @@ class FlacSplice:
         self.out, self.sample_rate, self.channels, self.bits = out, int(sample_rate), channels, bits
         self.samples = 0  # in the stream so far
         self.min_block, self.max_block, self.min_frame, self.max_frame = 1 << 16, 0, 1 << 24, 0
-        self._last_block = 0
+        self._last_block = self._last_size = 0  # the latest frame's (it counts for the minimums once another follows)
         comments = [f"{k.upper()}={v}".encode() for k, v in tags.items() if v]
         vc = struct.pack("<I", len(VENDOR)) + VENDOR + struct.pack("<I", len(comments))
         vc += b"".join(struct.pack("<I", len(c)) + c for c in comments)
@@ -269,7 +269,7 @@ class FlacSplice:
         """Fill in STREAMINFO (the MD5 of the audio left at zero: not computed)."""
         end = self.out.tell()
         min_block = self.min_block if self.min_block < 1 << 16 else self._last_block
-        min_frame = self.min_frame if self.min_frame < 1 << 24 else getattr(self, "_last_size", 0)
+        min_frame = self.min_frame if self.min_frame < 1 << 24 else self._last_size
         x = (self.sample_rate << 44) | ((self.channels - 1) << 41) | ((self.bits - 1) << 36) | self.samples
         info = struct.pack(">HH", min_block, self.max_block)
         info += min_frame.to_bytes(3, "big") + self.max_frame.to_bytes(3, "big") + x.to_bytes(8, "big") + bytes(16)
